@@ -1,0 +1,77 @@
+// dtensor/comm/c10d_group.h
+//
+// C10dGroup: the Group interface over libtorch's c10d process groups (DESIGN.md D2).
+//
+//   auto store = dtensor::comm::make_file_store("/tmp/rdzv", 4);
+//   auto g = dtensor::comm::C10dGroup::create(store, rank, 4, {"gloo"});   // collective
+//
+// Backends: "gloo" (always), "nccl" (only when libtorch was built with CUDA; this library is
+// then compiled with DTENSOR_WITH_NCCL), "mpi" (only when libtorch was built with MPI), and a
+// per-device list such as "cpu:gloo,cuda:nccl" that routes each call by its tensor's device.
+// Asking for a backend this build lacks throws c10::Error saying so; backend_available()
+// answers without throwing (the harness uses it to skip).
+//
+// What Gloo in libtorch 1.13 lacks is emulated here: all_gather into one tensor (gather into
+// views), reduce_scatter (all_reduce then keep this rank's block), AVG (SUM then divide).
+// Errors from c10d (a peer died, a timeout) surface as CollectiveError naming the op and group.
+#pragma once
+
+#include "dtensor/comm/group.h"
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace dtensor {
+namespace comm {
+
+struct C10dGroupOptions {
+  std::string backend = "gloo";
+  std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
+  // Address Gloo binds to; empty means: $DTENSOR_GLOO_HOSTNAME, else Gloo's default device
+  // (this host's name, falling back to loopback).
+  std::string gloo_hostname;
+};
+
+// True when `backend` (a name or a "device:backend,..." list) can be created by this build on
+// this machine; otherwise false and, if `why` is given, the reason.
+bool backend_available(const std::string& backend, std::string* why = nullptr);
+
+class C10dGroup final : public Group {
+ public:
+  // Collective over `size` processes that share `store`: every one calls it with its rank.
+  static std::shared_ptr<C10dGroup> create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                           int size, const C10dGroupOptions& options = {});
+  ~C10dGroup() override;
+
+  int rank() const override;
+  int size() const override;
+  std::string backend() const override;
+  const std::vector<int>& global_ranks() const override;
+
+  void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::SUM) override;
+  void all_gather_into(at::Tensor& output, const at::Tensor& input) override;
+  void reduce_scatter_into(at::Tensor& output, const at::Tensor& input,
+                           ReduceOp op = ReduceOp::SUM) override;
+  void all_to_all_single(at::Tensor& output, const at::Tensor& input,
+                         const std::vector<int64_t>& output_splits = {},
+                         const std::vector<int64_t>& input_splits = {}) override;
+  void broadcast(at::Tensor& tensor, int src) override;
+  void barrier() override;
+  void send(const at::Tensor& tensor, int dst, int tag = 0) override;
+  void recv(at::Tensor& tensor, int src, int tag = 0) override;
+  void gather(const at::Tensor& input, std::vector<at::Tensor>& outputs, int dst) override;
+  void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) override;
+  std::shared_ptr<Group> new_subgroup(const std::vector<int>& ranks) override;
+
+  struct Impl;
+
+ private:
+  explicit C10dGroup(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace comm
+}  // namespace dtensor

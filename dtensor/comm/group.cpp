@@ -1,0 +1,184 @@
+// dtensor/comm/group.cpp: argument checks shared by Group implementations, and the
+// process-wide / thread-local default group.
+#include "dtensor/comm/group.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cctype>
+#include <mutex>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+namespace dtensor {
+namespace comm {
+
+std::string to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return "sum";
+    case ReduceOp::AVG: return "avg";
+    case ReduceOp::PRODUCT: return "product";
+    case ReduceOp::MIN: return "min";
+    case ReduceOp::MAX: return "max";
+  }
+  return "unknown";
+}
+
+ReduceOp reduce_op_from_string(const std::string& name) {
+  std::string n = name;
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (n == "sum") return ReduceOp::SUM;
+  if (n == "avg") return ReduceOp::AVG;
+  if (n == "product" || n == "prod") return ReduceOp::PRODUCT;
+  if (n == "min") return ReduceOp::MIN;
+  if (n == "max") return ReduceOp::MAX;
+  TORCH_CHECK(false, "unknown reduce op '", name, "': expected one of sum, avg, product, min, max");
+}
+
+int Group::group_rank_of(int global_rank) const {
+  const auto& g = global_ranks();
+  auto it = std::find(g.begin(), g.end(), global_rank);
+  return it == g.end() ? -1 : static_cast<int>(it - g.begin());
+}
+
+std::string Group::describe() const {
+  std::ostringstream os;
+  os << backend() << " group of " << size() << " (ranks ";
+  const auto& g = global_ranks();
+  for (size_t i = 0; i < g.size(); ++i) os << (i ? "," : "") << g[i];
+  os << "), rank " << rank();
+  return os.str();
+}
+
+namespace detail {
+
+void check_rank_arg(const Group& g, const char* op, const char* what, int r) {
+  TORCH_CHECK(r >= 0 && r < g.size(), op, ": ", what, "=", r, " is not a rank of the ",
+              g.describe(), "; expected 0 <= ", what, " < ", g.size());
+}
+
+void check_all_gather_shapes(const Group& g, const at::Tensor& out, const at::Tensor& in) {
+  TORCH_CHECK(out.defined() && in.defined(), "all_gather_into on ", g.describe(),
+              ": input and output must be defined tensors");
+  TORCH_CHECK(in.dim() >= 1 && out.dim() == in.dim(), "all_gather_into on ", g.describe(),
+              ": input ", in.sizes(), " and output ", out.sizes(),
+              " must have the same number (>= 1) of dims");
+  auto expected = in.sizes().vec();
+  expected[0] *= g.size();
+  TORCH_CHECK(out.sizes().vec() == expected, "all_gather_into on ", g.describe(), ": output is ",
+              out.sizes(), " but input ", in.sizes(), " needs output ", c10::IntArrayRef(expected));
+  TORCH_CHECK(out.scalar_type() == in.scalar_type(), "all_gather_into on ", g.describe(),
+              ": output dtype ", out.scalar_type(), " differs from input dtype ", in.scalar_type());
+  TORCH_CHECK(out.is_contiguous(), "all_gather_into on ", g.describe(),
+              ": output must be contiguous");
+}
+
+void check_reduce_scatter_shapes(const Group& g, const at::Tensor& out, const at::Tensor& in) {
+  TORCH_CHECK(out.defined() && in.defined(), "reduce_scatter_into on ", g.describe(),
+              ": input and output must be defined tensors");
+  TORCH_CHECK(in.dim() >= 1 && out.dim() == in.dim(), "reduce_scatter_into on ", g.describe(),
+              ": input ", in.sizes(), " and output ", out.sizes(),
+              " must have the same number (>= 1) of dims");
+  auto expected = out.sizes().vec();
+  expected[0] *= g.size();
+  TORCH_CHECK(in.sizes().vec() == expected, "reduce_scatter_into on ", g.describe(),
+              ": input is ", in.sizes(), " but output ", out.sizes(), " needs input ",
+              c10::IntArrayRef(expected));
+  TORCH_CHECK(out.scalar_type() == in.scalar_type(), "reduce_scatter_into on ", g.describe(),
+              ": output dtype ", out.scalar_type(), " differs from input dtype ", in.scalar_type());
+}
+
+static std::vector<int64_t> resolve_splits(const Group& g, const at::Tensor& t,
+                                           const std::vector<int64_t>& splits, const char* which) {
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  if (splits.empty()) {
+    TORCH_CHECK(rows % g.size() == 0, "all_to_all_single on ", g.describe(), ": ", which,
+                " has ", rows, " rows, not divisible by the group size ", g.size(),
+                "; pass explicit ", which, "_splits");
+    return std::vector<int64_t>(g.size(), rows / g.size());
+  }
+  TORCH_CHECK(static_cast<int>(splits.size()) == g.size(), "all_to_all_single on ", g.describe(),
+              ": ", which, "_splits has ", splits.size(), " entries, expected ", g.size());
+  int64_t total = 0;
+  for (int64_t s : splits) {
+    TORCH_CHECK(s >= 0, "all_to_all_single on ", g.describe(), ": negative entry in ", which,
+                "_splits");
+    total += s;
+  }
+  TORCH_CHECK(total == rows, "all_to_all_single on ", g.describe(), ": ", which,
+              "_splits sum to ", total, " but the ", which, " has ", rows, " rows");
+  return splits;
+}
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> resolve_all_to_all_splits(
+    const Group& g, const at::Tensor& out, const at::Tensor& in,
+    const std::vector<int64_t>& output_splits, const std::vector<int64_t>& input_splits) {
+  TORCH_CHECK(out.dim() >= 1 && in.dim() == out.dim(), "all_to_all_single on ", g.describe(),
+              ": input ", in.sizes(), " and output ", out.sizes(),
+              " must have the same number (>= 1) of dims");
+  TORCH_CHECK(in.sizes().slice(1) == out.sizes().slice(1), "all_to_all_single on ",
+              g.describe(), ": input ", in.sizes(), " and output ", out.sizes(),
+              " must agree in every dim but 0");
+  TORCH_CHECK(out.scalar_type() == in.scalar_type(), "all_to_all_single on ", g.describe(),
+              ": output dtype ", out.scalar_type(), " differs from input dtype ", in.scalar_type());
+  return {resolve_splits(g, out, output_splits, "output"),
+          resolve_splits(g, in, input_splits, "input")};
+}
+
+void check_subgroup_ranks(const Group& g, const std::vector<int>& ranks) {
+  TORCH_CHECK(!ranks.empty(), "new_subgroup on ", g.describe(), ": the rank list is empty");
+  std::set<int> seen;
+  for (int r : ranks) {
+    TORCH_CHECK(r >= 0 && r < g.size(), "new_subgroup on ", g.describe(), ": rank ", r,
+                " is not in the group (size ", g.size(), ")");
+    TORCH_CHECK(seen.insert(r).second, "new_subgroup on ", g.describe(), ": rank ", r,
+                " is listed twice");
+  }
+}
+
+}  // namespace detail
+
+// ---- default group -----------------------------------------------------------------------
+namespace {
+std::mutex g_default_mu;
+GroupPtr g_default;
+thread_local GroupPtr t_default;
+}  // namespace
+
+GroupPtr default_group() {
+  if (t_default) return t_default;
+  std::lock_guard<std::mutex> lk(g_default_mu);
+  TORCH_CHECK(g_default != nullptr,
+              "no default process group: call dtensor::comm::init_process_group(...) (or run "
+              "inside a dtensor::testing fixture, which creates one) before using collectives");
+  return g_default;
+}
+
+bool is_initialized() {
+  if (t_default) return true;
+  std::lock_guard<std::mutex> lk(g_default_mu);
+  return g_default != nullptr;
+}
+
+void set_default_group(GroupPtr group) {
+  std::lock_guard<std::mutex> lk(g_default_mu);
+  g_default = std::move(group);
+}
+
+void set_thread_default_group(GroupPtr group) { t_default = std::move(group); }
+
+GroupPtr new_group(const std::vector<int>& ranks) { return default_group()->new_subgroup(ranks); }
+
+void destroy_process_group() {
+  if (t_default) {
+    t_default.reset();
+    return;
+  }
+  std::lock_guard<std::mutex> lk(g_default_mu);
+  g_default.reset();
+}
+
+}  // namespace comm
+}  // namespace dtensor

@@ -1,0 +1,125 @@
+// dtensor/comm/group.h
+//
+// The communication interface the rest of dtensor-cpp talks to (DESIGN.md D2).
+//
+//   auto g = dtensor::comm::default_group();
+//   at::Tensor t = at::ones({4}) * g->rank();
+//   g->all_reduce(t, dtensor::comm::ReduceOp::SUM);   // collective
+//
+// A Group is a fixed set of `size()` ranks. Every call marked "collective" must be made
+// by every rank of the group, in the same order, with matching arguments (the same
+// contract as c10d's ProcessGroup). Two implementations exist:
+//   - C10dGroup (c10d_group.h): Gloo on CPU, NCCL when libtorch has CUDA.
+//   - ThreadGroup (thread_group.h): ranks are threads of one process, in memory.
+// All calls are blocking: when they return, output tensors hold the result.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dtensor {
+namespace comm {
+
+// Default timeout of one blocking collective (c10d's default is 30 minutes; a test harness
+// wants failures sooner, and every harness fixture overrides it with the test's timeout).
+constexpr std::chrono::milliseconds kDefaultCollectiveTimeout = std::chrono::minutes(5);
+
+enum class ReduceOp { SUM, AVG, PRODUCT, MIN, MAX };
+
+// "sum", "avg", ... ; the parse accepts either case and throws naming the bad value.
+std::string to_string(ReduceOp op);
+ReduceOp reduce_op_from_string(const std::string& name);
+
+// Raised by a collective that could not complete: a peer aborted, the collective timed out,
+// or ranks called different collectives. `what()` names the op, the group and the rank.
+class CollectiveError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Group {
+ public:
+  virtual ~Group() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "gloo", "nccl", "threads", "cpu:gloo,cuda:nccl", ...
+  virtual std::string backend() const = 0;
+  // Ranks of this group in the world (the group's global ranks), index = group rank.
+  virtual const std::vector<int>& global_ranks() const = 0;
+
+  // Collective. In place: every rank ends with the reduction of all ranks' `tensor`.
+  // AVG is supported for floating dtypes only.
+  virtual void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::SUM) = 0;
+  // Collective. `output` is `size()` inputs concatenated along dim 0:
+  // output.size(0) == size() * input.size(0), other dims equal.
+  virtual void all_gather_into(at::Tensor& output, const at::Tensor& input) = 0;
+  // Collective. `input` holds `size()` equal blocks along dim 0; rank r receives the
+  // reduction of every rank's block r into `output`.
+  virtual void reduce_scatter_into(at::Tensor& output, const at::Tensor& input,
+                                   ReduceOp op = ReduceOp::SUM) = 0;
+  // Collective. Rank r sends input block j (along dim 0, `input_splits[j]` rows, equal
+  // blocks when empty) to rank j and receives `output_splits[i]` rows from rank i.
+  virtual void all_to_all_single(at::Tensor& output, const at::Tensor& input,
+                                 const std::vector<int64_t>& output_splits = {},
+                                 const std::vector<int64_t>& input_splits = {}) = 0;
+  // Collective. Every rank's `tensor` ends equal to rank `src`'s.
+  virtual void broadcast(at::Tensor& tensor, int src) = 0;
+  // Collective.
+  virtual void barrier() = 0;
+  // Point to point; `tag` distinguishes concurrent messages between the same pair.
+  virtual void send(const at::Tensor& tensor, int dst, int tag = 0) = 0;
+  virtual void recv(at::Tensor& tensor, int src, int tag = 0) = 0;
+  // Collective. On `dst`, `outputs` is resized to size() tensors shaped like `input`;
+  // elsewhere it is left untouched.
+  virtual void gather(const at::Tensor& input, std::vector<at::Tensor>& outputs, int dst) = 0;
+  // Collective. On `src`, `inputs` holds size() tensors shaped like `output`; rank r
+  // receives inputs[r]. Elsewhere `inputs` is ignored.
+  virtual void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) = 0;
+
+  // Collective over THIS group: every rank must call it with the same `ranks` (group
+  // ranks of this group, sorted or not, no duplicates). Members get the new group,
+  // other ranks get nullptr.
+  virtual std::shared_ptr<Group> new_subgroup(const std::vector<int>& ranks) = 0;
+
+  // Position of `global_rank` in this group, or -1.
+  int group_rank_of(int global_rank) const;
+  // "gloo group of 4 (ranks 0,1,2,3), rank 1": used in every error message.
+  std::string describe() const;
+};
+
+using GroupPtr = std::shared_ptr<Group>;
+
+// Checks shared by implementations; throw c10::Error (TORCH_CHECK) naming the op and group.
+namespace detail {
+void check_rank_arg(const Group& g, const char* op, const char* what, int r);
+void check_all_gather_shapes(const Group& g, const at::Tensor& out, const at::Tensor& in);
+void check_reduce_scatter_shapes(const Group& g, const at::Tensor& out, const at::Tensor& in);
+// Returns {output_splits, input_splits}, filled with equal blocks where the caller gave none.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> resolve_all_to_all_splits(
+    const Group& g, const at::Tensor& out, const at::Tensor& in,
+    const std::vector<int64_t>& output_splits, const std::vector<int64_t>& input_splits);
+void check_subgroup_ranks(const Group& g, const std::vector<int>& ranks);
+}  // namespace detail
+
+// ---- Process-wide default group (PyTorch's default process group) ----------------------
+// A thread may install its own default group (the threaded harness gives each rank thread
+// one); default_group() returns the thread's if set, else the process-wide one, else throws
+// "no default group: call init_process_group ...".
+GroupPtr default_group();
+bool is_initialized();
+void set_default_group(GroupPtr group);          // process-wide
+void set_thread_default_group(GroupPtr group);   // this thread only; nullptr clears
+// Collective over the default group: see Group::new_subgroup (ranks are default-group ranks).
+GroupPtr new_group(const std::vector<int>& ranks);
+// Drops the default group of this thread if set, else the process-wide one.
+void destroy_process_group();
+
+}  // namespace comm
+}  // namespace dtensor

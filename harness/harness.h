@@ -1,0 +1,4 @@
+// harness/harness.h: umbrella header of the test harness.
+#pragma once
+#include "harness/multi_rank_test.h"
+#include "harness/subtests.h"

@@ -1,0 +1,678 @@
+// harness/internal/launcher.cpp: see NOTE: [Rank process protocol] in launcher.h.
+#define BOOST_PROCESS_USE_STD_FS
+#include "harness/internal/launcher.h"
+
+#include "dtensor/comm/c10d_group.h"
+
+#include <boost/process.hpp>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <execinfo.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <thread>
+
+namespace bp = boost::process;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace dtensor {
+namespace testing {
+namespace internal {
+
+// How long the other ranks may go on after one rank failed, crashed or skipped, before the
+// harness kills them (they are usually blocked in a collective with the failed rank).
+constexpr std::chrono::milliseconds kAbortGrace{1000};
+// How long a rank may take to exit after it reported its result.
+constexpr std::chrono::milliseconds kExitGrace{5000};
+// How long ranks killed at a timeout get to print their stacks.
+constexpr std::chrono::milliseconds kStackDumpWait{500};
+// Extra time a rank's process group waits in a collective beyond the test's timeout.
+constexpr std::chrono::milliseconds kGroupTimeoutMargin{30000};
+// Poll period of the orchestrator's wait loop.
+constexpr int kPollMs = 5;
+
+void to_json(json& j, const RankRequest& r) {
+  j = {{"test_id", r.test_id},       {"rank", r.rank},       {"world_size", r.world_size},
+       {"ctl_path", r.ctl_path},     {"log_path", r.log_path}, {"store_port", r.store_port},
+       {"backend", r.backend},       {"timeout_ms", r.timeout_ms}};
+}
+void from_json(const json& j, RankRequest& r) {
+  r.test_id = j.at("test_id").get<std::string>();
+  r.rank = j.at("rank").get<int>();
+  r.world_size = j.at("world_size").get<int>();
+  r.ctl_path = j.at("ctl_path").get<std::string>();
+  r.log_path = j.at("log_path").get<std::string>();
+  r.store_port = j.at("store_port").get<int>();
+  r.backend = j.at("backend").get<std::string>();
+  r.timeout_ms = j.at("timeout_ms").get<int64_t>();
+}
+
+namespace {
+
+bool write_all(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t w = ::write(fd, s.data() + off, s.size() - off);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    off += static_cast<size_t>(w);
+  }
+  return true;
+}
+bool write_line(int fd, const json& j) { return write_all(fd, j.dump() + "\n"); }
+
+// Newline-delimited messages over a socket.
+struct LineReader {
+  std::string buf;
+  // Reads what is available: >0 bytes read, 0 EOF, -1 nothing now / error.
+  ssize_t fill(int fd) {
+    char tmp[65536];
+    ssize_t r = ::read(fd, tmp, sizeof tmp);
+    if (r > 0) buf.append(tmp, static_cast<size_t>(r));
+    if (r < 0 && errno != EAGAIN && errno != EINTR) return 0;
+    return r;
+  }
+  bool next(std::string& line) {
+    auto nl = buf.find('\n');
+    if (nl == std::string::npos) return false;
+    line = buf.substr(0, nl);
+    buf.erase(0, nl + 1);
+    return true;
+  }
+};
+
+void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+// ---- fork server -------------------------------------------------------------------------------
+int g_zygote_fd = -1;
+pid_t g_zygote_pid = -1;
+LineReader g_zygote_reader;
+std::map<pid_t, int> g_zygote_exits;
+int g_chld_pipe[2] = {-1, -1};
+
+void on_sigchld(int) {
+  int saved = errno;
+  char c = 1;
+  (void)!::write(g_chld_pipe[1], &c, 1);
+  errno = saved;
+}
+
+[[noreturn]] void zygote_loop(int fd, pid_t parent) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(0);
+  ::prctl(PR_SET_NAME, "dtensor-zygote");
+  if (::pipe2(g_chld_pipe, O_CLOEXEC | O_NONBLOCK) != 0) ::_exit(1);
+  struct sigaction sa {};
+  sa.sa_handler = on_sigchld;
+  sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  ::sigaction(SIGCHLD, &sa, nullptr);
+  std::set<pid_t> kids;
+  LineReader rd;
+  for (;;) {
+    pollfd p[2] = {{fd, POLLIN, 0}, {g_chld_pipe[0], POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0) continue;
+    if (p[1].revents) {
+      char drain[256];
+      while (::read(g_chld_pipe[0], drain, sizeof drain) > 0) {
+      }
+      int st = 0;
+      pid_t pid;
+      while ((pid = ::waitpid(-1, &st, WNOHANG)) > 0) {
+        kids.erase(pid);
+        write_line(fd, {{"exit", pid}, {"status", st}});
+      }
+    }
+    if (p[0].revents) {
+      if (rd.fill(fd) == 0) {  // the orchestrator is gone: take every rank with us
+        for (pid_t k : kids) {
+          ::kill(-k, SIGKILL);
+          ::kill(k, SIGKILL);
+        }
+        ::_exit(0);
+      }
+      std::string line;
+      while (rd.next(line)) {
+        RankRequest req = json::parse(line).get<RankRequest>();
+        pid_t pid = ::fork();
+        if (pid == 0) {
+          ::signal(SIGCHLD, SIG_DFL);
+          ::close(fd);
+          ::close(g_chld_pipe[0]);
+          ::close(g_chld_pipe[1]);
+          rank_process_main(req);
+        }
+        if (pid > 0) kids.insert(pid);
+        write_line(fd, {{"pid", pid}, {"errno", pid < 0 ? errno : 0}});
+      }
+    }
+  }
+}
+
+// Reads zygote messages; returns the pid of a spawn reply when `want_pid`.
+pid_t zygote_pump(bool want_pid, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    std::string line;
+    while (g_zygote_reader.next(line)) {
+      json j = json::parse(line);
+      if (j.contains("exit")) {
+        g_zygote_exits[j["exit"].get<pid_t>()] = j["status"].get<int>();
+      } else if (j.contains("pid")) {
+        pid_t pid = j["pid"].get<pid_t>();
+        TORCH_CHECK(pid > 0, "the fork server could not fork a rank: ", std::strerror(j["errno"].get<int>()));
+        return pid;
+      }
+    }
+    const int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          deadline - std::chrono::steady_clock::now())
+                                          .count());
+    TORCH_CHECK(left > 0 || !want_pid, "the fork server did not answer within ", timeout_ms, " ms");
+    pollfd p{g_zygote_fd, POLLIN, 0};
+    if (::poll(&p, 1, want_pid ? left : 0) <= 0) {
+      if (!want_pid) return -1;
+      continue;
+    }
+    TORCH_CHECK(g_zygote_reader.fill(g_zygote_fd) != 0, "the fork server died");
+  }
+}
+
+// ---- rank process ------------------------------------------------------------------------------
+int g_rank_for_signals = -1;
+pid_t g_main_tid = 0;
+
+void write_stack(int fd) {
+  void* frames[64];
+  int n = ::backtrace(frames, 64);
+  ::backtrace_symbols_fd(frames, n, fd);
+}
+
+void on_fatal_signal(int sig) {
+  char msg[160];
+  int len = std::snprintf(msg, sizeof msg, "[dtensor] rank %d: fatal signal %d (%s); stack:\n",
+                          g_rank_for_signals, sig, strsignal(sig));
+  (void)!::write(2, msg, static_cast<size_t>(len));
+  write_stack(2);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+void on_stack_request(int) {
+  pid_t tid = static_cast<pid_t>(::syscall(SYS_gettid));
+  if (tid != g_main_tid) {  // forward to the thread that runs the test body
+    ::syscall(SYS_tgkill, ::getpid(), g_main_tid, SIGUSR1);
+    return;
+  }
+  char msg[128];
+  int len = std::snprintf(msg, sizeof msg, "[dtensor] stack of rank %d (test thread):\n",
+                          g_rank_for_signals);
+  (void)!::write(2, msg, static_cast<size_t>(len));
+  write_stack(2);
+}
+
+void install_rank_signal_handlers(int rank) {
+  g_rank_for_signals = rank;
+  g_main_tid = static_cast<pid_t>(::syscall(SYS_gettid));
+  void* warm[1];
+  ::backtrace(warm, 1);  // loads libgcc now, not inside a signal handler
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) ::signal(sig, on_fatal_signal);
+  struct sigaction sa {};
+  sa.sa_handler = on_stack_request;
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGUSR1, &sa, nullptr);
+}
+
+int connect_unix(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
+  return fd;
+}
+
+}  // namespace
+
+void start_fork_server() {
+  if (g_zygote_fd >= 0) return;
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return;
+  const pid_t parent = ::getpid();
+  std::cout.flush();
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(sv[0]);
+    zygote_loop(sv[1], parent);
+  }
+  ::close(sv[1]);
+  if (pid < 0) {
+    ::close(sv[0]);
+    return;
+  }
+  g_zygote_fd = sv[0];
+  g_zygote_pid = pid;
+}
+
+bool fork_server_running() { return g_zygote_fd >= 0; }
+
+void stop_fork_server() {
+  if (g_zygote_fd < 0) return;
+  ::close(g_zygote_fd);  // EOF makes the zygote kill its ranks and exit
+  g_zygote_fd = -1;
+  int st;
+  ::waitpid(g_zygote_pid, &st, 0);
+  g_zygote_pid = -1;
+}
+
+[[noreturn]] void rank_process_main(const RankRequest& req) {
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  int logfd = ::open(req.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (logfd >= 0) {
+    ::dup2(logfd, 1);
+    ::dup2(logfd, 2);
+    ::close(logfd);
+  }
+  install_rank_signal_handlers(req.rank);
+  int ctl = connect_unix(req.ctl_path);
+  if (ctl < 0) {
+    std::fprintf(stderr, "[dtensor] rank %d: cannot connect to %s: %s\n", req.rank,
+                 req.ctl_path.c_str(), std::strerror(errno));
+    ::_exit(3);
+  }
+  write_line(ctl, {{"hello", req.rank}, {"pid", ::getpid()}});
+
+  comm::GroupPtr group;
+  std::string group_error;
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<std::uint16_t>(req.store_port);
+    so.isServer = false;
+    so.waitWorkers = false;
+    so.timeout = std::chrono::milliseconds(req.timeout_ms);
+    auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+    comm::C10dGroupOptions go;
+    go.backend = req.backend;
+    go.timeout = std::chrono::milliseconds(req.timeout_ms);
+    go.gloo_hostname = "127.0.0.1";
+    group = comm::C10dGroup::create(store, req.rank, req.world_size, go);
+    comm::set_default_group(group);
+  } catch (const std::exception& e) {
+    auto* ce = dynamic_cast<const c10::Error*>(&e);
+    group_error = ce ? ce->what_without_backtrace() : e.what();
+  }
+  auto sink = std::make_shared<RankSink>();
+  RankCapture capture(sink);
+  auto run_one = [&](const std::string& id) {
+    if (!group) {
+      RankResult r;
+      r.rank = req.rank;
+      r.parts.push_back({"exception", "", -1,
+                         "creating the " + req.backend + " process group failed: " + group_error});
+      return r;
+    }
+    return run_rank_body(id, req.rank, group, *sink);
+  };
+  if (!req.test_id.empty()) {
+    RankResult res = run_one(req.test_id);
+    std::cout.flush();
+    std::fflush(nullptr);
+    write_line(ctl, {{"result", res}});
+    // with_comms: the barrier ran in run_rank_body; now destroy the group.
+    if (!res.fatal()) {
+      comm::set_default_group(nullptr);
+      group.reset();
+    }
+    ::_exit(res.failed() ? 1 : 0);
+  }
+  LineReader rd;
+  for (;;) {
+    std::string line;
+    while (!rd.next(line)) {
+      if (rd.fill(ctl) == 0) ::_exit(0);
+    }
+    json j = json::parse(line);
+    if (j.contains("exit")) ::_exit(0);
+    RankResult res = run_one(j.at("run").get<std::string>());
+    std::cout.flush();
+    std::fflush(nullptr);
+    write_line(ctl, {{"result", res}});
+  }
+}
+
+// ---- RankSet -----------------------------------------------------------------------------------
+struct RankSet::Impl {
+  LaunchMode mode;
+  int n;
+  std::string backend;
+  std::chrono::milliseconds timeout;
+  bool pool;
+  fs::path dir;
+  int listen_fd = -1;
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  struct Proc {
+    pid_t pid = -1;
+    bool exited = false;
+    int status = 0;
+    int fd = -1;  // control connection, after hello
+    LineReader rd;
+    std::optional<RankResult> result;
+    std::string log_path;
+    std::uintmax_t log_offset = 0;
+  };
+  std::vector<Proc> procs;
+  struct Pending {
+    int fd;
+    LineReader rd;
+  };
+  std::vector<Pending> pending;
+  bool healthy = true;
+
+  void start(const std::string& test_id);
+  void pump(int wait_ms);
+  void poll_exits();
+  void handle_line(Proc* p, Pending* pend, const std::string& line);
+  void kill_rank(int r, int sig) {
+    if (procs[r].pid > 0 && !procs[r].exited) {
+      if (sig == SIGKILL) ::kill(-procs[r].pid, sig);  // the rank's own children too
+      ::kill(procs[r].pid, sig);
+    }
+  }
+  void kill_all() {
+    for (int r = 0; r < n; ++r) kill_rank(r, SIGKILL);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < deadline) {
+      poll_exits();
+      bool all = true;
+      for (auto& p : procs) all = all && (p.pid <= 0 || p.exited);
+      if (all) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(kPollMs));  // waiting for SIGKILL to land
+    }
+  }
+};
+
+void RankSet::Impl::start(const std::string& test_id) {
+  std::string tmpl = env_or("TMPDIR", "/tmp") + "/dtensor-ranks-XXXXXX";
+  TORCH_CHECK(::mkdtemp(tmpl.data()) != nullptr, "cannot create a temp dir from ", tmpl, ": ",
+              std::strerror(errno));
+  dir = tmpl;
+  const std::string ctl = (dir / "ctl.sock").string();
+  listen_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, ctl.c_str(), sizeof(addr.sun_path) - 1);
+  TORCH_CHECK(listen_fd >= 0 && ::bind(listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  ::listen(listen_fd, 64) == 0,
+              "cannot listen on ", ctl, ": ", std::strerror(errno));
+  set_nonblocking(listen_fd);
+  c10d::TCPStoreOptions so;
+  so.port = 0;
+  so.isServer = true;
+  so.waitWorkers = false;
+  so.timeout = timeout;
+  store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+
+  procs.resize(n);
+  for (int r = 0; r < n; ++r) {
+    RankRequest req;
+    req.test_id = test_id;
+    req.rank = r;
+    req.world_size = n;
+    req.ctl_path = ctl;
+    req.log_path = (dir / ("rank" + std::to_string(r) + ".log")).string();
+    req.store_port = store->getPort();
+    req.backend = backend;
+    // The group's own timeout is longer than the test's, so that a hang is caught by the
+    // orchestrator (which reports it with stacks), not by a collective deep in one rank.
+    req.timeout_ms = (timeout + kGroupTimeoutMargin).count();
+    procs[r].log_path = req.log_path;
+    if (mode == LaunchMode::kSpawn || !fork_server_running()) {
+      bp::child c(bp::exe = "/proc/self/exe", bp::args = std::vector<std::string>{},
+                  bp::env["DTENSOR_RANK_REQUEST"] = json(req).dump(),
+                  (bp::std_out & bp::std_err) > req.log_path, bp::std_in < bp::null);
+      procs[r].pid = c.id();
+      c.detach();
+    } else {
+      write_line(g_zygote_fd, json(req));
+      procs[r].pid = zygote_pump(/*want_pid=*/true, 10000);
+    }
+  }
+}
+
+void RankSet::Impl::handle_line(Proc* p, Pending* pend, const std::string& line) {
+  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return;
+  if (j.contains("hello") && pend) {
+    int r = j["hello"].get<int>();
+    if (r >= 0 && r < n && procs[r].fd < 0) {
+      procs[r].fd = pend->fd;
+      procs[r].rd = std::move(pend->rd);
+      pend->fd = -1;
+      std::string more;
+      while (procs[r].rd.next(more)) handle_line(&procs[r], nullptr, more);
+    }
+    return;
+  }
+  if (j.contains("result") && p) p->result = j["result"].get<RankResult>();
+}
+
+void RankSet::Impl::pump(int wait_ms) {
+  std::vector<pollfd> fds;
+  fds.push_back({listen_fd, POLLIN, 0});
+  for (auto& pe : pending) fds.push_back({pe.fd, POLLIN, 0});
+  for (auto& p : procs)
+    if (p.fd >= 0) fds.push_back({p.fd, POLLIN, 0});
+  if (fork_server_running()) fds.push_back({g_zygote_fd, POLLIN, 0});
+  ::poll(fds.data(), fds.size(), wait_ms);
+  for (;;) {
+    int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (c < 0) break;
+    pending.push_back({c, {}});
+  }
+  for (auto& pe : pending) {
+    if (pe.fd < 0) continue;
+    ssize_t r = pe.rd.fill(pe.fd);
+    std::string line;
+    while (pe.fd >= 0 && pe.rd.next(line)) handle_line(nullptr, &pe, line);
+    if (r == 0 && pe.fd >= 0) {
+      ::close(pe.fd);
+      pe.fd = -1;
+    }
+  }
+  pending.erase(std::remove_if(pending.begin(), pending.end(), [](const Pending& p) { return p.fd < 0; }),
+                pending.end());
+  for (auto& p : procs) {
+    if (p.fd < 0) continue;
+    ssize_t r = p.rd.fill(p.fd);
+    std::string line;
+    while (p.rd.next(line)) handle_line(&p, nullptr, line);
+    if (r == 0) {
+      ::close(p.fd);
+      p.fd = -2;  // closed
+    }
+  }
+  poll_exits();
+}
+
+void RankSet::Impl::poll_exits() {
+  if (fork_server_running()) zygote_pump(false, 0);
+  for (auto& p : procs) {
+    if (p.pid <= 0 || p.exited) continue;
+    if (mode != LaunchMode::kSpawn && fork_server_running()) {
+      auto it = g_zygote_exits.find(p.pid);
+      if (it != g_zygote_exits.end()) {
+        p.exited = true;
+        p.status = it->second;
+        g_zygote_exits.erase(it);
+      }
+    } else {
+      int st = 0;
+      if (::waitpid(p.pid, &st, WNOHANG) == p.pid) {
+        p.exited = true;
+        p.status = st;
+      }
+    }
+  }
+}
+
+RankSet::RankSet(LaunchMode mode, int world_size, std::string backend,
+                 std::chrono::milliseconds timeout, std::string one_shot_test_id)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->mode = mode;
+  impl_->n = world_size;
+  impl_->backend = std::move(backend);
+  impl_->timeout = timeout;
+  impl_->pool = one_shot_test_id.empty();
+  impl_->start(one_shot_test_id);
+}
+
+RankSet::~RankSet() {
+  for (auto& p : impl_->procs)
+    if (p.fd >= 0) write_line(p.fd, {{"exit", true}});
+  impl_->kill_all();
+  for (auto& p : impl_->procs)
+    if (p.fd >= 0) ::close(p.fd);
+  for (auto& pe : impl_->pending) ::close(pe.fd);
+  if (impl_->listen_fd >= 0) ::close(impl_->listen_fd);
+  impl_->store.reset();
+  std::error_code ec;
+  if (!impl_->dir.empty()) fs::remove_all(impl_->dir, ec);
+}
+
+bool RankSet::healthy() const { return impl_->healthy; }
+const std::string& RankSet::backend() const { return impl_->backend; }
+int RankSet::world_size() const { return impl_->n; }
+
+std::vector<RankOutcome> RankSet::run(const std::string& test_id, std::chrono::milliseconds timeout,
+                                      std::string* stacks) {
+  auto& I = *impl_;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto deadline = t0 + timeout;
+  std::vector<bool> sent(I.n, !I.pool);
+  for (auto& p : I.procs) {
+    p.result.reset();
+    std::error_code ec;
+    p.log_offset = fs::exists(p.log_path, ec) ? fs::file_size(p.log_path, ec) : 0;
+  }
+  std::vector<RankOutcome> out(I.n);
+  std::vector<bool> done(I.n, false);
+  std::optional<std::chrono::steady_clock::time_point> first_abnormal;
+  bool timed_out = false;
+  for (;;) {
+    I.pump(kPollMs);
+    const auto now = std::chrono::steady_clock::now();
+    for (int r = 0; r < I.n; ++r) {
+      auto& p = I.procs[r];
+      if (I.pool && !sent[r] && p.fd >= 0) sent[r] = write_line(p.fd, {{"run", test_id}});
+      if (done[r]) continue;
+      const bool finished = p.result && (I.pool || p.exited);
+      if (finished || p.exited) {
+        done[r] = true;
+        const bool abnormal = !p.result || p.result->fatal() ||
+                              (p.exited && !WIFEXITED(p.status));
+        if (abnormal && !first_abnormal) first_abnormal = now;
+      }
+      // A one-shot rank that reported but does not exit is stuck in teardown.
+      if (!done[r] && p.result && !I.pool && now - t0 > timeout + kExitGrace) done[r] = true;
+    }
+    if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
+    if (first_abnormal && now - *first_abnormal > kAbortGrace) {
+      for (int r = 0; r < I.n; ++r)
+        if (!done[r]) {
+          out[r].end = RankOutcome::End::kKilledAfterPeer;
+          I.kill_rank(r, SIGKILL);
+        }
+      break;
+    }
+    if (now > deadline) {
+      timed_out = true;
+      for (int r = 0; r < I.n; ++r)
+        if (!done[r]) I.kill_rank(r, SIGUSR1);
+      const auto until = std::chrono::steady_clock::now() + kStackDumpWait;
+      while (std::chrono::steady_clock::now() < until) I.pump(kPollMs);
+      for (int r = 0; r < I.n; ++r)
+        if (!done[r] && !I.procs[r].result) {
+          out[r].end = RankOutcome::End::kTimedOut;
+          I.kill_rank(r, SIGKILL);
+        }
+      break;
+    }
+  }
+  // One-shot ranks exit right after reporting; collect their exit status.
+  if (!I.pool) {
+    const auto until = std::chrono::steady_clock::now() + kExitGrace;
+    while (std::chrono::steady_clock::now() < until) {
+      bool all = true;
+      for (auto& p : I.procs) all = all && p.exited;
+      if (all) break;
+      I.pump(kPollMs);
+    }
+    I.kill_all();
+  }
+  for (int r = 0; r < I.n; ++r) {
+    auto& p = I.procs[r];
+    auto& o = out[r];
+    o.rank = r;
+    o.result = p.result;
+    if (o.end == RankOutcome::End::kFinished && p.exited) {
+      if (WIFSIGNALED(p.status) && !p.result) {
+        o.end = RankOutcome::End::kSignaled;
+        o.signal = WTERMSIG(p.status);
+      } else if (WIFEXITED(p.status) && !p.result) {
+        o.end = RankOutcome::End::kExited;
+        o.exit_code = WEXITSTATUS(p.status);
+      }
+    }
+    std::ifstream in(p.log_path, std::ios::binary);
+    if (in) {
+      in.seekg(static_cast<std::streamoff>(p.log_offset));
+      o.output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    if (timed_out && stacks && o.end == RankOutcome::End::kTimedOut) {
+      auto pos = o.output.find("[dtensor] stack of rank");
+      if (pos != std::string::npos) *stacks += o.output.substr(pos);
+      else *stacks += "[rank " + std::to_string(r) + "] (no stack: the rank did not answer)\n";
+    }
+    if (o.end != RankOutcome::End::kFinished || !o.result || o.result->failed()) I.healthy = false;
+    if (I.pool && p.exited) I.healthy = false;
+  }
+  return out;
+}
+
+// ---- worker pool -------------------------------------------------------------------------------
+namespace {
+std::unique_ptr<RankSet> g_pool;
+}
+
+RankSet& worker_pool(int world_size, const std::string& backend, std::chrono::milliseconds timeout) {
+  if (g_pool && (!g_pool->healthy() || g_pool->world_size() != world_size || g_pool->backend() != backend))
+    g_pool.reset();
+  if (!g_pool) g_pool = std::make_unique<RankSet>(LaunchMode::kWorkerPool, world_size, backend, timeout);
+  return *g_pool;
+}
+
+void discard_worker_pool() { g_pool.reset(); }
+
+}  // namespace internal
+}  // namespace testing
+}  // namespace dtensor

@@ -1,0 +1,320 @@
+// harness/internal/rank_run.cpp
+#include "harness/internal/rank_run.h"
+
+#include "dtensor/comm/group.h"
+
+#include <c10/util/Exception.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace dtensor {
+namespace testing {
+namespace internal {
+
+// ---- registry ------------------------------------------------------------------------------
+namespace {
+struct Entry {
+  RankTestFactory factory;
+  std::string file;
+  int line;
+};
+std::map<std::string, Entry>& registry() {
+  static std::map<std::string, Entry> r;
+  return r;
+}
+thread_local int t_rank = -1;
+}  // namespace
+
+RankTestRegistrar::RankTestRegistrar(const char* test_id, RankTestFactory factory, const char* file,
+                                     int line) {
+  registry()[test_id] = Entry{std::move(factory), file, line};
+}
+
+bool registered(const std::string& test_id) { return registry().count(test_id) > 0; }
+
+void set_current_rank(int rank) { t_rank = rank; }
+int current_rank() { return t_rank; }
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  const char* desc = strsignal(sig);
+  std::ostringstream os;
+  os << "SIG" << (abbrev ? abbrev : std::to_string(sig).c_str()) << " (" << (desc ? desc : "?")
+     << ")";
+  return os.str();
+}
+
+// ---- results ---------------------------------------------------------------------------------
+bool RankResult::failed() const {
+  for (auto& p : parts)
+    if (p.kind != "skip") return true;
+  return false;
+}
+bool RankResult::fatal() const {
+  for (auto& p : parts)
+    if (p.kind != "failure") return true;
+  return false;
+}
+bool RankResult::skipped() const {
+  if (failed()) return false;
+  for (auto& p : parts)
+    if (p.kind == "skip") return true;
+  return false;
+}
+bool RankResult::only_collective_errors() const {
+  bool any = false;
+  for (auto& p : parts) {
+    if (p.kind == "skip") continue;
+    if (!p.collective_error) return false;
+    any = true;
+  }
+  return any;
+}
+
+void to_json(nlohmann::json& j, const RankPart& p) {
+  j = {{"kind", p.kind}, {"file", p.file}, {"line", p.line}, {"message", p.message},
+       {"collective_error", p.collective_error}};
+}
+void from_json(const nlohmann::json& j, RankPart& p) {
+  p.kind = j.at("kind").get<std::string>();
+  p.file = j.at("file").get<std::string>();
+  p.line = j.at("line").get<int>();
+  p.message = j.at("message").get<std::string>();
+  p.collective_error = j.value("collective_error", false);
+}
+void to_json(nlohmann::json& j, const RankResult& r) {
+  j = {{"rank", r.rank}, {"parts", r.parts}, {"duration_ms", r.duration_ms}};
+}
+void from_json(const nlohmann::json& j, RankResult& r) {
+  r.rank = j.at("rank").get<int>();
+  r.parts = j.at("parts").get<std::vector<RankPart>>();
+  r.duration_ms = j.value("duration_ms", 0.0);
+}
+
+// ---- capture ---------------------------------------------------------------------------------
+RankCapture::RankCapture(std::shared_ptr<RankSink> sink)
+    : ::testing::ScopedFakeTestPartResultReporter(
+          ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS, &unused_),
+      sink_(std::move(sink)) {}
+
+void RankCapture::ReportTestPartResult(const ::testing::TestPartResult& r) {
+  RankPart p;
+  p.kind = r.skipped() ? "skip" : r.fatally_failed() ? "fatal" : "failure";
+  p.file = r.file_name() ? r.file_name() : "";
+  p.line = r.line_number();
+  p.message = r.message();
+  sink_->add(t_rank, std::move(p));
+}
+
+void RankSink::add(int rank, RankPart part) {
+  std::lock_guard<std::mutex> lk(mu_);
+  parts_.emplace_back(rank, std::move(part));
+}
+
+std::vector<RankPart> RankSink::take(int rank) {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<RankPart> out;
+  std::vector<std::pair<int, RankPart>> keep;
+  for (auto& kv : parts_) {
+    if (kv.first == rank) out.push_back(std::move(kv.second));
+    else keep.push_back(std::move(kv));
+  }
+  parts_ = std::move(keep);
+  return out;
+}
+
+// ---- running a body --------------------------------------------------------------------------
+namespace {
+RankPart exception_part(const std::string& where, const std::exception& e, const Entry& entry) {
+  RankPart p;
+  p.kind = "exception";
+  p.file = entry.file;
+  p.line = entry.line;
+  std::string what = e.what();
+  if (auto* ce = dynamic_cast<const c10::Error*>(&e)) what = ce->what_without_backtrace();
+  p.message = "uncaught exception in " + where + ": " + what;
+  p.collective_error = dynamic_cast<const comm::CollectiveError*>(&e) != nullptr;
+  return p;
+}
+bool stopped(const std::vector<RankPart>& parts) {
+  for (auto& p : parts)
+    if (p.kind != "failure") return true;
+  return false;
+}
+}  // namespace
+
+RankResult run_rank_body(const std::string& test_id, int rank, const comm::GroupPtr& group,
+                         RankSink& capture, bool barrier_after) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RankResult res;
+  res.rank = rank;
+  set_current_rank(rank);
+  auto it = registry().find(test_id);
+  if (it == registry().end()) {
+    res.parts.push_back({"exception", "", -1,
+                         "no DTENSOR_TEST_F named " + test_id + " is registered in this program"});
+    return res;
+  }
+  const Entry& entry = it->second;
+  std::unique_ptr<MultiRankTest> fx;
+  auto guarded = [&](const char* where, const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      capture.add(rank, exception_part(where, e, entry));
+    } catch (...) {
+      capture.add(rank, RankPart{"exception", entry.file, entry.line,
+                                 std::string("uncaught non-std exception in ") + where});
+    }
+  };
+  guarded("the fixture constructor", [&] { fx = entry.factory(); });
+  if (fx) {
+    fx->internal_set_rank(rank, group);
+    guarded("SetUpRank", [&] { fx->SetUpRank(); });
+  }
+  std::vector<RankPart> parts = capture.take(rank);
+  if (fx && !stopped(parts)) {
+    guarded("the test body", [&] { fx->RankBody(); });
+    auto more = capture.take(rank);
+    parts.insert(parts.end(), more.begin(), more.end());
+  }
+  if (fx) {
+    guarded("TearDownRank", [&] { fx->TearDownRank(); });
+    auto more = capture.take(rank);
+    parts.insert(parts.end(), more.begin(), more.end());
+  }
+  if (barrier_after && group && !stopped(parts)) {
+    guarded("the barrier after the test body", [&] { group->barrier(); });
+    auto more = capture.take(rank);
+    parts.insert(parts.end(), more.begin(), more.end());
+  }
+  fx.reset();
+  res.parts = std::move(parts);
+  res.duration_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+// ---- reporting -------------------------------------------------------------------------------
+namespace {
+std::string ranks_str(const std::vector<int>& rs) {
+  std::ostringstream os;
+  for (size_t i = 0; i < rs.size(); ++i) os << (i ? "," : "") << rs[i];
+  return os.str();
+}
+std::string prefixed(int rank, const std::string& text) {
+  std::ostringstream os;
+  std::istringstream is(text);
+  std::string line;
+  while (std::getline(is, line)) os << "[rank " << rank << "] " << line << "\n";
+  return os.str();
+}
+}  // namespace
+
+void report_outcomes(const std::string& test_id, const std::vector<RankOutcome>& outcomes,
+                     std::chrono::milliseconds timeout, const std::string& stacks) {
+  // 1. Primary problems: failures that are not merely collectives broken by a peer.
+  bool any_primary = false;
+  for (auto& o : outcomes) {
+    if (o.end == RankOutcome::End::kSignaled || o.end == RankOutcome::End::kTimedOut ||
+        (o.end == RankOutcome::End::kExited && !o.result))
+      any_primary = true;
+    if (o.result && o.result->failed() && !o.result->only_collective_errors()) any_primary = true;
+    if (o.result && o.result->skipped()) any_primary = true;  // a skip also breaks peers' collectives
+  }
+  // 2. Group identical assertion failures across ranks: (kind,file,line,message) -> ranks.
+  std::map<std::tuple<std::string, int, std::string>, std::vector<int>> failures;
+  std::vector<std::tuple<std::string, int, std::string>> order;
+  std::vector<int> secondary, killed, timed_out, failing;
+  std::vector<std::pair<int, std::string>> skips;
+  for (auto& o : outcomes) {
+    bool failed_rank = false;
+    if (o.result) {
+      const bool sec = any_primary && o.result->only_collective_errors();
+      if (sec) secondary.push_back(o.rank);
+      for (auto& p : o.result->parts) {
+        if (p.kind == "skip") {
+          skips.emplace_back(o.rank, p.message);
+          continue;
+        }
+        if (sec) continue;
+        auto key = std::make_tuple(p.file, p.line, p.message);
+        if (!failures.count(key)) order.push_back(key);
+        failures[key].push_back(o.rank);
+        failed_rank = true;
+      }
+    }
+    switch (o.end) {
+      case RankOutcome::End::kSignaled:
+        ADD_FAILURE() << "[rank " << o.rank << "] crashed: killed by signal "
+                      << signal_name(o.signal) << " while running " << test_id;
+        failed_rank = true;
+        break;
+      case RankOutcome::End::kExited:
+        if (!o.result) {
+          ADD_FAILURE() << "[rank " << o.rank << "] exited with code " << o.exit_code
+                        << " before reporting a result for " << test_id;
+          failed_rank = true;
+        }
+        break;
+      case RankOutcome::End::kKilledAfterPeer: killed.push_back(o.rank); break;
+      case RankOutcome::End::kTimedOut:
+        timed_out.push_back(o.rank);
+        failed_rank = true;
+        break;
+      case RankOutcome::End::kFinished: break;
+    }
+    if (failed_rank) failing.push_back(o.rank);
+  }
+  for (auto& key : order) {
+    const auto& rs = failures[key];
+    const char* file = std::get<0>(key).empty() ? nullptr : std::get<0>(key).c_str();
+    ADD_FAILURE_AT(file ? file : "unknown file", std::get<1>(key))
+        << "[rank" << (rs.size() > 1 ? "s " : " ") << ranks_str(rs) << "] " << std::get<2>(key);
+  }
+  if (!timed_out.empty()) {
+    ADD_FAILURE() << test_id << " timed out after " << timeout.count() / 1000.0
+                  << " s; ranks that had not finished: " << ranks_str(timed_out)
+                  << (stacks.empty() ? std::string() : "\nTheir stacks:\n" + stacks);
+  }
+  if (!failing.empty() || !timed_out.empty()) {
+    if (!secondary.empty() || !killed.empty()) {
+      std::ostringstream os;
+      if (!secondary.empty())
+        os << "ranks " << ranks_str(secondary)
+           << " stopped with collective errors caused by the failure above";
+      if (!killed.empty())
+        os << (secondary.empty() ? "" : "; ") << "ranks " << ranks_str(killed)
+           << " were stopped by the harness after rank " << failing.front() << " failed";
+      std::cout << "[dtensor] " << os.str() << std::endl;
+    }
+    ::testing::Test::RecordProperty("failing_ranks", ranks_str(failing));
+  } else if (failing.empty() && !skips.empty()) {
+    std::ostringstream os;
+    std::set<std::string> seen;
+    for (auto& s : skips)
+      if (seen.insert(s.second).second) os << "[rank " << s.first << "] " << s.second << " ";
+    GTEST_SKIP() << os.str();
+  }
+  const bool show = !failing.empty() || env_or("DTENSOR_SHOW_RANK_OUTPUT", "0") == "1";
+  if (show) {
+    for (auto& o : outcomes)
+      if (!o.output.empty()) std::cout << prefixed(o.rank, o.output);
+    std::cout.flush();
+  }
+}
+
+}  // namespace internal
+}  // namespace testing
+}  // namespace dtensor

@@ -1,0 +1,194 @@
+// harness/multi_rank_test.cpp: the fixtures' orchestration (see multi_rank_test.h).
+#include "harness/multi_rank_test.h"
+
+#include "dtensor/comm/c10d_group.h"
+#include "dtensor/comm/object_collectives.h"
+#include "dtensor/comm/thread_group.h"
+#include "harness/internal/external.h"
+#include "harness/internal/launcher.h"
+#include "harness/internal/rank_run.h"
+
+#include <c10/util/Exception.h>
+#include <torch/cuda.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <thread>
+
+namespace dtensor {
+namespace testing {
+
+using internal::env_or;
+
+std::string to_string(LaunchMode m) {
+  switch (m) {
+    case LaunchMode::kForkServer: return "fork";
+    case LaunchMode::kSpawn: return "spawn";
+    case LaunchMode::kWorkerPool: return "pool";
+  }
+  return "?";
+}
+
+LaunchMode launch_mode_from_string(const std::string& s) {
+  if (s == "fork" || s == "fork_server") return LaunchMode::kForkServer;
+  if (s == "spawn") return LaunchMode::kSpawn;
+  if (s == "pool" || s == "worker_pool") return LaunchMode::kWorkerPool;
+  TORCH_CHECK(false, "unknown launch mode '", s, "' (DTENSOR_LAUNCH_MODE): expected fork, spawn or pool");
+}
+
+int gpu_count() { return static_cast<int>(torch::cuda::device_count()); }
+
+comm::Group& MultiRankTest::group() const {
+  TORCH_CHECK(group_ != nullptr, "group() is only available inside a DTENSOR_TEST_F body");
+  return *group_;
+}
+
+void MultiRankTest::RankBody() {
+  ADD_FAILURE() << "RankBody() of a dtensor fixture was not overridden: define the test with "
+                   "DTENSOR_TEST_F, not TEST_F";
+}
+
+int MultiRankTest::effective_world_size() const {
+  const std::string v = env_or("DTENSOR_WORLD_SIZE", "");
+  if (v.empty()) return world_size();
+  try {
+    int n = std::stoi(v);
+    TORCH_CHECK(n >= 1, "must be >= 1");
+    return n;
+  } catch (const std::exception&) {
+    TORCH_CHECK(false, "DTENSOR_WORLD_SIZE='", v, "' is not a positive integer");
+  }
+}
+
+std::chrono::milliseconds MultiRankTest::effective_timeout() const {
+  const std::string v = env_or("DTENSOR_TEST_TIMEOUT", "");
+  if (v.empty()) return timeout();
+  try {
+    double s = std::stod(v);
+    TORCH_CHECK(s > 0, "must be positive");
+    return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+  } catch (const std::exception&) {
+    TORCH_CHECK(false, "DTENSOR_TEST_TIMEOUT='", v, "' is not a positive number of seconds");
+  }
+}
+
+std::string MultiProcessTest::device_type() const {
+  return gpu_count() >= effective_world_size() ? "cuda" : "cpu";
+}
+
+std::string MultiProcessTest::backend() const { return device_type() == "cuda" ? "nccl" : "gloo"; }
+
+std::string MultiProcessTest::effective_backend() const {
+  return env_or("DTENSOR_BACKEND", backend());
+}
+
+LaunchMode MultiProcessTest::effective_launch_mode() const {
+  const std::string v = env_or("DTENSOR_LAUNCH_MODE", "");
+  return v.empty() ? launch_mode() : launch_mode_from_string(v);
+}
+
+void MultiProcessTest::RunRanks(const std::string& test_id) {
+  if (internal::external_launcher_active()) {
+    internal::run_external(test_id, effective_timeout());
+    return;
+  }
+  const int n = effective_world_size();
+  const std::string backend = effective_backend();
+  std::string why;
+  if (!comm::backend_available(backend, &why)) GTEST_SKIP() << why;
+  if (required_gpus() > gpu_count())
+    GTEST_SKIP() << "Need at least " << required_gpus() << " CUDA devices, found " << gpu_count();
+  const auto timeout = effective_timeout();
+  const LaunchMode mode = effective_launch_mode();
+  std::string stacks;
+  std::vector<internal::RankOutcome> outcomes;
+  if (mode == LaunchMode::kWorkerPool) {
+    outcomes = internal::worker_pool(n, backend, timeout).run(test_id, timeout, &stacks);
+  } else {
+    internal::RankSet ranks(mode, n, backend, timeout, test_id);
+    outcomes = ranks.run(test_id, timeout, &stacks);
+  }
+  internal::report_outcomes(test_id, outcomes, timeout, stacks);
+}
+
+// NOTE: [Threaded ranks]
+// Each rank is a thread with its own fixture instance, thread-local rank and default group.
+// One RankCapture intercepts the assertions of all threads and files them under the rank of
+// the thread that made them. When a rank stops early (ASSERT, exception, skip) the world is
+// aborted, so ranks blocked in collectives with it wake up with CollectiveError instead of
+// waiting for the timeout. A thread that ignores the abort (busy loop) cannot be killed: at
+// the timeout it is reported and left detached, with its fixture leaked on purpose.
+void MultiThreadedTest::RunRanks(const std::string& test_id) {
+  if (!internal::registered(test_id)) {
+    ADD_FAILURE() << "no DTENSOR_TEST_F named " << test_id;
+    return;
+  }
+  const int n = effective_world_size();
+  const auto timeout = effective_timeout();
+  auto world = comm::ThreadWorld::create(n, timeout);
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    int finished = 0;
+    std::vector<std::optional<internal::RankResult>> results;
+  };
+  auto shared = std::make_shared<Shared>();
+  shared->results.resize(n);
+  // Threads share the sink; the capture (the installed gtest reporter) belongs to this frame
+  // and is removed before reporting, so that the report itself reaches gtest.
+  auto sink = std::make_shared<internal::RankSink>();
+  auto capture = std::make_unique<internal::RankCapture>(sink);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([r, n, test_id, world, shared, sink] {
+      auto g = std::make_shared<comm::ThreadGroup>(world, r);
+      comm::set_thread_default_group(g);
+      internal::RankResult res = internal::run_rank_body(test_id, r, g, *sink);
+      comm::set_thread_default_group(nullptr);
+      internal::set_current_rank(-1);
+      if (res.fatal()) world->abort("rank " + std::to_string(r) + " stopped early");
+      std::lock_guard<std::mutex> lk(shared->mu);
+      shared->results[r] = std::move(res);
+      ++shared->finished;
+      shared->cv.notify_all();
+      (void)n;
+    });
+  }
+  bool all_done;
+  std::vector<bool> unfinished_at_timeout(n, false);
+  {
+    std::unique_lock<std::mutex> lk(shared->mu);
+    all_done = shared->cv.wait_for(lk, timeout, [&] { return shared->finished == n; });
+    if (!all_done) {
+      for (int r = 0; r < n; ++r) unfinished_at_timeout[r] = !shared->results[r].has_value();
+      lk.unlock();
+      world->abort("the test timed out");
+      lk.lock();
+      all_done = shared->cv.wait_for(lk, std::chrono::seconds(2), [&] { return shared->finished == n; });
+    }
+  }
+  capture.reset();
+  std::vector<internal::RankOutcome> outcomes(n);
+  {
+    std::lock_guard<std::mutex> lk(shared->mu);
+    for (int r = 0; r < n; ++r) {
+      outcomes[r].rank = r;
+      outcomes[r].result = shared->results[r];
+      if (unfinished_at_timeout[r]) {
+        outcomes[r].end = internal::RankOutcome::End::kTimedOut;
+        outcomes[r].result.reset();
+      }
+    }
+  }
+  if (all_done) {
+    for (auto& t : threads) t.join();
+  } else {
+    for (auto& t : threads) t.detach();  // see NOTE: [Threaded ranks]
+  }
+  internal::report_outcomes(test_id, outcomes, timeout,
+                            all_done ? "" : "(threads cannot be stack-dumped; they were left detached)\n");
+}
+
+}  // namespace testing
+}  // namespace dtensor

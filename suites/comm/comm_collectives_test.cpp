@@ -1,0 +1,228 @@
+// Collectives of every Group implementation, run the way a user runs them: as 4 ranks, once
+// as processes over Gloo (C10dGroup) and once as threads (ThreadGroup). Each behaviour is
+// written once (COMM_TEST) and instantiated for both fixtures.
+#include "dtensor/comm/comm.h"
+#include "harness/harness.h"
+
+#include <ATen/ATen.h>
+
+namespace dtensor {
+namespace {
+
+using comm::ReduceOp;
+
+class GlooCollectives : public testing::MultiProcessTest {
+ protected:
+  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(60); }
+};
+class ThreadCollectives : public testing::MultiThreadedTest {
+ protected:
+  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(60); }
+};
+
+#define COMM_TEST(name)                                                 \
+  void name##_body(testing::MultiRankTest& t);                          \
+  DTENSOR_TEST_F(GlooCollectives, name) { name##_body(*this); }        \
+  DTENSOR_TEST_F(ThreadCollectives, name) { name##_body(*this); }      \
+  void name##_body(testing::MultiRankTest& t)
+
+COMM_TEST(AllReduceEveryOp) {
+  auto& g = t.group();
+  const int n = g.size(), r = t.rank();
+  ASSERT_EQ(n, 4);
+  ASSERT_EQ(&g, comm::default_group().get());
+  struct Case {
+    ReduceOp op;
+    double expected;
+  };
+  // rank r contributes r + 1: 1, 2, 3, 4
+  for (Case c : {Case{ReduceOp::SUM, 10}, Case{ReduceOp::AVG, 2.5}, Case{ReduceOp::PRODUCT, 24},
+                 Case{ReduceOp::MIN, 1}, Case{ReduceOp::MAX, 4}}) {
+    SCOPED_TRACE(comm::to_string(c.op));
+    at::Tensor x = at::full({3, 2}, r + 1.0, at::kFloat);
+    g.all_reduce(x, c.op);
+    EXPECT_TRUE(at::allclose(x, at::full({3, 2}, c.expected, at::kFloat))) << x;
+  }
+  at::Tensor ints = at::full({2}, r, at::kLong);
+  g.all_reduce(ints, ReduceOp::MAX);
+  EXPECT_EQ(ints[0].item<int64_t>(), n - 1);
+  // AVG of integers is refused with a message saying what to do.
+  at::Tensor bad = at::zeros({1}, at::kLong);
+  try {
+    g.all_reduce(bad, ReduceOp::AVG);
+    ADD_FAILURE() << "AVG on int64 did not throw";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("AVG needs a floating dtype"), std::string::npos) << e.what();
+  }
+}
+
+COMM_TEST(AllReduceNonContiguous) {
+  auto& g = t.group();
+  at::Tensor base = at::arange(6, at::kFloat).reshape({2, 3});
+  at::Tensor x = base.t();  // non-contiguous view
+  g.all_reduce(x);
+  EXPECT_TRUE(at::equal(base, at::arange(6, at::kFloat).reshape({2, 3}) * g.size()));
+}
+
+COMM_TEST(AllGatherInto) {
+  auto& g = t.group();
+  at::Tensor in = at::full({2, 3}, t.rank(), at::kFloat);
+  at::Tensor out = at::empty({2 * g.size(), 3}, at::kFloat);
+  g.all_gather_into(out, in);
+  for (int r = 0; r < g.size(); ++r) EXPECT_TRUE(at::equal(out.narrow(0, 2 * r, 2), at::full({2, 3}, r, at::kFloat)));
+  at::Tensor wrong = at::empty({3, 3}, at::kFloat);
+  try {
+    g.all_gather_into(wrong, in);
+    ADD_FAILURE() << "wrong output shape did not throw";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs output [8, 3]"), std::string::npos) << e.what();
+  }
+}
+
+COMM_TEST(ReduceScatterInto) {
+  auto& g = t.group();
+  const int n = g.size();
+  // rank r holds rows [0..n) scaled by (r + 1); block b is rows b.
+  at::Tensor in = at::arange(n, at::kFloat).unsqueeze(1).repeat({1, 2}) * (t.rank() + 1);
+  at::Tensor out = at::empty({1, 2}, at::kFloat);
+  g.reduce_scatter_into(out, in, ReduceOp::SUM);
+  EXPECT_TRUE(at::allclose(out, at::full({1, 2}, t.rank() * 10.0, at::kFloat))) << out;
+  g.reduce_scatter_into(out, in, ReduceOp::AVG);
+  EXPECT_TRUE(at::allclose(out, at::full({1, 2}, t.rank() * 2.5, at::kFloat))) << out;
+}
+
+COMM_TEST(AllToAllSingleEvenAndUneven) {
+  auto& g = t.group();
+  const int n = g.size(), me = t.rank();
+  // Even: block j of rank i holds 100 * i + j.
+  at::Tensor in = at::empty({n, 2}, at::kFloat);
+  for (int j = 0; j < n; ++j) in[j].fill_(100 * me + j);
+  at::Tensor out = at::empty({n, 2}, at::kFloat);
+  g.all_to_all_single(out, in);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(out[i][0].item<float>(), 100 * i + me);
+  // Uneven: rank i sends (j + 1) rows to rank j, so rank j receives (j + 1) rows from everyone.
+  std::vector<int64_t> in_splits, out_splits;
+  for (int j = 0; j < n; ++j) in_splits.push_back(j + 1);
+  for (int i = 0; i < n; ++i) out_splits.push_back(me + 1);
+  at::Tensor uin = at::full({n * (n + 1) / 2}, me, at::kLong);
+  at::Tensor uout = at::empty({n * (me + 1)}, at::kLong);
+  g.all_to_all_single(uout, uin, out_splits, in_splits);
+  for (int i = 0; i < n; ++i)
+    EXPECT_TRUE(at::equal(uout.narrow(0, i * (me + 1), me + 1), at::full({me + 1}, i, at::kLong)));
+}
+
+COMM_TEST(BroadcastFromEveryRoot) {
+  auto& g = t.group();
+  for (int src = 0; src < g.size(); ++src) {
+    at::Tensor x = at::full({4}, t.rank() == src ? 42.0 + src : -1.0, at::kDouble);
+    g.broadcast(x, src);
+    EXPECT_EQ(x[3].item<double>(), 42.0 + src);
+  }
+  at::Tensor x = at::zeros({1});
+  try {
+    g.broadcast(x, g.size());
+    ADD_FAILURE() << "src out of range did not throw";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("src=4 is not a rank"), std::string::npos) << e.what();
+  }
+}
+
+COMM_TEST(SendRecvRing) {
+  auto& g = t.group();
+  const int n = g.size(), me = t.rank();
+  at::Tensor msg = at::full({3}, me, at::kInt);
+  at::Tensor got = at::empty({3}, at::kInt);
+  // Even ranks send first, odd ranks receive first: no deadlock with blocking calls.
+  if (me % 2 == 0) {
+    g.send(msg, (me + 1) % n, 7);
+    g.recv(got, (me + n - 1) % n, 7);
+  } else {
+    g.recv(got, (me + n - 1) % n, 7);
+    g.send(msg, (me + 1) % n, 7);
+  }
+  EXPECT_EQ(got[0].item<int>(), (me + n - 1) % n);
+}
+
+COMM_TEST(GatherAndScatter) {
+  auto& g = t.group();
+  const int n = g.size();
+  std::vector<at::Tensor> outs;
+  g.gather(at::full({2}, t.rank() * 2, at::kFloat), outs, /*dst=*/1);
+  if (t.rank() == 1) {
+    ASSERT_EQ(static_cast<int>(outs.size()), n);
+    for (int r = 0; r < n; ++r) EXPECT_EQ(outs[r][1].item<float>(), r * 2);
+  } else {
+    EXPECT_TRUE(outs.empty());
+  }
+  std::vector<at::Tensor> ins;
+  if (t.rank() == 2)
+    for (int r = 0; r < n; ++r) ins.push_back(at::full({2}, r * 3, at::kFloat));
+  at::Tensor out = at::empty({2}, at::kFloat);
+  g.scatter(out, ins, /*src=*/2);
+  EXPECT_EQ(out[0].item<float>(), t.rank() * 3);
+}
+
+COMM_TEST(ObjectCollectives) {
+  auto& g = t.group();
+  const int me = t.rank();
+  auto names = comm::all_gather_object(g, std::string(static_cast<size_t>(me) * 3, 'x'));
+  ASSERT_EQ(names.size(), 4u);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(names[r].size(), static_cast<size_t>(r) * 3);  // rank 0 sends ""
+  std::map<std::string, std::vector<int>> cfg;
+  if (me == 3) cfg = {{"dims", {1, 2}}, {"mesh", {2, 2}}};
+  auto got = comm::broadcast_object(g, cfg, 3);
+  EXPECT_EQ(got.at("mesh"), (std::vector<int>{2, 2}));
+  auto gathered = comm::gather_object(g, me * 1.5, 0);
+  EXPECT_EQ(gathered.has_value(), me == 0);
+  if (gathered) EXPECT_DOUBLE_EQ((*gathered)[3], 4.5);
+  std::vector<std::string> parts;
+  if (me == 1) parts = {"a", "bb", "ccc", ""};
+  EXPECT_EQ(comm::scatter_object(g, parts, 1), std::vector<std::string>({"a", "bb", "ccc", ""})[me]);
+}
+
+COMM_TEST(SubgroupsFromRankLists) {
+  auto& g = t.group();
+  const int me = t.rank();
+  auto evens = g.new_subgroup({0, 2});
+  auto odds = g.new_subgroup({1, 3});
+  auto mine = me % 2 == 0 ? evens : odds;
+  auto other = me % 2 == 0 ? odds : evens;
+  ASSERT_NE(mine, nullptr);
+  EXPECT_EQ(other, nullptr);
+  EXPECT_EQ(mine->size(), 2);
+  EXPECT_EQ(mine->rank(), me / 2);
+  EXPECT_EQ(mine->global_ranks(), (std::vector<int>{me % 2, me % 2 + 2}));
+  at::Tensor x = at::full({1}, me, at::kLong);
+  mine->all_reduce(x);
+  EXPECT_EQ(x.item<int64_t>(), me % 2 == 0 ? 2 : 4);
+  // The parent group still works after creating sub-groups.
+  at::Tensor y = at::ones({1});
+  g.all_reduce(y);
+  EXPECT_EQ(y.item<float>(), 4);
+  try {
+    g.new_subgroup({0, 0});
+    ADD_FAILURE() << "duplicate rank did not throw";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("listed twice"), std::string::npos) << e.what();
+  }
+}
+
+// Only the in-memory group can tell mismatched collectives apart; it must raise on EVERY rank.
+DTENSOR_TEST_F(ThreadCollectives, MismatchedCollectivesRaiseOnEveryRank) {
+  at::Tensor x = at::ones({2});
+  try {
+    if (rank() == 0) group().broadcast(x, 0);
+    else group().all_reduce(x);
+    ADD_FAILURE() << "mismatched collectives did not throw";
+  } catch (const comm::CollectiveError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("[rank 0: broadcast("), std::string::npos) << what;
+    EXPECT_NE(what.find("[rank 1: all_reduce("), std::string::npos) << what;
+  }
+  // The group stays usable after the error.
+  group().all_reduce(x);
+  EXPECT_EQ(x[0].item<float>(), 4);
+}
+
+}  // namespace
+}  // namespace dtensor

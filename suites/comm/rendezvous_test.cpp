@@ -1,0 +1,141 @@
+// Rendezvous: launcher variables, stores, init_process_group errors. Plain tests (one process).
+#include "dtensor/comm/comm.h"
+#include "suites/testing/child_process.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <thread>
+
+namespace dtensor {
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "(no error)";
+}
+
+TEST(RendezvousFromEnv, NoLauncherVariablesMeansNone) {
+  Env env{{"HOME", "/root"}};
+  EXPECT_FALSE(comm::rendezvous_from_env(&env).has_value());
+}
+
+TEST(RendezvousFromEnv, Torchrun) {
+  Env env{{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.1.2.3"},
+          {"MASTER_PORT", "29400"}};
+  auto r = comm::rendezvous_from_env(&env);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->source, "torchrun");
+  EXPECT_EQ(r->rank, 3);
+  EXPECT_EQ(r->world_size, 8);
+  EXPECT_EQ(r->local_rank, 1);
+  EXPECT_EQ(r->master_addr, "10.1.2.3");
+  EXPECT_EQ(r->master_port, 29400);
+}
+
+TEST(RendezvousFromEnv, OpenMpiDefaultsToLocalhost) {
+  Env env{{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}};
+  auto r = comm::rendezvous_from_env(&env);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->source, "openmpi");
+  EXPECT_EQ(r->master_addr, "127.0.0.1");
+  EXPECT_EQ(r->master_port, comm::kDefaultMasterPort);
+}
+
+TEST(RendezvousFromEnv, SlurmTakesFirstNodeOfTheList) {
+  Env env{{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"},
+          {"SLURM_STEP_NODELIST", "gpu[07-10,12],cpu1"}};
+  auto r = comm::rendezvous_from_env(&env);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->source, "slurm");
+  EXPECT_EQ(r->master_addr, "gpu07");
+  EXPECT_EQ(r->rank, 5);
+  EXPECT_EQ(comm::first_host_of_nodelist("node1,node2"), "node1");
+}
+
+TEST(RendezvousFromEnv, MalformedVariablesNameTheVariable) {
+  Env bad_rank{{"RANK", "x"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}};
+  EXPECT_NE(error_of([&] { comm::rendezvous_from_env(&bad_rank); }).find("RANK='x' is not an integer"),
+            std::string::npos);
+  Env no_master{{"RANK", "0"}, {"WORLD_SIZE", "2"}};
+  EXPECT_NE(error_of([&] { comm::rendezvous_from_env(&no_master); }).find("MASTER_ADDR is not set"),
+            std::string::npos);
+  Env out_of_range{{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}};
+  EXPECT_NE(error_of([&] { comm::rendezvous_from_env(&out_of_range); }).find("rank 2 is outside [0, 2)"),
+            std::string::npos);
+}
+
+TEST(InitProcessGroup, RejectsBadInitMethods) {
+  EXPECT_NE(error_of([] { comm::init_process_group({"gloo", "udp://x", 0, 1}); }).find("unknown init_method"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { comm::init_process_group({"gloo", "file:///tmp/x", 3, 2}); })
+                .find("pass rank (0 <= rank < world_size)"),
+            std::string::npos);
+  EXPECT_FALSE(comm::is_initialized());
+}
+
+TEST(BackendAvailable, ExplainsWhatIsMissing) {
+  std::string why;
+  EXPECT_TRUE(comm::backend_available("gloo", &why));
+  EXPECT_FALSE(comm::backend_available("bogus", &why));
+  EXPECT_NE(why.find("unknown backend 'bogus'"), std::string::npos);
+  EXPECT_FALSE(comm::backend_available("mpi", &why));
+  EXPECT_NE(why.find("MPI"), std::string::npos);
+  EXPECT_FALSE(comm::backend_available("gloo,cuda:nccl", &why));
+  EXPECT_NE(why.find("mixes plain and device:backend"), std::string::npos);
+}
+
+// Gloo ranks may be threads of one process (DESIGN.md D2): a file and a TCP rendezvous.
+TEST(C10dGroup, FileAndTcpRendezvousWithThreadRanks) {
+  testing::TempDir dir;
+  for (const std::string method : {"file", "tcp"}) {
+    SCOPED_TRACE(method);
+    constexpr int n = 2;
+    std::vector<float> sums(n, -1);
+    std::vector<std::string> errors(n);
+    // The TCP server is rank 0's store; port 0 lets the kernel choose, so rank 0 creates first.
+    c10::intrusive_ptr<c10d::Store> server;
+    if (method == "tcp") server = comm::make_tcp_store("127.0.0.1", 0, 0, n, std::chrono::seconds(30));
+    const int port = method == "tcp" ? static_cast<c10d::TCPStore&>(*server).getPort() : 0;
+    std::vector<std::thread> ts;
+    for (int r = 0; r < n; ++r) {
+      ts.emplace_back([&, r] {
+        try {
+          c10::intrusive_ptr<c10d::Store> store =
+              method == "file" ? comm::make_file_store(dir.path() + "/store", n)
+              : r == 0         ? server
+                               : comm::make_tcp_store("127.0.0.1", port, r, n, std::chrono::seconds(30));
+          comm::C10dGroupOptions o;
+          o.gloo_hostname = "127.0.0.1";
+          o.timeout = std::chrono::seconds(30);
+          auto g = comm::C10dGroup::create(store, r, n, o);
+          at::Tensor x = at::full({2}, r + 1.0);
+          g->all_reduce(x);
+          sums[r] = x[0].item<float>();
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(errors[r], "") << "rank " << r;
+      EXPECT_EQ(sums[r], 3.0f) << "rank " << r;
+    }
+  }
+}
+
+TEST(DefaultGroup, MissingGroupErrorSaysWhatToDo) {
+  EXPECT_NE(error_of([] { comm::default_group(); }).find("call dtensor::comm::init_process_group"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace dtensor

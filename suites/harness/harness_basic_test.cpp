@@ -1,0 +1,144 @@
+// The harness as a user uses it: fixtures, settings, launch modes, subtests.
+#include "dtensor/comm/comm.h"
+#include "harness/harness.h"
+
+#include <ATen/ATen.h>
+
+#include <unistd.h>
+
+namespace dtensor {
+namespace {
+
+using testing::SubtestParams;
+
+class FourRanks : public testing::MultiProcessTest {};
+
+DTENSOR_TEST_F(FourRanks, EveryRankRunsTheBodyWithItsGroup) {
+  EXPECT_EQ(world_size(), 4);
+  ASSERT_GE(rank(), 0);
+  ASSERT_LT(rank(), 4);
+  EXPECT_EQ(group().size(), 4);
+  EXPECT_EQ(group().rank(), rank());
+  EXPECT_EQ(group().backend(), "gloo");
+  EXPECT_EQ(comm::default_group().get(), &group());
+  EXPECT_EQ(device_type(), "cpu");
+  // Every rank is its own process.
+  auto pids = comm::all_gather_object(group(), static_cast<int64_t>(::getpid()));
+  std::set<int64_t> distinct(pids.begin(), pids.end());
+  EXPECT_EQ(distinct.size(), 4u);
+}
+
+class TwoRanks : public testing::MultiProcessTest {
+ public:
+  int world_size() const override { return 2; }
+};
+
+DTENSOR_TEST_F(TwoRanks, WorldSizeOverride) {
+  EXPECT_EQ(group().size(), 2);
+  at::Tensor x = at::ones({1});
+  group().all_reduce(x);
+  EXPECT_EQ(x.item<float>(), 2);
+}
+
+// The same body under each process launch mode.
+template <testing::LaunchMode M>
+class Launched : public testing::MultiProcessTest {
+ public:
+  testing::LaunchMode launch_mode() const override { return M; }
+};
+using SpawnRanks = Launched<testing::LaunchMode::kSpawn>;
+using PoolRanks = Launched<testing::LaunchMode::kWorkerPool>;
+
+void check_collective_and_isolation(testing::MultiRankTest& t) {
+  at::Tensor x = at::full({2}, t.rank());
+  t.group().all_reduce(x);
+  EXPECT_EQ(x[0].item<float>(), 6);
+  auto pids = comm::all_gather_object(t.group(), static_cast<int64_t>(::getpid()));
+  EXPECT_EQ(std::set<int64_t>(pids.begin(), pids.end()).size(), 4u);
+}
+
+DTENSOR_TEST_F(SpawnRanks, CollectiveWorks) { check_collective_and_isolation(*this); }
+DTENSOR_TEST_F(PoolRanks, CollectiveWorks) { check_collective_and_isolation(*this); }
+
+// Pool workers keep their process (and group) from test to test.
+int64_t g_pool_tests_seen = 0;  // per worker process
+DTENSOR_TEST_F(PoolRanks, WorkersAreReused1) { ++g_pool_tests_seen; }
+DTENSOR_TEST_F(PoolRanks, WorkersAreReused2) {
+  ++g_pool_tests_seen;
+  // Run alone (ctest runs one test per program) a worker has seen 1 test; in a full run, 2+.
+  EXPECT_GE(g_pool_tests_seen, 1);
+  auto seen = comm::all_gather_object(group(), g_pool_tests_seen);
+  EXPECT_EQ(std::set<int64_t>(seen.begin(), seen.end()).size(), 1u) << "workers disagree";
+}
+
+class ThreadRanks : public testing::MultiThreadedTest {};
+
+DTENSOR_TEST_F(ThreadRanks, EveryThreadHasItsRankAndGroup) {
+  EXPECT_EQ(group().backend(), "threads");
+  EXPECT_EQ(comm::default_group().get(), &group());
+  auto pids = comm::all_gather_object(group(), static_cast<int64_t>(::getpid()));
+  EXPECT_EQ(std::set<int64_t>(pids.begin(), pids.end()).size(), 1u);
+  auto ranks = comm::all_gather_object(group(), rank());
+  EXPECT_EQ(ranks, (std::vector<int>{0, 1, 2, 3}));
+}
+
+DTENSOR_TEST_F(FourRanks, RunSubtestsCoversTheProduct) {
+  std::vector<std::string> seen;
+  int n = testing::run_subtests({{"dtype", {"float", "double"}}, {"dim", {0, 1, 2}}, {"flag", {true}}},
+                                [&](const SubtestParams& p) {
+                                  seen.push_back(p.to_string());
+                                  // Collectives inside subtests share the test's group.
+                                  at::Tensor x = at::ones({1});
+                                  group().all_reduce(x);
+                                  EXPECT_EQ(x.item<float>(), 4);
+                                  EXPECT_TRUE(p.get<bool>("flag"));
+                                });
+  EXPECT_EQ(n, 6);
+  ASSERT_EQ(seen.size(), 6u);
+  EXPECT_EQ(seen.front(), "dtype=float, dim=0, flag=true");
+  EXPECT_EQ(seen.back(), "dtype=double, dim=2, flag=true");
+}
+
+TEST(RunSubtests, EmptyValueListIsAnError) {
+  try {
+    testing::run_subtests({{"dim", {}}}, [](const SubtestParams&) {});
+    ADD_FAILURE() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'dim' has no values"), std::string::npos);
+  }
+}
+
+TEST(RunSubtests, UnknownParameterNamesTheKnownOnes) {
+  testing::SubtestParams p;
+  p.add("dtype", "float");
+  try {
+    p.get<int64_t>("dim");
+    ADD_FAILURE() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no parameter 'dim'; it has: dtype"), std::string::npos);
+  }
+}
+
+TEST(LaunchMode, ParsesNamesAndRejectsOthers) {
+  EXPECT_EQ(testing::launch_mode_from_string("pool"), testing::LaunchMode::kWorkerPool);
+  EXPECT_EQ(testing::to_string(testing::LaunchMode::kSpawn), "spawn");
+  try {
+    testing::launch_mode_from_string("forks");
+    ADD_FAILURE() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected fork, spawn or pool"), std::string::npos);
+  }
+}
+
+class NcclRanks : public testing::MultiProcessTest {
+ public:
+  std::string backend() const override { return "nccl"; }
+};
+DTENSOR_TEST_F(NcclRanks, AllReduceOnGpus) {
+  at::Tensor x = at::ones({4}, at::TensorOptions().device(at::kCUDA, rank()));
+  group().all_reduce(x);
+  EXPECT_EQ(x.sum().item<float>(), 16);
+}
+
+}  // namespace
+}  // namespace dtensor

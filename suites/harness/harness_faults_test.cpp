@@ -1,0 +1,294 @@
+// Fault cases: each DISABLED_ test below misbehaves on purpose. The HarnessReports tests run
+// them as child programs (as a user would run a failing suite) and assert what the harness
+// reports: the rank, the file:line, the signal, the timeout, the skip, the merged XML, and that
+// nothing is left behind.
+#include "dtensor/comm/comm.h"
+#include "harness/harness.h"
+#include "suites/testing/child_process.h"
+
+#include <ATen/ATen.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <future>
+#include <regex>
+#include <thread>
+
+namespace dtensor {
+namespace {
+
+// ---- the misbehaving tests -------------------------------------------------------------------
+class Faults : public testing::MultiProcessTest {
+ public:
+  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(60); }
+};
+class HangingFaults : public testing::MultiProcessTest {
+ public:
+  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(3); }
+};
+class ThreadFaults : public testing::MultiThreadedTest {
+ public:
+  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(3); }
+};
+
+void block_forever() { std::promise<void>().get_future().wait(); }
+
+DTENSOR_TEST_F(Faults, DISABLED_CrashInRank1) {
+  if (rank() == 1) std::raise(SIGSEGV);
+  at::Tensor x = at::ones({1});
+  group().all_reduce(x);
+}
+
+DTENSOR_TEST_F(Faults, DISABLED_ThrowInRank3) {
+  if (rank() == 3) throw std::runtime_error("boom from rank 3");
+  at::Tensor x = at::ones({1});
+  group().all_reduce(x);
+}
+
+DTENSOR_TEST_F(Faults, DISABLED_AssertInRank1) {
+  std::cout << "hello from rank " << rank() << std::endl;
+  ASSERT_NE(rank(), 1) << "rank one is unhappy";
+  at::Tensor x = at::ones({1});
+  group().all_reduce(x);
+}
+
+DTENSOR_TEST_F(Faults, DISABLED_SkipInRank2) {
+  if (rank() == 2) GTEST_SKIP() << "no widget on rank 2";
+  at::Tensor x = at::ones({1});
+  group().all_reduce(x);
+}
+
+DTENSOR_TEST_F(Faults, DISABLED_ExpectFailsEverywhere) { EXPECT_TRUE(rank() < 0) << "same everywhere"; }
+
+DTENSOR_TEST_F(Faults, DISABLED_SubtestFailuresDoNotHideOthers) {
+  int ran = testing::run_subtests({{"x", {1, 2, 3}}}, [&](const testing::SubtestParams& p) {
+    const auto x = p.get<int64_t>("x");
+    if (x == 1) throw std::runtime_error("subtest one threw");
+    ASSERT_NE(x, 2) << "subtest two failed";
+  });
+  std::cout << "subtests ran: " << ran << std::endl;
+}
+
+DTENSOR_TEST_F(HangingFaults, DISABLED_HangInRank2) {
+  if (rank() == 2) block_forever();
+}
+
+DTENSOR_TEST_F(HangingFaults, DISABLED_DifferentCollectiveInRank1) {
+  at::Tensor x = at::ones({4});
+  if (rank() == 1) group().broadcast(x, 0);
+  else group().all_reduce(x);
+}
+
+DTENSOR_TEST_F(ThreadFaults, DISABLED_AssertInRank1WakesTheOthers) {
+  ASSERT_NE(rank(), 1) << "thread rank one is unhappy";
+  at::Tensor x = at::ones({1});
+  group().all_reduce(x);  // would wait for rank 1 forever without the abort
+}
+
+DTENSOR_TEST_F(ThreadFaults, DISABLED_SkipInRank0) {
+  if (rank() == 0) GTEST_SKIP() << "thread rank 0 skips";
+  group().barrier();
+}
+
+DTENSOR_TEST_F(ThreadFaults, DISABLED_DifferentCollectiveInRank1) {
+  at::Tensor x = at::ones({4});
+  if (rank() == 1) group().broadcast(x, 0);
+  else group().all_reduce(x);
+}
+
+// ---- what the parent sees --------------------------------------------------------------------
+struct FaultRun {
+  testing::ChildRun run;
+  std::string xml;
+  std::vector<std::string> leftovers;  // what the child left in its TMPDIR
+};
+
+FaultRun run_fault(const std::string& test, const std::map<std::string, std::string>& extra_env = {}) {
+  testing::TempDir tmp;
+  testing::TempDir out;
+  std::map<std::string, std::string> env = extra_env;
+  env["TMPDIR"] = tmp.path();
+  FaultRun f;
+  f.run = testing::run_self({"--gtest_filter=" + test, "--gtest_also_run_disabled_tests",
+                             "--gtest_output=xml:" + out.path() + "/report.xml"},
+                            env);
+  f.xml = testing::read_file(out.path() + "/report.xml");
+  f.leftovers = tmp.entries();
+  return f;
+}
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE((haystack).find(needle), std::string::npos) << "missing: " << (needle) << "\n--- in:\n" << (haystack)
+
+TEST(HarnessReports, CrashNamesRankAndSignalAndStopsTheOthers) {
+  auto f = run_fault("Faults.DISABLED_CrashInRank1");
+  EXPECT_NE(f.run.exit_code, 0);
+  EXPECT_CONTAINS(f.run.output, "[rank 1] crashed: killed by signal SIGSEGV");
+  EXPECT_CONTAINS(f.run.output, "[rank 1] [dtensor] rank 1: fatal signal");  // its stack, prefixed
+  EXPECT_CONTAINS(f.xml, "name=\"failing_ranks\" value=\"1\"");
+  // The others were stopped at once, not at the 60 s timeout.
+  EXPECT_LT(f.run.seconds, 30) << f.run.output;
+  EXPECT_TRUE(f.leftovers.empty()) << "left in TMPDIR: " << f.leftovers.size();
+}
+
+TEST(HarnessReports, ExceptionNamesRankAndMessage) {
+  auto f = run_fault("Faults.DISABLED_ThrowInRank3");
+  EXPECT_NE(f.run.exit_code, 0);
+  EXPECT_CONTAINS(f.run.output, "[rank 3] uncaught exception in the test body: boom from rank 3");
+  EXPECT_CONTAINS(f.xml, "value=\"3\"");
+  EXPECT_LT(f.run.seconds, 30);
+}
+
+TEST(HarnessReports, AssertNamesRankFileLineAndShowsPrefixedOutput) {
+  auto f = run_fault("Faults.DISABLED_AssertInRank1");
+  EXPECT_NE(f.run.exit_code, 0);
+  EXPECT_TRUE(std::regex_search(f.run.output, std::regex("harness_faults_test\\.cpp:[0-9]+: Failure")))
+      << f.run.output;
+  EXPECT_CONTAINS(f.run.output, "[rank 1] Expected: (rank()) != (1)");
+  EXPECT_CONTAINS(f.run.output, "rank one is unhappy");
+  EXPECT_CONTAINS(f.run.output, "[rank 2] hello from rank 2");
+  EXPECT_CONTAINS(f.xml, "rank one is unhappy");
+  EXPECT_CONTAINS(f.xml, "name=\"failing_ranks\" value=\"1\"");
+}
+
+TEST(HarnessReports, SkipInOneRankSkipsTheTest) {
+  auto f = run_fault("Faults.DISABLED_SkipInRank2");
+  EXPECT_EQ(f.run.exit_code, 0) << f.run.output;
+  EXPECT_CONTAINS(f.run.output, "[  SKIPPED ] Faults.DISABLED_SkipInRank2");
+  EXPECT_CONTAINS(f.run.output, "[rank 2] no widget on rank 2");
+  EXPECT_CONTAINS(f.xml, "skipped");
+}
+
+TEST(HarnessReports, IdenticalFailuresAreMergedAcrossRanks) {
+  auto f = run_fault("Faults.DISABLED_ExpectFailsEverywhere");
+  EXPECT_NE(f.run.exit_code, 0);
+  EXPECT_CONTAINS(f.run.output, "[ranks 0,1,2,3]");
+  EXPECT_CONTAINS(f.xml, "value=\"0,1,2,3\"");
+}
+
+TEST(HarnessReports, FailingSubtestsAreReportedWithTheirParameters) {
+  auto f = run_fault("Faults.DISABLED_SubtestFailuresDoNotHideOthers");
+  EXPECT_NE(f.run.exit_code, 0);
+  EXPECT_CONTAINS(f.run.output, "subtest (x=1) threw: subtest one threw");
+  EXPECT_CONTAINS(f.run.output, "subtest two failed");
+  EXPECT_CONTAINS(f.run.output, "subtest: x=2");
+  EXPECT_CONTAINS(f.run.output, "subtests ran: 3");
+}
+
+TEST(HarnessReports, HangIsKilledAtTimeoutWithStacks) {
+  auto f = run_fault("HangingFaults.DISABLED_HangInRank2");
+  EXPECT_NE(f.run.exit_code, 0);
+  // Rank 2 hangs in the body; the others wait for it in the closing barrier.
+  EXPECT_CONTAINS(f.run.output, "timed out after 3 s; ranks that had not finished: 0,1,2,3");
+  EXPECT_CONTAINS(f.run.output, "Their stacks:\n[dtensor] stack of rank 0");
+  EXPECT_CONTAINS(f.run.output, "[dtensor] stack of rank 2");
+  EXPECT_CONTAINS(f.run.output, "C10dGroup7barrier");  // where ranks 0, 1, 3 wait
+  EXPECT_CONTAINS(f.xml, "name=\"failing_ranks\" value=\"0,1,2,3\"");
+  EXPECT_TRUE(f.leftovers.empty());
+}
+
+TEST(HarnessReports, TimeoutCanBeSetFromTheEnvironment) {
+  auto f = run_fault("HangingFaults.DISABLED_HangInRank2", {{"DTENSOR_TEST_TIMEOUT", "1.5"}});
+  EXPECT_CONTAINS(f.run.output, "timed out after 1.5 s");
+}
+
+TEST(HarnessReports, DifferentCollectivesFailInsteadOfHanging) {
+  auto f = run_fault("HangingFaults.DISABLED_DifferentCollectiveInRank1");
+  EXPECT_NE(f.run.exit_code, 0);
+  EXPECT_CONTAINS(f.run.output, "HangingFaults.DISABLED_DifferentCollectiveInRank1");
+  EXPECT_CONTAINS(f.run.output, "FAILED");
+  EXPECT_LT(f.run.seconds, 30);
+}
+
+TEST(HarnessReports, ThreadRanksAreWokenWhenOneFails) {
+  auto f = run_fault("ThreadFaults.DISABLED_AssertInRank1WakesTheOthers");
+  EXPECT_NE(f.run.exit_code, 0);
+  EXPECT_CONTAINS(f.run.output, "[rank 1] Expected: (rank()) != (1)");
+  EXPECT_CONTAINS(f.run.output, "ranks 0,2,3 stopped with collective errors caused by the failure above");
+  EXPECT_EQ(f.run.output.find("timed out"), std::string::npos) << f.run.output;
+}
+
+TEST(HarnessReports, ThreadSkipSkipsTheTest) {
+  auto f = run_fault("ThreadFaults.DISABLED_SkipInRank0");
+  EXPECT_EQ(f.run.exit_code, 0) << f.run.output;
+  EXPECT_CONTAINS(f.run.output, "[rank 0] thread rank 0 skips");
+}
+
+TEST(HarnessReports, ThreadMismatchedCollectivesNameEachRanksCall) {
+  auto f = run_fault("ThreadFaults.DISABLED_DifferentCollectiveInRank1");
+  EXPECT_NE(f.run.exit_code, 0);
+  EXPECT_CONTAINS(f.run.output, "[rank 1: broadcast(");
+  EXPECT_CONTAINS(f.run.output, "[rank 0: all_reduce(");
+}
+
+TEST(HarnessReports, ListingTestsStartsNoRanks) {
+  testing::TempDir tmp;
+  auto run = testing::run_self({"--gtest_list_tests"}, {{"TMPDIR", tmp.path()}});
+  EXPECT_EQ(run.exit_code, 0);
+  EXPECT_CONTAINS(run.output, "FourRanks.");
+  EXPECT_CONTAINS(run.output, "  EveryRankRunsTheBodyWithItsGroup");
+  EXPECT_TRUE(tmp.entries().empty());
+}
+
+std::vector<std::string> tests_run(const std::string& output) {
+  std::vector<std::string> names;
+  std::regex re("\\[ RUN      \\] ([A-Za-z0-9_.]+)");
+  for (std::sregex_iterator it(output.begin(), output.end(), re), end; it != end; ++it)
+    names.push_back((*it)[1]);
+  return names;
+}
+
+TEST(HarnessReports, ShardingSplitsTestsNotRanks) {
+  const std::string filter = "--gtest_filter=FourRanks.*:TwoRanks.*:ThreadRanks.*";
+  std::vector<std::string> all;
+  for (int shard = 0; shard < 2; ++shard) {
+    auto run = testing::run_self({filter}, {{"GTEST_TOTAL_SHARDS", "2"}, {"GTEST_SHARD_INDEX", std::to_string(shard)}});
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    auto names = tests_run(run.output);
+    EXPECT_FALSE(names.empty()) << "shard " << shard << " ran nothing";
+    all.insert(all.end(), names.begin(), names.end());
+  }
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end()) << "a test ran in both shards";
+  EXPECT_EQ(all.size(), 4u);  // 2 FourRanks + 1 TwoRanks + 1 ThreadRanks
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+TEST(HarnessReports, ExternalLauncherRunsInLockstepAndOnlyRankZeroPrints) {
+  const std::string port = std::to_string(free_port());
+  std::vector<testing::ChildRun> runs(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r) {
+    ts.emplace_back([&, r] {
+      runs[r] = testing::run_self({"--gtest_filter=TwoRanks.WorldSizeOverride:FourRanks.RunSubtestsCoversTheProduct"},
+                                  {{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", std::to_string(r)},
+                                   {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}},
+                                  std::chrono::seconds(60));
+    });
+  }
+  for (auto& t : ts) t.join();
+  // TwoRanks passes with the launcher's 2 processes; FourRanks' body expects 4 and fails on
+  // every rank, reported once by rank 0 with both ranks named.
+  EXPECT_CONTAINS(runs[0].output, "dtensor: rendezvous from torchrun: rank 0 of 2");
+  EXPECT_CONTAINS(runs[0].output, "[       OK ] TwoRanks.WorldSizeOverride");
+  EXPECT_CONTAINS(runs[0].output, "[ranks 0,1]");
+  EXPECT_NE(runs[0].exit_code, 0);
+  EXPECT_EQ(runs[1].output.find("[       OK ]"), std::string::npos) << runs[1].output;
+}
+
+}  // namespace
+}  // namespace dtensor
