@@ -1,0 +1,136 @@
+// dtensor/mesh/device_mesh.h
+//
+// DeviceMesh: an N-D arrangement of the ranks of a group, with one communication group per
+// mesh dim (DESIGN.md layer mesh/). The counterpart of torch.distributed.device_mesh.
+//
+//   // On every rank of a 4-rank world (collective):
+//   dtensor::DeviceMesh mesh = dtensor::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+//   mesh.get_coordinate();             // rank 2 -> {1, 0}
+//   mesh.get_group("tp")->all_reduce(t);   // over the ranks of this rank's row
+//   dtensor::DeviceMesh tp = mesh["tp"];   // 1-D sub-mesh, no new collectives
+//
+// Ranks in the mesh are ranks of the `world` group (its group ranks, which are the global
+// ranks when `world` is the default group). The mesh must cover the world exactly: every
+// rank of `world` appears once.
+//
+// Group ranks follow the mesh: the group of dim d is created from the ranks of this rank's
+// slice along d in mesh order, so `get_group(d)->rank() == get_local_rank(d) ==
+// get_coordinate()[d]`, even for a mesh whose ranks are not in increasing order. Collectives
+// over a dim group (all_gather_into, ...) therefore produce shards in coordinate order.
+//
+// A DeviceMesh is a cheap copyable handle to immutable shared state; copies compare equal
+// and share their groups. It is safe to use from several threads.
+#pragma once
+
+#include "dtensor/comm/group.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace dtensor {
+
+class DeviceMesh {
+ public:
+  // Collective over `world` (default: comm::default_group()): every rank of `world` must
+  // call it, in the same order relative to its other collectives, with the same
+  // `device_type`, `mesh` and `mesh_dim_names`.
+  //
+  // `device_type`: "cpu" or "cuda". `mesh`: integer tensor of world ranks, any number of
+  // dims >= 1, numel == world->size(), each rank once. `mesh_dim_names`: empty, or one
+  // unique name per mesh dim.
+  //
+  // Steps:
+  //   1. Local argument checks (identical on every rank, so every rank throws alike).
+  //   2. One all_reduce of a fingerprint of the arguments: if ranks passed different meshes,
+  //      every rank throws instead of some ranks hanging in step 3.
+  //   3. For each dim d, for each 1-D slice along d (the rows of mesh.swapdims(d, -1)
+  //      flattened to 2-D, in order): world->new_subgroup(slice); the rank keeps the one
+  //      it belongs to.
+  DeviceMesh(std::string device_type, const at::Tensor& mesh,
+             std::vector<std::string> mesh_dim_names = {}, comm::GroupPtr world = nullptr);
+
+  const std::string& device_type() const;
+  // The rank tensor: int64, contiguous, on CPU. Shared: do not modify it.
+  const at::Tensor& mesh() const;
+  int64_t ndim() const;
+  // Number of ranks in the mesh.
+  int64_t size() const;
+  // Ranks along `dim` (negative dims count from the end).
+  int64_t size(int64_t dim) const;
+  std::vector<int64_t> shape() const;
+  // Empty when the mesh was built without names.
+  const std::vector<std::string>& mesh_dim_names() const;
+
+  // This rank's position in the mesh, or nullopt if this rank is not in it.
+  const std::optional<std::vector<int64_t>>& get_coordinate() const;
+  // This rank's coordinate along a dim (== get_group(dim)->rank()).
+  int64_t get_local_rank(int64_t dim) const;
+  int64_t get_local_rank(const std::string& mesh_dim_name) const;
+  // The group of this rank's slice along a dim. Never null for a rank in the mesh.
+  comm::GroupPtr get_group(int64_t dim) const;
+  comm::GroupPtr get_group(const std::string& mesh_dim_name) const;
+  std::vector<comm::GroupPtr> get_all_groups() const;
+  // The mesh dim called `mesh_dim_name`; throws naming the known names if there is none.
+  int64_t get_mesh_dim(const std::string& mesh_dim_name) const;
+  // This process's rank in `world` (the rank numbering used by mesh()).
+  int get_rank() const;
+  // The group the mesh was built over.
+  const comm::GroupPtr& world() const;
+
+  // Slicing (not collective): the sub-mesh over the given dims that contains this rank,
+  // e.g. for mesh [[0, 1], [2, 3]] ('dp', 'tp'), rank 2 gets mesh["tp"] == [2, 3]. The
+  // sub-mesh reuses this mesh's groups of those dims and remembers this mesh as its parent.
+  // Names must be distinct and in this mesh's dim order (as in PyTorch); naming every dim
+  // in order returns this mesh itself.
+  DeviceMesh operator[](const std::string& mesh_dim_name) const;
+  DeviceMesh operator[](std::initializer_list<std::string> mesh_dim_names) const;
+  DeviceMesh operator[](const std::vector<std::string>& mesh_dim_names) const;
+
+  // The mesh this one was sliced from (nullopt for a mesh built by the constructor).
+  std::optional<DeviceMesh> get_parent_mesh() const;
+  // For a sliced mesh, the parent's dim of each of this mesh's dims; empty otherwise.
+  const std::vector<int64_t>& get_parent_mesh_dims() const;
+
+  // PyTorch's repr: DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))
+  std::string to_string() const;
+
+  // Same device type, rank tensor and dim names (groups and parents are not compared).
+  bool operator==(const DeviceMesh& other) const;
+  bool operator!=(const DeviceMesh& other) const { return !(*this == other); }
+
+  // Consistent with operator==; computed once at construction.
+  std::size_t hash() const;
+
+  struct State;  // internal
+
+ private:
+  explicit DeviceMesh(std::shared_ptr<const State> state);
+  DeviceMesh slice(const std::vector<std::string>& names) const;
+  int64_t checked_dim(int64_t dim, const char* op) const;
+
+  std::shared_ptr<const State> state_;
+};
+
+std::ostream& operator<<(std::ostream& os, const DeviceMesh& mesh);
+inline std::size_t hash_value(const DeviceMesh& mesh) { return mesh.hash(); }
+
+// Collective over `world` (default: comm::default_group()): a mesh of shape `mesh_shape`
+// holding ranks 0..n-1 in row-major order; n must equal world->size().
+DeviceMesh init_device_mesh(const std::string& device_type, std::vector<int64_t> mesh_shape,
+                            std::vector<std::string> mesh_dim_names = {},
+                            comm::GroupPtr world = nullptr);
+
+}  // namespace dtensor
+
+template <>
+struct std::hash<dtensor::DeviceMesh> {
+  std::size_t operator()(const dtensor::DeviceMesh& m) const noexcept { return m.hash(); }
+};
