@@ -130,7 +130,9 @@ DeviceMesh init_device_mesh(const std::string& device_type, std::vector<int64_t>
 
 }  // namespace dtensor
 
+namespace std {
 template <>
-struct std::hash<dtensor::DeviceMesh> {
-  std::size_t operator()(const dtensor::DeviceMesh& m) const noexcept { return m.hash(); }
+struct hash<dtensor::DeviceMesh> {
+  size_t operator()(const dtensor::DeviceMesh& m) const noexcept { return m.hash(); }
 };
+}  // namespace std

@@ -1,0 +1,115 @@
+// dtensor/ops/pointwise_rules.cpp: elementwise ops with broadcasting (DESIGN.md D5).
+//
+// NOTE: [Partial and linearity]
+// A Partial tensor is a sum (or avg) of per-rank values. An op may keep it Partial only when
+// it is linear in that input: f(a1 + a2) = f(a1) + f(a2). add/sub are linear in all operands
+// together (every operand Partial); mul is linear in any ONE operand (the others replicated);
+// div, neg, clone, the *_backward ops are linear in their first operand. Adding a scalar, relu,
+// exp, comparisons... are not: a Partial input is reduced first.
+#include "dtensor/ops/registry.h"
+
+#include <c10/util/Exception.h>
+
+namespace dtensor {
+namespace ops {
+namespace {
+
+enum class Linear { kNone, kAllOperands, kAnyOne, kFirst };
+
+// Options shared by every pointwise op: Replicate, and Shard(d) for each output dim with
+// every input sharded on the dim that lines up with it (Replicate where it broadcasts).
+std::vector<DimOption> pointwise_options(const OpCall& c, Linear lin) {
+  const size_t n_in = c.inputs.size();
+  const size_t n_out = std::max<size_t>(c.output_meta.size(), 1);
+  const std::vector<int64_t> out_shape =
+      c.output_meta.empty() ? c.inputs[0]->tensor_meta.shape : c.output_meta[0].shape;
+  std::vector<DimOption> opts;
+  opts.push_back({std::vector<Placement>(n_out, Replicate{}), std::vector<Placement>(n_in, Replicate{})});
+  for (int64_t d = 0; d < static_cast<int64_t>(out_shape.size()); ++d) {
+    DimOption o{std::vector<Placement>(n_out, Shard{d}), {}};
+    for (auto* in : c.inputs) {
+      const int64_t a = broadcast_input_dim(in->tensor_meta.shape, out_shape, d);
+      o.inputs.push_back(a < 0 ? Placement(Replicate{}) : Placement(Shard{a}));
+    }
+    opts.push_back(std::move(o));
+  }
+  // Partial options (NOTE: [Partial and linearity]).
+  bool all_tensor_args_are_dtensors = true;
+  for (size_t i = 0; i < c.args.size(); ++i) {
+    const auto& a = c.args[i];
+    const auto kind = c.schema->arguments()[i].type()->kind();
+    if (a.kind == ArgInfo::Kind::kOther && (kind == c10::TypeKind::TensorType || kind == c10::TypeKind::NumberType) &&
+        c.schema->arguments()[i].name() != "alpha")
+      all_tensor_args_are_dtensors = false;
+  }
+  for (auto op : {comm::ReduceOp::SUM, comm::ReduceOp::AVG}) {
+    Partial p(op);
+    switch (lin) {
+      case Linear::kNone: break;
+      case Linear::kAllOperands:
+        if (all_tensor_args_are_dtensors)
+          opts.push_back({std::vector<Placement>(n_out, p), std::vector<Placement>(n_in, p)});
+        break;
+      case Linear::kAnyOne:
+        for (size_t j = 0; j < n_in; ++j) {
+          DimOption o{std::vector<Placement>(n_out, p), std::vector<Placement>(n_in, Replicate{})};
+          o.inputs[j] = p;
+          opts.push_back(std::move(o));
+        }
+        break;
+      case Linear::kFirst: {
+        DimOption o{std::vector<Placement>(n_out, p), std::vector<Placement>(n_in, Replicate{})};
+        o.inputs[0] = p;
+        opts.push_back(std::move(o));
+        break;
+      }
+    }
+  }
+  return opts;
+}
+
+void reg(const std::vector<std::string>& names, Linear lin) {
+  for (const auto& n : names) register_rule(n, [lin](const OpCall& c) { return pointwise_options(c, lin); });
+}
+
+// name -> name, name_ (in place) and name.out variants share the rule (overloads included).
+std::vector<std::string> with_variants(const std::vector<std::string>& bases) {
+  std::vector<std::string> out;
+  for (const auto& b : bases) {
+    out.push_back("aten::" + b);
+    out.push_back("aten::" + b + "_");
+  }
+  return out;
+}
+
+const bool registered = [] {
+  reg(with_variants({"abs", "acos", "asin", "atan", "ceil", "cos", "cosh", "erf", "exp", "expm1", "floor",
+                     "frac", "log", "log1p", "log2", "log10", "reciprocal", "relu", "round", "rsqrt", "sigmoid",
+                     "sign", "sgn", "sin", "sinh", "sqrt", "tan", "tanh", "trunc", "gelu", "silu", "hardtanh",
+                     "leaky_relu", "logical_not", "bitwise_not", "isnan", "nan_to_num", "clamp", "clamp_min",
+                     "clamp_max", "pow", "maximum", "minimum", "atan2", "eq", "ne", "lt", "le", "gt", "ge",
+                     "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
+                     "fmod", "remainder", "addcmul", "addcdiv", "masked_fill", "copysign", "hypot",
+                     "floor_divide", "fill", "where", "exp2", "erfinv", "digamma", "lgamma", "sinc",
+                     "logit", "softplus", "elu", "mish", "hardsigmoid", "hardswish", "rsub", "lerp"}),
+      Linear::kNone);
+  // add/sub with a Scalar "other" add a constant: not linear (all_tensor_args check covers
+  // Tensor "other"; the .Scalar overloads are registered explicitly as non-linear).
+  reg({"aten::add.Tensor", "aten::add_.Tensor", "aten::sub.Tensor", "aten::sub_.Tensor", "aten::add.out",
+       "aten::sub.out"},
+      Linear::kAllOperands);
+  reg({"aten::add.Scalar", "aten::add_.Scalar", "aten::sub.Scalar", "aten::sub_.Scalar"}, Linear::kNone);
+  reg({"aten::mul.Tensor", "aten::mul_.Tensor", "aten::mul.out"}, Linear::kAnyOne);
+  reg({"aten::mul.Scalar", "aten::mul_.Scalar", "aten::div.Tensor", "aten::div_.Tensor", "aten::div.Scalar",
+       "aten::div_.Scalar", "aten::neg", "aten::neg_", "aten::clone", "aten::detach",
+       "aten::alias", "aten::_to_copy", "aten::positive", "aten::zero_", "aten::threshold_backward",
+       "aten::gelu_backward", "aten::tanh_backward", "aten::sigmoid_backward", "aten::silu_backward",
+       "aten::hardtanh_backward", "aten::leaky_relu_backward", "aten::elu_backward", "aten::lift_fresh",
+       "aten::_conj", "aten::conj_physical", "aten::real", "aten::imag"},
+      Linear::kFirst);
+  return true;
+}();
+
+}  // namespace
+}  // namespace ops
+}  // namespace dtensor

@@ -1,0 +1,103 @@
+// dtensor/ops/registry.h
+//
+// Sharding propagation (DESIGN.md D5). For each aten operator a rule lists candidate
+// strategies for ONE mesh dim ("single-dim options": a placement for every tensor input and
+// every tensor output); the engine expands them over all mesh dims, prices each full strategy
+// by the redistribution its inputs would need, and picks the cheapest (zero communication
+// first, then the rule's order). Results are cached per (op, input specs, other arguments).
+//
+//   register_rule("aten::mm", [](const OpCall& c) {
+//     return std::vector<DimOption>{{{Shard{0}}, {Shard{0}, Replicate{}}}, ...};
+//   });
+//
+// An op without a rule raises an error naming the op and its input placements.
+#pragma once
+
+#include "dtensor/placement/placement.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/function_schema.h>
+#include <ATen/core/ivalue.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtensor {
+namespace ops {
+
+// One schema argument as the rule sees it.
+struct ArgInfo {
+  enum class Kind { kDTensor, kDTensorList, kOther } kind = Kind::kOther;
+  std::optional<DTensorSpec> spec;  // kDTensor
+  std::vector<DTensorSpec> list;    // kDTensorList
+  c10::IValue value;                // kOther: the argument itself (plain 0-dim tensors too)
+};
+
+struct OpCall {
+  std::string name;  // "aten::add.Tensor"
+  const c10::FunctionSchema* schema = nullptr;
+  std::vector<ArgInfo> args;
+  const DeviceMesh* mesh = nullptr;
+  // Specs of the DTensor inputs, flattened in argument order (lists expanded).
+  std::vector<const DTensorSpec*> inputs;
+  // Output metadata (global), computed by running the op on meta tensors.
+  std::vector<TensorMeta> output_meta;
+  // Index (in `inputs`) of the DTensor the op writes into and returns (in-place and out=
+  // variants), or -1.
+  int written_input = -1;
+};
+
+// Placements for one mesh dim: one per tensor output, one per DTensor input (flattened).
+struct DimOption {
+  std::vector<Placement> outputs;
+  std::vector<Placement> inputs;
+};
+
+using Rule = std::function<std::vector<DimOption>(const OpCall&)>;
+
+// A rewrite of the local call: given the local inputs' stack (DTensors replaced by their local
+// tensors, already redistributed), adjust non-tensor arguments (sizes...) for local shapes.
+using LocalArgRewrite = std::function<void(std::vector<c10::IValue>& args, const OpCall& call,
+                                           const std::vector<std::vector<Placement>>& outputs)>;
+
+// Registers a rule for "aten::name.overload" (or "aten::name" for the default overload).
+void register_rule(const std::string& op, Rule rule, LocalArgRewrite rewrite = nullptr);
+bool has_rule(const std::string& op);
+std::vector<std::string> ops_with_rules();
+
+struct OutputSharding {
+  std::vector<std::vector<Placement>> inputs;   // desired input placements (flattened)
+  std::vector<std::vector<Placement>> outputs;  // output placements
+  std::vector<TensorMeta> output_meta;          // global metadata of the outputs
+  double cost = 0;
+  LocalArgRewrite rewrite;
+};
+
+// Chooses the strategy for `call` (cached). On a cache miss `infer_meta` fills
+// call.output_meta before the rule runs. Throws c10::Error naming op and placements when no
+// rule exists or no candidate is valid.
+OutputSharding propagate(OpCall& call, const std::function<std::vector<TensorMeta>()>& infer_meta);
+
+// Estimated bytes moved to take `from` to `to` (0 when equal).
+double redistribute_cost(const DTensorSpec& from, const std::vector<Placement>& to);
+
+// Cache statistics (for tests and benchmarks).
+struct CacheStats {
+  int64_t hits = 0, misses = 0;
+};
+CacheStats propagation_cache_stats();
+void clear_propagation_cache();
+
+// ---- helpers for rules -----------------------------------------------------------------------
+// Shard(d) maps for a broadcasting input: the input dim that lines up with output dim d, or
+// -1 when the input has no such dim or broadcasts it (size 1 vs > 1).
+int64_t broadcast_input_dim(const std::vector<int64_t>& in_shape,
+                            const std::vector<int64_t>& out_shape, int64_t out_dim);
+int64_t arg_int(const OpCall& c, size_t i, int64_t fallback);
+std::vector<int64_t> arg_int_list(const OpCall& c, size_t i);
+bool arg_bool(const OpCall& c, size_t i, bool fallback);
+
+}  // namespace ops
+}  // namespace dtensor

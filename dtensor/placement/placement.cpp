@@ -1,0 +1,229 @@
+// dtensor/placement/placement.cpp: placements, DTensorSpec, and local shape / offset math.
+#include "dtensor/placement/placement.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <c10/util/hash.h>
+
+#include <sstream>
+
+namespace dtensor {
+
+namespace {
+
+// Python list notation: [8, 4].
+std::string list_of_ints(c10::IntArrayRef v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+std::size_t combine(std::size_t seed, std::size_t h) { return c10::hash_combine(seed, h); }
+
+}  // namespace
+
+// ---- Placements ------------------------------------------------------------------------
+
+Partial::Partial(comm::ReduceOp op) : reduce_op(op) {
+  TORCH_CHECK(op != comm::ReduceOp::PRODUCT,
+              "Partial(product) is not supported: a product partial cannot be redistributed; "
+              "use Partial(sum), Partial(avg), Partial(min) or Partial(max)");
+}
+
+bool is_shard(const Placement& p) { return std::holds_alternative<Shard>(p); }
+bool is_shard(const Placement& p, int64_t dim) {
+  const Shard* s = std::get_if<Shard>(&p);
+  return s != nullptr && s->dim == dim;
+}
+bool is_replicate(const Placement& p) { return std::holds_alternative<Replicate>(p); }
+bool is_partial(const Placement& p) { return std::holds_alternative<Partial>(p); }
+
+std::string to_string(const Shard& p) { return "Shard(dim=" + std::to_string(p.dim) + ")"; }
+std::string to_string(const Replicate&) { return "Replicate()"; }
+std::string to_string(const Partial& p) { return "Partial(" + comm::to_string(p.reduce_op) + ")"; }
+std::string to_string(const Placement& p) {
+  return std::visit([](const auto& alt) { return to_string(alt); }, p);
+}
+std::string to_string(const std::vector<Placement>& placements) {
+  std::string s = "(";
+  for (size_t i = 0; i < placements.size(); ++i) s += (i ? ", " : "") + to_string(placements[i]);
+  if (placements.size() == 1) s += ",";
+  return s + ")";
+}
+
+std::ostream& operator<<(std::ostream& os, const Shard& p) { return os << to_string(p); }
+std::ostream& operator<<(std::ostream& os, const Replicate& p) { return os << to_string(p); }
+std::ostream& operator<<(std::ostream& os, const Partial& p) { return os << to_string(p); }
+std::ostream& operator<<(std::ostream& os, const Placement& p) { return os << to_string(p); }
+
+std::size_t hash_value(const Placement& p) {
+  std::size_t h = std::hash<std::size_t>{}(p.index());
+  if (const Shard* s = std::get_if<Shard>(&p)) h = combine(h, std::hash<int64_t>{}(s->dim));
+  if (const Partial* s = std::get_if<Partial>(&p))
+    h = combine(h, std::hash<int>{}(static_cast<int>(s->reduce_op)));
+  return h;
+}
+
+int64_t normalize_shard_dim(int64_t dim, int64_t ndim) {
+  TORCH_CHECK(dim >= -ndim && dim < ndim, "Shard(dim=", dim,
+              ") is out of range for a tensor with ndim=", ndim,
+              ndim > 0 ? " (valid dims: " + std::to_string(-ndim) + ".." + std::to_string(ndim - 1) + ")"
+                       : std::string(" (a 0-d tensor cannot be sharded; use Replicate())"));
+  return dim < 0 ? dim + ndim : dim;
+}
+
+std::vector<Placement> normalize_placements(const std::vector<Placement>& placements,
+                                            int64_t tensor_ndim) {
+  std::vector<Placement> out = placements;
+  for (Placement& p : out)
+    if (Shard* s = std::get_if<Shard>(&p)) s->dim = normalize_shard_dim(s->dim, tensor_ndim);
+  return out;
+}
+
+// ---- Specs -----------------------------------------------------------------------------
+
+bool operator==(const TensorMeta& a, const TensorMeta& b) {
+  return a.shape == b.shape && a.stride == b.stride && a.dtype == b.dtype;
+}
+
+DTensorSpec::DTensorSpec(DeviceMesh mesh_, std::vector<Placement> placements_,
+                         TensorMeta tensor_meta_)
+    : mesh(std::move(mesh_)), placements(std::move(placements_)),
+      tensor_meta(std::move(tensor_meta_)) {
+  TORCH_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(), "DTensorSpec: ",
+              placements.size(), " placements ", dtensor::to_string(placements), " for ", mesh,
+              " with ", mesh.ndim(), " dims; pass one placement per mesh dim");
+  try {
+    placements = normalize_placements(placements, ndim());
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "DTensorSpec(mesh=", mesh, ", placements=", dtensor::to_string(placements),
+                ", shape=", list_of_ints(tensor_meta.shape), "): ", e.what_without_backtrace());
+  }
+}
+
+int64_t DTensorSpec::ndim() const { return static_cast<int64_t>(tensor_meta.shape.size()); }
+
+int64_t DTensorSpec::num_shards() const {
+  int64_t n = 1;
+  for (size_t i = 0; i < placements.size(); ++i)
+    if (is_shard(placements[i])) n *= mesh.size(static_cast<int64_t>(i));
+  return n;
+}
+
+std::vector<std::vector<int64_t>> DTensorSpec::dim_map() const {
+  std::vector<std::vector<int64_t>> map(static_cast<size_t>(ndim()));
+  for (size_t i = 0; i < placements.size(); ++i)
+    if (const Shard* s = std::get_if<Shard>(&placements[i]))
+      map[normalize_shard_dim(s->dim, ndim())].push_back(static_cast<int64_t>(i));
+  return map;
+}
+
+bool DTensorSpec::is_replicated() const {
+  return std::all_of(placements.begin(), placements.end(),
+                     [](const Placement& p) { return is_replicate(p); });
+}
+
+bool DTensorSpec::has_partial() const {
+  return std::any_of(placements.begin(), placements.end(),
+                     [](const Placement& p) { return is_partial(p); });
+}
+
+std::string DTensorSpec::to_string() const {
+  return "DTensorSpec(mesh=" + mesh.to_string() + ", placements=" +
+         dtensor::to_string(placements) + ", shape=" + list_of_ints(tensor_meta.shape) + ")";
+}
+
+bool DTensorSpec::operator==(const DTensorSpec& other) const {
+  return mesh == other.mesh && placements == other.placements &&
+         tensor_meta == other.tensor_meta;
+}
+
+std::ostream& operator<<(std::ostream& os, const DTensorSpec& spec) {
+  return os << spec.to_string();
+}
+
+std::size_t hash_value(const DTensorSpec& spec) {
+  std::size_t h = hash_value(spec.mesh);
+  for (const Placement& p : spec.placements) h = combine(h, hash_value(p));
+  // Separate the lists so that moving a value from shape to stride changes the hash.
+  h = combine(h, spec.tensor_meta.shape.size());
+  for (int64_t v : spec.tensor_meta.shape) h = combine(h, std::hash<int64_t>{}(v));
+  h = combine(h, spec.tensor_meta.stride.size());
+  for (int64_t v : spec.tensor_meta.stride) h = combine(h, std::hash<int64_t>{}(v));
+  return combine(h, std::hash<int>{}(static_cast<int>(spec.tensor_meta.dtype)));
+}
+
+// ---- Shard math ------------------------------------------------------------------------
+
+std::pair<int64_t, int64_t> shard_size_and_offset(int64_t dim_size, int64_t num_chunks,
+                                                  int64_t index) {
+  TORCH_CHECK(dim_size >= 0, "shard_size_and_offset: dim_size=", dim_size, " is negative");
+  TORCH_CHECK(num_chunks > 0, "shard_size_and_offset: num_chunks=", num_chunks,
+              " must be at least 1");
+  TORCH_CHECK(index >= 0 && index < num_chunks, "shard_size_and_offset: index=", index,
+              " is out of range for ", num_chunks, " chunks (valid: 0..", num_chunks - 1, ")");
+  // NOTE: [Uneven shards]
+  const int64_t chunk = (dim_size + num_chunks - 1) / num_chunks;
+  const int64_t begin = std::min(index * chunk, dim_size);
+  const int64_t end = std::min(begin + chunk, dim_size);
+  return {end - begin, begin};
+}
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> compute_local_shape_and_global_offset(
+    c10::IntArrayRef global_shape, c10::IntArrayRef mesh_shape,
+    const std::vector<Placement>& placements,
+    const std::optional<std::vector<int64_t>>& coordinate) {
+  const int64_t ndim = static_cast<int64_t>(global_shape.size());
+  const std::string where = "compute_local_shape_and_global_offset(shape=" +
+                            list_of_ints(global_shape) + ", mesh shape " +
+                            list_of_ints(mesh_shape) + ", placements=" +
+                            to_string(placements) + ")";
+  TORCH_CHECK(placements.size() == mesh_shape.size(), where, ": ", placements.size(),
+              " placements for a ", mesh_shape.size(), "-D mesh; pass one per mesh dim");
+  std::vector<int64_t> shape = global_shape.vec();
+  std::vector<int64_t> offset(static_cast<size_t>(ndim), 0);
+  if (!coordinate) return {std::vector<int64_t>(static_cast<size_t>(ndim), 0), offset};
+  TORCH_CHECK(coordinate->size() == mesh_shape.size(), where, ": coordinate ",
+              list_of_ints(*coordinate), " has ", coordinate->size(), " entries; pass one per mesh dim");
+  // NOTE: [Uneven shards]: mesh dims apply in order, each splitting what the previous left.
+  for (size_t i = 0; i < placements.size(); ++i) {
+    const Shard* s = std::get_if<Shard>(&placements[i]);
+    TORCH_CHECK((*coordinate)[i] >= 0 && (*coordinate)[i] < mesh_shape[i], where,
+                ": coordinate ", list_of_ints(*coordinate), " is outside the mesh");
+    if (!s) continue;
+    int64_t d = 0;
+    try {
+      d = normalize_shard_dim(s->dim, ndim);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, where, ": ", e.what_without_backtrace());
+    }
+    auto [size, off] = shard_size_and_offset(shape[d], mesh_shape[i], (*coordinate)[i]);
+    shape[d] = size;
+    offset[d] += off;
+  }
+  return {shape, offset};
+}
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> compute_local_shape_and_global_offset(
+    c10::IntArrayRef global_shape, const DeviceMesh& mesh,
+    const std::vector<Placement>& placements) {
+  return compute_local_shape_and_global_offset(global_shape, mesh.shape(), placements,
+                                               mesh.get_coordinate());
+}
+
+std::vector<int64_t> compute_local_shape(c10::IntArrayRef global_shape,
+                                         c10::IntArrayRef mesh_shape,
+                                         const std::vector<Placement>& placements,
+                                         const std::optional<std::vector<int64_t>>& coordinate) {
+  return compute_local_shape_and_global_offset(global_shape, mesh_shape, placements, coordinate)
+      .first;
+}
+
+std::vector<int64_t> compute_local_shape(c10::IntArrayRef global_shape, const DeviceMesh& mesh,
+                                         const std::vector<Placement>& placements) {
+  return compute_local_shape_and_global_offset(global_shape, mesh, placements).first;
+}
+
+}  // namespace dtensor

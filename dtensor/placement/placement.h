@@ -1,0 +1,174 @@
+// dtensor/placement/placement.h
+//
+// How a tensor is laid out over a DeviceMesh (DESIGN.md layer placement/): one Placement per
+// mesh dim, the DTensorSpec that ties mesh, placements and global metadata together, and the
+// local shape / offset math. The counterpart of torch.distributed.tensor.placement_types.
+//
+//   // A [10, 4] tensor on a 2x2 mesh, rows split over "dp", replicated over "tp":
+//   std::vector<dtensor::Placement> ps = {dtensor::Shard{0}, dtensor::Replicate{}};
+//   auto [shape, offset] = dtensor::compute_local_shape_and_global_offset({10, 4}, mesh, ps);
+//   // coordinate {0, *} -> shape [5, 4], offset [0, 0]; {1, *} -> [5, 4], [5, 0]
+//
+// NOTE: [Uneven shards]
+// A dim of size n split k ways follows torch.chunk: every shard but the trailing ones holds
+// c = ceil(n / k) rows, shard i holds rows [i*c, min((i+1)*c, n)), so trailing shards are
+// smaller or EMPTY (10 on 4 -> 3,3,3,1; 5 on 4 -> 2,2,1,0; 2 on 4 -> 1,1,0,0). An empty
+// shard's offset is n (one past the rows it would hold). When several mesh dims shard the
+// same tensor dim, they apply in mesh-dim order: the first splits the dim, the second splits
+// that piece, and so on (as PyTorch does).
+//
+// Nothing here is collective.
+#pragma once
+
+#include "dtensor/comm/group.h"
+#include "dtensor/mesh/device_mesh.h"
+
+#include <c10/core/ScalarType.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace dtensor {
+
+// ---- Placements ------------------------------------------------------------------------
+
+// Each rank holds the torch.chunk piece of tensor dim `dim` for its coordinate on the mesh
+// dim (see NOTE: [Uneven shards]). `dim` may be negative until normalised.
+struct Shard {
+  int64_t dim = 0;
+};
+
+// Each rank holds the full tensor.
+struct Replicate {};
+
+// Each rank holds a partial value; the tensor is the `reduce_op` reduction over the mesh
+// dim. sum, avg, min and max are supported; product is rejected (no redistribution of a
+// product partial is defined).
+struct Partial {
+  Partial() = default;
+  explicit Partial(comm::ReduceOp op);
+  comm::ReduceOp reduce_op = comm::ReduceOp::SUM;
+};
+
+using Placement = std::variant<Shard, Replicate, Partial>;
+
+bool is_shard(const Placement& p);
+// True when `p` shards exactly tensor dim `dim` (compared as given: normalise first).
+bool is_shard(const Placement& p, int64_t dim);
+bool is_replicate(const Placement& p);
+bool is_partial(const Placement& p);
+
+// PyTorch's notation: Shard(dim=0), Replicate(), Partial(sum).
+std::string to_string(const Shard& p);
+std::string to_string(const Replicate& p);
+std::string to_string(const Partial& p);
+std::string to_string(const Placement& p);
+// A Python tuple: (Shard(dim=0), Replicate()); one element: (Shard(dim=0),).
+std::string to_string(const std::vector<Placement>& placements);
+
+inline bool operator==(const Shard& a, const Shard& b) { return a.dim == b.dim; }
+inline bool operator!=(const Shard& a, const Shard& b) { return !(a == b); }
+inline bool operator==(const Replicate&, const Replicate&) { return true; }
+inline bool operator!=(const Replicate&, const Replicate&) { return false; }
+inline bool operator==(const Partial& a, const Partial& b) { return a.reduce_op == b.reduce_op; }
+inline bool operator!=(const Partial& a, const Partial& b) { return !(a == b); }
+// (std::variant's operator== compares Placements through the ones above.)
+
+std::ostream& operator<<(std::ostream& os, const Shard& p);
+std::ostream& operator<<(std::ostream& os, const Replicate& p);
+std::ostream& operator<<(std::ostream& os, const Partial& p);
+std::ostream& operator<<(std::ostream& os, const Placement& p);
+
+std::size_t hash_value(const Placement& p);
+
+// `dim` in [-ndim, ndim) mapped to [0, ndim); anything else throws naming dim and ndim.
+int64_t normalize_shard_dim(int64_t dim, int64_t ndim);
+// Copy of `placements` with every Shard's dim normalised for a tensor of `tensor_ndim` dims.
+std::vector<Placement> normalize_placements(const std::vector<Placement>& placements,
+                                            int64_t tensor_ndim);
+
+// ---- Specs -----------------------------------------------------------------------------
+
+// Global (unsharded) metadata of a distributed tensor.
+struct TensorMeta {
+  std::vector<int64_t> shape;
+  std::vector<int64_t> stride;
+  at::ScalarType dtype = at::kFloat;
+};
+
+bool operator==(const TensorMeta& a, const TensorMeta& b);
+inline bool operator!=(const TensorMeta& a, const TensorMeta& b) { return !(a == b); }
+
+// A distributed tensor's layout: one placement per mesh dim plus the global metadata.
+struct DTensorSpec {
+  // Checks that there is one placement per mesh dim and normalises Shard dims against
+  // tensor_meta.shape (throwing, naming the spec, when a dim is out of range).
+  DTensorSpec(DeviceMesh mesh, std::vector<Placement> placements, TensorMeta tensor_meta);
+
+  DeviceMesh mesh;
+  std::vector<Placement> placements;
+  TensorMeta tensor_meta;
+
+  // Number of tensor dims.
+  int64_t ndim() const;
+  // Number of pieces the tensor is cut into: the product of the mesh sizes of sharded dims.
+  int64_t num_shards() const;
+  // For each tensor dim, the mesh dims sharding it, in mesh-dim order (empty: not sharded).
+  // Unlike PyTorch's list[int], a tensor dim sharded by several mesh dims is allowed.
+  std::vector<std::vector<int64_t>> dim_map() const;
+  // Every placement is Replicate.
+  bool is_replicated() const;
+  // Some placement is Partial.
+  bool has_partial() const;
+
+  // DTensorSpec(mesh=DeviceMesh(...), placements=(Shard(dim=0), Replicate()), shape=[8, 4])
+  std::string to_string() const;
+
+  bool operator==(const DTensorSpec& other) const;
+  bool operator!=(const DTensorSpec& other) const { return !(*this == other); }
+};
+
+std::ostream& operator<<(std::ostream& os, const DTensorSpec& spec);
+// Consistent with operator==; suitable as a cache key.
+std::size_t hash_value(const DTensorSpec& spec);
+
+// ---- Shard math (NOTE: [Uneven shards]) -----------------------------------------------
+
+// {size, offset} of piece `index` of a dim of `dim_size` split into `num_chunks`.
+std::pair<int64_t, int64_t> shard_size_and_offset(int64_t dim_size, int64_t num_chunks,
+                                                  int64_t index);
+
+// {local_shape, global_offset} of the shard at `coordinate` of a mesh of shape `mesh_shape`
+// (one placement per mesh dim). nullopt coordinate (a rank not in the mesh): all-zero shape
+// and offset.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> compute_local_shape_and_global_offset(
+    c10::IntArrayRef global_shape, c10::IntArrayRef mesh_shape,
+    const std::vector<Placement>& placements,
+    const std::optional<std::vector<int64_t>>& coordinate);
+// The same for this rank (mesh.get_coordinate()).
+std::pair<std::vector<int64_t>, std::vector<int64_t>> compute_local_shape_and_global_offset(
+    c10::IntArrayRef global_shape, const DeviceMesh& mesh,
+    const std::vector<Placement>& placements);
+
+std::vector<int64_t> compute_local_shape(c10::IntArrayRef global_shape,
+                                         c10::IntArrayRef mesh_shape,
+                                         const std::vector<Placement>& placements,
+                                         const std::optional<std::vector<int64_t>>& coordinate);
+std::vector<int64_t> compute_local_shape(c10::IntArrayRef global_shape, const DeviceMesh& mesh,
+                                         const std::vector<Placement>& placements);
+
+}  // namespace dtensor
+
+namespace std {
+template <>
+struct hash<dtensor::DTensorSpec> {
+  size_t operator()(const dtensor::DTensorSpec& s) const { return dtensor::hash_value(s); }
+};
+}  // namespace std

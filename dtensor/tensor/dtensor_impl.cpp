@@ -1,0 +1,85 @@
+// dtensor/tensor/dtensor_impl.cpp
+#include "dtensor/tensor/dtensor_impl.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+namespace dtensor {
+
+namespace {
+c10::DispatchKeySet keyset_for(const at::Tensor& local) {
+  const auto backend = local.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
+  return c10::DispatchKeySet({kDTensorKey, backend});
+}
+}  // namespace
+
+DTensorImpl::DTensorImpl(at::Tensor local, DTensorSpec spec)
+    : c10::TensorImpl(keyset_for(local), local.dtype(), local.device()),
+      local_(std::move(local)),
+      spec_(std::move(spec)) {
+  TORCH_INTERNAL_ASSERT(!local_.defined() || maybe_get_dtensor_impl(local_) == nullptr,
+                        "a DTensor's local tensor cannot itself be a DTensor");
+  set_storage_access_should_throw();
+  refresh_global_metadata();
+}
+
+void DTensorImpl::refresh_global_metadata() {
+  const auto& m = spec_.tensor_meta;
+  TORCH_INTERNAL_ASSERT(m.shape.size() == m.stride.size(), "DTensorSpec with ", m.shape.size(),
+                        " sizes and ", m.stride.size(), " strides");
+  sizes_and_strides_.set_sizes(m.shape);
+  for (size_t i = 0; i < m.stride.size(); ++i) sizes_and_strides_.stride_at_unchecked(i) = m.stride[i];
+  data_type_ = caffe2::TypeMeta::fromScalarType(m.dtype);
+  refresh_numel();
+  refresh_contiguous();
+}
+
+void DTensorImpl::set_local_and_spec(at::Tensor local, DTensorSpec spec) {
+  local_ = std::move(local);
+  spec_ = std::move(spec);
+  refresh_global_metadata();
+}
+
+c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
+    const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
+  auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_);
+  copy_tensor_metadata(this, impl.get(), version_counter, allow_tensor_metadata_change);
+  impl->refresh_global_metadata();
+  return impl;
+}
+
+c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
+    c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const {
+  auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_);
+  copy_tensor_metadata(this, impl.get(), std::move(version_counter), allow_tensor_metadata_change);
+  impl->refresh_global_metadata();
+  return impl;
+}
+
+void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) {
+  auto* other = dynamic_cast<DTensorImpl*>(impl.get());
+  TORCH_CHECK(other != nullptr,
+              "cannot assign a plain tensor's data to a DTensor (e.g. param.set_data(plain)); "
+              "distribute the tensor first");
+  copy_tensor_metadata(other, this, version_counter(), allow_tensor_metadata_change());
+  local_ = other->local_;
+  spec_ = other->spec_;
+  refresh_global_metadata();
+}
+
+DTensorImpl* maybe_get_dtensor_impl(const at::Tensor& t) {
+  if (!t.defined() || !t.key_set().has(kDTensorKey)) return nullptr;
+  return static_cast<DTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
+DTensorImpl* unsafe_get_dtensor_impl(const at::Tensor& t) {
+  auto* impl = maybe_get_dtensor_impl(t);
+  TORCH_INTERNAL_ASSERT(impl != nullptr, "expected a DTensor");
+  return impl;
+}
+
+at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec) {
+  return at::detail::make_tensor<DTensorImpl>(local.detach(), std::move(spec));
+}
+
+}  // namespace dtensor

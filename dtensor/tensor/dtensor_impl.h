@@ -1,0 +1,58 @@
+// dtensor/tensor/dtensor_impl.h
+//
+// DTensorImpl: the TensorImpl behind a DTensor (DESIGN.md D1, modelled on functorch's
+// BatchedTensorImpl). It has no storage; it reports the GLOBAL sizes/strides/dtype of the
+// distributed tensor, holds this rank's local shard (a plain tensor without autograd history)
+// and the DTensorSpec, and carries kDTensorKey so that every aten op reaches the boxed
+// fallback in dispatch.cpp.
+//
+//   at::Tensor dt = make_dtensor(local, spec);       // no autograd edge
+//   DTensorImpl* impl = maybe_get_dtensor_impl(dt);  // nullptr for a plain tensor
+#pragma once
+
+#include "dtensor/placement/placement.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/DispatchKey.h>
+#include <c10/core/TensorImpl.h>
+
+namespace dtensor {
+
+// NOTE: [DTensor dispatch key]
+// DTensors carry DispatchKey::Fake: it sits below Autograd/ADInplaceOrView and above
+// BackendSelect and every composite kernel, so its fallback sees every op after autograd has
+// recorded it. The key is marked for deletion upstream; keep it in this ONE constant and verify
+// it on the libtorch of any new image before relying on it there.
+constexpr c10::DispatchKey kDTensorKey = c10::DispatchKey::Fake;
+
+class DTensorImpl : public c10::TensorImpl {
+ public:
+  DTensorImpl(at::Tensor local, DTensorSpec spec);
+
+  const at::Tensor& local() const { return local_; }
+  const DTensorSpec& spec() const { return spec_; }
+  // Replaces local shard and spec in place (every handle of the DTensor sees it); used by
+  // in-place ops that change the layout and by module surgery.
+  void set_local_and_spec(at::Tensor local, DTensorSpec spec);
+
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const override;
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const override;
+  void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override;
+
+ private:
+  const char* tensorimpl_type_name() const override { return "DTensorImpl"; }
+  void refresh_global_metadata();
+
+  at::Tensor local_;
+  DTensorSpec spec_;
+};
+
+DTensorImpl* maybe_get_dtensor_impl(const at::Tensor& t);
+DTensorImpl* unsafe_get_dtensor_impl(const at::Tensor& t);  // asserts it is one
+
+// Wraps without autograd: the caller attaches history if needed.
+at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec);
+
+}  // namespace dtensor

@@ -1,0 +1,137 @@
+// dtensor/tensor/redistribute.cpp: see NOTE: [Redistribute order].
+#include "dtensor/tensor/redistribute.h"
+
+#include "dtensor/comm/group.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+namespace dtensor {
+namespace detail {
+
+namespace {
+
+// Size of tensor dim `d` before mesh dim `i` splits it, given the current placements.
+int64_t size_before_split(const DTensorSpec& spec, const std::vector<Placement>& cur, int64_t d,
+                          int64_t i) {
+  std::vector<Placement> prefix(cur.size(), Replicate{});
+  for (int64_t j = 0; j < i; ++j)
+    if (is_shard(cur[j])) prefix[j] = cur[j];
+  return compute_local_shape(spec.tensor_meta.shape, spec.mesh, prefix)[d];
+}
+
+at::Tensor pad_dim(const at::Tensor& t, int64_t d, int64_t to) {
+  if (t.size(d) == to) return t;
+  auto shape = t.sizes().vec();
+  shape[d] = to - t.size(d);
+  return at::cat({t, at::zeros(shape, t.options())}, d);
+}
+
+// S(d) -> R over mesh dim i: all_gather of padded blocks, then unpad.
+at::Tensor gather_dim(const at::Tensor& local, const DTensorSpec& spec,
+                      const std::vector<Placement>& cur, int64_t d, int64_t i) {
+  auto g = spec.mesh.get_group(i);
+  const int64_t k = g->size();
+  const int64_t n = size_before_split(spec, cur, d, i);
+  const int64_t c = (n + k - 1) / k;
+  at::Tensor block = pad_dim(local, d, c).transpose(0, d).contiguous();
+  auto out_shape = block.sizes().vec();
+  out_shape[0] = c * k;
+  at::Tensor out = at::empty(out_shape, block.options());
+  g->all_gather_into(out, block);
+  std::vector<at::Tensor> parts;
+  for (int64_t r = 0; r < k; ++r) {
+    const int64_t s = shard_size_and_offset(n, k, r).first;
+    if (s > 0) parts.push_back(out.narrow(0, r * c, s));
+  }
+  at::Tensor full = parts.empty() ? out.narrow(0, 0, 0) : at::cat(parts, 0);
+  return full.transpose(0, d).contiguous();
+}
+
+// R -> S(d) over mesh dim i: this rank's chunk.
+at::Tensor chunk_dim(const at::Tensor& full, const DTensorSpec& spec, int64_t d, int64_t i) {
+  const int64_t k = spec.mesh.size(i);
+  const int64_t idx = spec.mesh.get_local_rank(i);
+  auto so = shard_size_and_offset(full.size(d), k, idx);
+  return full.narrow(d, so.second, so.first).clone(at::MemoryFormat::Contiguous);
+}
+
+// P -> S(d) over mesh dim i: reduce_scatter of padded blocks.
+at::Tensor reduce_scatter_dim(const at::Tensor& full, const DTensorSpec& spec, int64_t d, int64_t i,
+                              comm::ReduceOp op) {
+  auto g = spec.mesh.get_group(i);
+  const int64_t k = g->size();
+  const int64_t n = full.size(d);
+  const int64_t c = (n + k - 1) / k;
+  at::Tensor in = pad_dim(full, d, c * k).transpose(0, d).contiguous();
+  auto out_shape = in.sizes().vec();
+  out_shape[0] = c;
+  at::Tensor out = at::empty(out_shape, in.options());
+  g->reduce_scatter_into(out, in, op);
+  const int64_t s = shard_size_and_offset(n, k, g->rank()).first;
+  return out.narrow(0, 0, s).transpose(0, d).contiguous();
+}
+
+at::Tensor all_reduce_copy(const at::Tensor& t, const DTensorSpec& spec, int64_t i, comm::ReduceOp op) {
+  at::Tensor out = t.clone(at::MemoryFormat::Contiguous);
+  spec.mesh.get_group(i)->all_reduce(out, op);
+  return out;
+}
+
+// R -> P(op): the reduction over the mesh dim must give the value back.
+at::Tensor to_partial(const at::Tensor& t, const DTensorSpec& spec, int64_t i, comm::ReduceOp op) {
+  if (op == comm::ReduceOp::SUM && spec.mesh.get_local_rank(i) != 0) return at::zeros_like(t);
+  return t.clone();
+}
+
+}  // namespace
+
+at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from,
+                              const std::vector<Placement>& to_in) {
+  const int64_t m = from.mesh.ndim();
+  TORCH_CHECK(static_cast<int64_t>(to_in.size()) == m, "redistribute: ", to_in.size(),
+              " placements given for a ", m, "-D mesh ", from.mesh.to_string());
+  const std::vector<Placement> to = normalize_placements(to_in, from.ndim());
+  if (!from.mesh.get_coordinate().has_value()) return local;  // not in the mesh
+  std::vector<Placement> cur = from.placements;
+  at::Tensor t = local;
+  // Phase A (innermost mesh dim first): leave Shard placements that change, and every inner
+  // Shard of a tensor dim whose outer split changes or appears (its pieces are pieces of
+  // that piece: it is undone here and redone in phase B).
+  std::vector<bool> gather(static_cast<size_t>(m), false);
+  for (int64_t i = 0; i < m; ++i) {
+    if (!is_shard(cur[i])) continue;
+    gather[i] = !(cur[i] == to[i]);
+    for (int64_t j = 0; j < i; ++j)
+      gather[i] = gather[i] || (gather[j] && cur[j] == cur[i]) || (to[j] == cur[i] && !(cur[j] == to[j]));
+  }
+  for (int64_t i = m - 1; i >= 0; --i) {
+    if (gather[i]) {
+      t = gather_dim(t, from, cur, std::get<Shard>(cur[i]).dim, i);
+      cur[i] = Replicate{};
+    }
+  }
+  // Phase B (outermost first): reach the targets.
+  for (int64_t i = 0; i < m; ++i) {
+    if (cur[i] == to[i]) continue;
+    if (is_partial(cur[i])) {
+      const auto op = std::get<Partial>(cur[i]).reduce_op;
+      if (is_shard(to[i])) {
+        t = reduce_scatter_dim(t, from, std::get<Shard>(to[i]).dim, i, op);
+        cur[i] = to[i];
+        continue;
+      }
+      t = all_reduce_copy(t, from, i, op);
+      cur[i] = Replicate{};
+    }
+    if (cur[i] == to[i]) continue;
+    // cur[i] is Replicate here.
+    if (is_shard(to[i])) t = chunk_dim(t, from, std::get<Shard>(to[i]).dim, i);
+    else if (is_partial(to[i])) t = to_partial(t, from, i, std::get<Partial>(to[i]).reduce_op);
+    cur[i] = to[i];
+  }
+  return t;
+}
+
+}  // namespace detail
+}  // namespace dtensor

@@ -1,0 +1,251 @@
+// DTensor core as a user drives it: distribute, redistribute every transition (1-D and 2-D,
+// even and uneven, forward and backward), from_local/to_local, ops through the dispatcher,
+// errors, and an MLP whose gradients equal the plain ones.
+#include "dtensor/comm/comm.h"
+#include "dtensor/tensor/dtensor.h"
+#include "harness/harness.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <sstream>
+
+namespace dtensor {
+namespace {
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "(no error)";
+}
+
+// The same global tensor on every rank (seeded), so results can be checked locally.
+at::Tensor global_input(std::vector<int64_t> shape, int64_t seed = 0) {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  return (at::arange(n, at::kDouble) * 0.37 + seed).sin().reshape(shape).to(at::kFloat);
+}
+
+std::vector<Placement> all_placements_1d() {
+  return {Shard{0}, Shard{1}, Replicate{}, Partial{}};
+}
+
+class DTensorThreads : public testing::MultiThreadedTest {};
+class DTensorGloo : public testing::MultiProcessTest {};
+
+void check_every_1d_transition(testing::MultiRankTest& t) {
+  auto mesh = init_device_mesh("cpu", {4});
+  for (std::vector<int64_t> shape : {std::vector<int64_t>{8, 4}, std::vector<int64_t>{5, 3}, std::vector<int64_t>{2, 6}}) {
+    at::Tensor g = global_input(shape);
+    for (const auto& from : all_placements_1d()) {
+      for (const auto& to : all_placements_1d()) {
+        SCOPED_TRACE(::testing::Message() << c10::IntArrayRef(shape) << " " << to_string(from) << " -> " << to_string(to));
+        at::Tensor x = distribute_tensor(g, mesh, {from});
+        at::Tensor y = redistribute(x, {to});
+        EXPECT_EQ(get_spec(y).placements, std::vector<Placement>{to});
+        EXPECT_EQ(y.sizes(), g.sizes());
+        EXPECT_EQ(local_tensor(y).sizes().vec(), compute_local_shape(shape, mesh, {to}));
+        EXPECT_TRUE(at::allclose(full_tensor(y), g, 1e-5, 1e-5));
+      }
+    }
+  }
+  (void)t;
+}
+DTENSOR_TEST_F(DTensorThreads, RedistributeEveryTransition1D) { check_every_1d_transition(*this); }
+DTENSOR_TEST_F(DTensorGloo, RedistributeEveryTransition1D) { check_every_1d_transition(*this); }
+
+DTENSOR_TEST_F(DTensorThreads, RedistributeEveryTransition2D) {
+  auto mesh = init_device_mesh("cpu", {2, 2});
+  std::vector<std::vector<Placement>> ps;
+  for (const auto& a : all_placements_1d())
+    for (const auto& b : all_placements_1d()) ps.push_back({a, b});
+  for (std::vector<int64_t> shape : {std::vector<int64_t>{8, 4}, std::vector<int64_t>{3, 5}}) {
+    at::Tensor g = global_input(shape, 1);
+    for (const auto& from : ps) {
+      at::Tensor x = distribute_tensor(g, mesh, from);
+      ASSERT_TRUE(at::allclose(full_tensor(x), g, 1e-5, 1e-5)) << to_string(from);
+      for (const auto& to : ps) {
+        SCOPED_TRACE(::testing::Message() << c10::IntArrayRef(shape) << " " << to_string(from) << " -> " << to_string(to));
+        at::Tensor y = redistribute(x, to);
+        EXPECT_EQ(local_tensor(y).sizes().vec(), compute_local_shape(shape, mesh, to));
+        EXPECT_TRUE(at::allclose(full_tensor(y), g, 1e-5, 1e-5));
+      }
+    }
+  }
+}
+
+DTENSOR_TEST_F(DTensorThreads, GradientFlowsBackThroughRedistribute) {
+  auto mesh = init_device_mesh("cpu", {4});
+  at::Tensor g = global_input({8, 6});
+  at::Tensor w = global_input({8, 6}, 3);
+  for (const auto& from : all_placements_1d()) {
+    for (const auto& to : all_placements_1d()) {
+      SCOPED_TRACE(to_string(from) + " -> " + to_string(to));
+      at::Tensor x = distribute_tensor(g.clone().requires_grad_(true), mesh, {from});
+      ASSERT_TRUE(x.requires_grad());
+      at::Tensor y = full_tensor(redistribute(x, {to}));
+      (y * w).sum().backward();
+      ASSERT_TRUE(x.grad().defined());
+      // d/dx sum(x * w) = w; a Partial input gets a Replicate gradient.
+      EXPECT_EQ(get_spec(x.grad()).placements[0], is_partial(from) ? Placement(Replicate{}) : from);
+      EXPECT_TRUE(at::allclose(full_tensor(x.grad()), w, 1e-5, 1e-5));
+    }
+  }
+}
+
+DTENSOR_TEST_F(DTensorThreads, FromLocalAndToLocalAreDifferentiable) {
+  auto mesh = init_device_mesh("cpu", {4});
+  at::Tensor local = at::full({2, 3}, rank() + 1.0).requires_grad_(true);
+  at::Tensor dt = from_local(local, mesh, {Shard{0}});
+  EXPECT_EQ(dt.sizes(), (c10::IntArrayRef{8, 3}));
+  EXPECT_TRUE(at::equal(to_local(dt), local));
+  at::Tensor out = to_local(dt * 3);
+  out.sum().backward();
+  EXPECT_TRUE(at::allclose(local.grad(), at::full({2, 3}, 3.0)));
+  // Uneven global shape given explicitly.
+  at::Tensor piece = at::ones({rank() < 3 ? 3 : 1, 2});
+  at::Tensor uneven = from_local(piece, mesh, {Shard{0}}, false, std::vector<int64_t>{10, 2});
+  EXPECT_EQ(full_tensor(uneven).sum().item<float>(), 20.0f);
+}
+
+DTENSOR_TEST_F(DTensorThreads, FromLocalRunCheckFailsOnEveryRank) {
+  auto mesh = init_device_mesh("cpu", {4});
+  at::Tensor local = at::ones({2, rank() == 2 ? 5 : 4});
+  std::string err = error_of([&] { from_local(local, mesh, {Shard{0}}, /*run_check=*/true); });
+  EXPECT_NE(err.find("dim 1 is not sharded by (Shard(dim=0),) but rank 2 has size 5 where rank 0 has 4"),
+            std::string::npos)
+      << err;
+  at::Tensor typed = at::ones({2, 4}, rank() == 1 ? at::kDouble : at::kFloat);
+  err = error_of([&] { from_local(typed, mesh, {Replicate{}}, true); });
+  EXPECT_NE(err.find("rank 1 passed a local tensor of dtype Double"), std::string::npos) << err;
+  err = error_of([&] { from_local(at::ones({3}), mesh, {Shard{0}}, false, std::vector<int64_t>{8}); });
+  EXPECT_NE(err.find("is not this rank's shard of [8]"), std::string::npos) << err;
+}
+
+DTENSOR_TEST_F(DTensorThreads, MixingPlainTensorsNamesTheOp) {
+  auto mesh = init_device_mesh("cpu", {4});
+  at::Tensor x = distribute_tensor(global_input({8, 4}), mesh, {Shard{0}});
+  std::string err = error_of([&] { (void)(x + at::ones({8, 4})); });
+  EXPECT_NE(err.find("aten::add.Tensor got a plain tensor of shape [8, 4]"), std::string::npos) << err;
+  // A 0-dim plain tensor is a scalar.
+  EXPECT_TRUE(at::allclose(full_tensor(x * at::scalar_tensor(2.0)), global_input({8, 4}) * 2));
+  {
+    ImplicitReplicationGuard implicit;
+    at::Tensor y = x + at::ones({8, 4});
+    EXPECT_TRUE(at::allclose(full_tensor(y), global_input({8, 4}) + 1));
+  }
+}
+
+DTENSOR_TEST_F(DTensorThreads, OpWithoutRuleNamesTheOp) {
+  auto mesh = init_device_mesh("cpu", {4});
+  at::Tensor x = distribute_tensor(global_input({8, 4}), mesh, {Shard{0}});
+  std::string err = error_of([&] { (void)at::cumsum(x, 0); });
+  EXPECT_NE(err.find("operator aten::cumsum has no sharding rule"), std::string::npos) << err;
+  EXPECT_NE(err.find("(Shard(dim=0),)[8, 4]"), std::string::npos) << err;
+}
+
+DTENSOR_TEST_F(DTensorThreads, OpsMatchPlainResults) {
+  auto mesh = init_device_mesh("cpu", {4});
+  at::Tensor a = global_input({8, 4}), b = global_input({8, 4}, 2), m = global_input({4, 6}, 5);
+  struct Case {
+    const char* name;
+    std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> fn;
+  };
+  std::vector<Case> cases = {
+      {"add", [](auto& x, auto& y, auto&) { return x + y; }},
+      {"sub_alpha", [](auto& x, auto& y, auto&) { return at::sub(x, y, 2); }},
+      {"mul_div", [](auto& x, auto& y, auto&) { return x * y / 3; }},
+      {"relu_gelu_tanh_exp", [](auto& x, auto&, auto&) { return at::relu(x).add(at::gelu(x)).add(at::tanh(x)).add(at::exp(x)); }},
+      {"neg", [](auto& x, auto&, auto&) { return -x; }},
+      {"mm", [](auto& x, auto&, auto& w) { return at::mm(x, w); }},
+      {"addmm", [](auto& x, auto& y, auto& w) { return at::addmm(y.sum(1, true).expand({8, 6}), x, w); }},
+      {"bmm", [](auto& x, auto& y, auto&) { return at::bmm(x.view({2, 4, 4}), y.view({2, 4, 4}).transpose(1, 2)); }},
+      {"t", [](auto& x, auto&, auto&) { return x.t().contiguous(); }},
+      {"sum", [](auto& x, auto&, auto&) { return x.sum(); }},
+      {"sum_dim", [](auto& x, auto&, auto&) { return x.sum({0}); }},
+      {"sum_keepdim", [](auto& x, auto&, auto&) { return x.sum({1}, true); }},
+      {"mean", [](auto& x, auto&, auto&) { return x.mean(); }},
+      {"mean_dim", [](auto& x, auto&, auto&) { return x.mean({0}); }},
+      {"view_flatten", [](auto& x, auto&, auto&) { return x.reshape({32}); }},
+      {"view_split", [](auto& x, auto&, auto&) { return x.view({4, 2, 4}); }},
+      {"permute", [](auto& x, auto&, auto&) { return x.view({2, 4, 4}).permute({2, 0, 1}); }},
+      {"unsqueeze_squeeze", [](auto& x, auto&, auto&) { return x.unsqueeze(1).squeeze(1); }},
+      {"broadcast", [](auto& x, auto& y, auto&) { return x + y.sum(0); }},
+      {"clone_detach", [](auto& x, auto&, auto&) { return x.clone().detach(); }},
+      {"ones_like", [](auto& x, auto&, auto&) { return at::ones_like(x) + x; }},
+      {"inplace", [](auto& x, auto& y, auto&) {
+         at::Tensor z = x.clone();
+         z.mul_(2).add_(y);
+         return z;
+       }},
+  };
+  const std::vector<std::vector<Placement>> layouts = {{Shard{0}}, {Shard{1}}, {Replicate{}}, {Partial{}}};
+  for (auto& c : cases) {
+    at::Tensor expected = c.fn(a, b, m);
+    for (auto& pa : layouts)
+      for (auto& pb : layouts) {
+        SCOPED_TRACE(std::string(c.name) + " a=" + to_string(pa) + " b=" + to_string(pb));
+        at::Tensor da = distribute_tensor(a, mesh, pa), db = distribute_tensor(b, mesh, pb),
+                   dm = distribute_tensor(m, mesh, {Replicate{}});
+        at::Tensor got;
+        try {
+          got = c.fn(da, db, dm);
+        } catch (const c10::Error& e) {
+          ADD_FAILURE() << e.what_without_backtrace();
+          continue;
+        }
+        ASSERT_TRUE(is_dtensor(got));
+        EXPECT_TRUE(at::allclose(full_tensor(got), expected, 1e-4, 1e-5)) << full_tensor(got) << expected;
+      }
+  }
+  // item() of a sharded scalar reduction
+  at::Tensor da = distribute_tensor(a, mesh, {Shard{0}});
+  EXPECT_NEAR(da.sum().item<float>(), a.sum().item<float>(), 1e-4);
+}
+
+// An MLP (Linear 10->16, ReLU, Linear 16->10) with column- then row-sharded weights: forward
+// output, loss and every gradient equal the single-device model's.
+void check_mlp(testing::MultiRankTest& t) {
+  auto mesh = init_device_mesh("cpu", {t.group().size()});
+  at::Tensor w1 = global_input({16, 10}, 1) * 0.3, b1 = global_input({16}, 2) * 0.1;
+  at::Tensor w2 = global_input({10, 16}, 3) * 0.3, b2 = global_input({10}, 4) * 0.1;
+  at::Tensor x = global_input({4, 10}, 5);
+  auto forward = [&](const at::Tensor& w1_, const at::Tensor& b1_, const at::Tensor& w2_, const at::Tensor& b2_,
+                     const at::Tensor& x_) { return at::linear(at::relu(at::linear(x_, w1_, b1_)), w2_, b2_); };
+  std::vector<at::Tensor> plain = {w1.clone().requires_grad_(true), b1.clone().requires_grad_(true),
+                                   w2.clone().requires_grad_(true), b2.clone().requires_grad_(true)};
+  at::Tensor ref = forward(plain[0], plain[1], plain[2], plain[3], x);
+  at::Tensor ref_loss = (ref * ref).sum();
+  ref_loss.backward();
+  std::vector<std::vector<Placement>> layout = {{Shard{0}}, {Shard{0}}, {Shard{1}}, {Replicate{}}};
+  std::vector<at::Tensor> dist;
+  for (size_t i = 0; i < plain.size(); ++i)
+    dist.push_back(distribute_tensor(plain[i].detach().clone().requires_grad_(true), mesh, layout[i]));
+  at::Tensor dx = distribute_tensor(x, mesh, {Replicate{}});
+  at::Tensor out = forward(dist[0], dist[1], dist[2], dist[3], dx);
+  EXPECT_TRUE(at::allclose(full_tensor(out), ref, 1e-4, 1e-5));
+  at::Tensor loss = (out * out).sum();
+  EXPECT_NEAR(full_tensor(loss).item<float>(), ref_loss.item<float>(), 1e-3);
+  loss.backward();
+  for (size_t i = 0; i < plain.size(); ++i) {
+    SCOPED_TRACE("parameter " + std::to_string(i));
+    ASSERT_TRUE(dist[i].grad().defined());
+    EXPECT_TRUE(at::allclose(full_tensor(dist[i].grad()), plain[i].grad(), 1e-3, 1e-4));
+  }
+}
+DTENSOR_TEST_F(DTensorThreads, MlpForwardBackwardMatchesPlain) { check_mlp(*this); }
+DTENSOR_TEST_F(DTensorGloo, MlpForwardBackwardMatchesPlain) { check_mlp(*this); }
+
+DTENSOR_TEST_F(DTensorThreads, PrintsSpecAndLocalValues) {
+  auto mesh = init_device_mesh("cpu", {4});
+  at::Tensor x = distribute_tensor(at::arange(8, at::kFloat), mesh, {Shard{0}});
+  std::string s = to_string(x);
+  EXPECT_NE(s.find("DTensor(local_tensor="), std::string::npos) << s;
+  EXPECT_NE(s.find("placements=(Shard(dim=0),), shape=[8]"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace dtensor
