@@ -78,6 +78,45 @@ at::Tensor all_reduce_copy(const at::Tensor& t, const DTensorSpec& spec, int64_t
   return out;
 }
 
+// S(a) -> S(b) over mesh dim i with all_to_all: this rank cuts its shard along b into the
+// pieces every rank owns, sends piece r to rank r, and concatenates what it receives along a.
+// Pieces travel flattened, so uneven shards need no padding.
+at::Tensor all_to_all_dim(const at::Tensor& local, const DTensorSpec& spec, const std::vector<Placement>& cur,
+                          int64_t a, int64_t b, int64_t i) {
+  auto g = spec.mesh.get_group(i);
+  const int64_t k = g->size();
+  const int64_t me = g->rank();
+  const int64_t n_a = size_before_split(spec, cur, a, i);
+  const int64_t n_b = local.size(b);
+  std::vector<at::Tensor> send;
+  std::vector<int64_t> in_splits, out_splits;
+  int64_t rest = 1;  // elements per unit of dims a and b
+  for (int64_t d = 0; d < local.dim(); ++d)
+    if (d != a && d != b) rest *= local.size(d);
+  const auto mine_b = shard_size_and_offset(n_b, k, me).first;
+  for (int64_t r = 0; r < k; ++r) {
+    auto so = shard_size_and_offset(n_b, k, r);
+    send.push_back(local.narrow(b, so.second, so.first).contiguous().flatten());
+    in_splits.push_back(so.first * local.size(a) * rest);
+    out_splits.push_back(shard_size_and_offset(n_a, k, r).first * mine_b * rest);
+  }
+  at::Tensor in = at::cat(send);
+  int64_t total = 0;
+  for (auto x : out_splits) total += x;
+  at::Tensor out = at::empty({total}, local.options());
+  g->all_to_all_single(out, in, out_splits, in_splits);
+  std::vector<at::Tensor> parts;
+  int64_t off = 0;
+  for (int64_t r = 0; r < k; ++r) {
+    auto shape = local.sizes().vec();
+    shape[a] = shard_size_and_offset(n_a, k, r).first;
+    shape[b] = mine_b;
+    parts.push_back(out.narrow(0, off, out_splits[r]).view(shape));
+    off += out_splits[r];
+  }
+  return at::cat(parts, a);
+}
+
 // R -> P(op): the reduction over the mesh dim must give the value back.
 at::Tensor to_partial(const at::Tensor& t, const DTensorSpec& spec, int64_t i, comm::ReduceOp op) {
   if (op == comm::ReduceOp::SUM && spec.mesh.get_local_rank(i) != 0) return at::zeros_like(t);
@@ -95,6 +134,18 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from,
   if (!from.mesh.get_coordinate().has_value()) return local;  // not in the mesh
   std::vector<Placement> cur = from.placements;
   at::Tensor t = local;
+  // S(a) -> S(b) on a mesh dim that is the only one sharding a and b: one all_to_all.
+  for (int64_t i = 0; i < m; ++i) {
+    if (!is_shard(cur[i]) || !is_shard(to[i]) || cur[i] == to[i]) continue;
+    const int64_t a = std::get<Shard>(cur[i]).dim, b = std::get<Shard>(to[i]).dim;
+    bool alone = true;
+    for (int64_t j = 0; j < m; ++j)
+      if (j != i)
+        for (const auto& p : {cur[j], to[j]}) alone = alone && !is_shard(p, a) && !is_shard(p, b);
+    if (!alone) continue;
+    t = all_to_all_dim(t, from, cur, a, b, i);
+    cur[i] = to[i];
+  }
   // Phase A (innermost mesh dim first): leave Shard placements that change, and every inner
   // Shard of a tensor dim whose outer split changes or appears (its pieces are pieces of
   // that piece: it is undone here and redone in phase B).

@@ -1,0 +1,249 @@
+// DTensor core figures (issue: DTensor core):
+//  1. fallback dispatch overhead per op with a cached strategy, versus the same op on the
+//     local tensor (BM_DispatchAdd/BM_LocalAdd, BM_DispatchMm/BM_LocalMm);
+//  2. redistribute versus the raw collective on the same bytes (Shard->Replicate is an
+//     all_gather, Partial->Replicate an all_reduce), 1 MiB and 64 MiB, world size 4, with
+//     ranks as threads (ThreadGroup) and as processes (Gloo, forked by the harness).
+//
+//   build/benchmarks/dtensor_benchmark --benchmark_repetitions=5 --benchmark_report_aggregates_only
+#include "dtensor/comm/comm.h"
+#include "dtensor/tensor/dtensor.h"
+#include "harness/internal/launcher.h"
+#include "harness/main.h"
+#include "harness/multi_rank_test.h"
+
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <regex>
+#include <thread>
+
+namespace dtensor {
+namespace {
+
+constexpr int kWorld = 4;
+
+// ---- 1. dispatch overhead -------------------------------------------------------------------
+// A 4-rank mesh built by 4 threads; rank 0's mesh is kept for single-thread op loops (the ops
+// measured need no communication, so the other ranks have nothing to do).
+DeviceMesh rank0_mesh() {
+  static std::optional<DeviceMesh> mesh;
+  if (!mesh) {
+    auto world = comm::ThreadWorld::create(kWorld);
+    std::vector<std::thread> ts;
+    std::mutex mu;
+    for (int r = 0; r < kWorld; ++r)
+      ts.emplace_back([&, r] {
+        auto g = std::make_shared<comm::ThreadGroup>(world, r);
+        auto m = init_device_mesh("cpu", {kWorld}, {}, g);
+        std::lock_guard<std::mutex> lk(mu);
+        if (r == 0) mesh = m;
+      });
+    for (auto& t : ts) t.join();
+  }
+  return *mesh;
+}
+
+void BM_DispatchAdd(benchmark::State& state) {
+  auto mesh = rank0_mesh();
+  at::Tensor a = from_local(at::ones({16, 16}), mesh, {Shard{0}});
+  at::Tensor b = from_local(at::ones({16, 16}), mesh, {Shard{0}});
+  for (auto _ : state) benchmark::DoNotOptimize(at::add(a, b));
+}
+void BM_LocalAdd(benchmark::State& state) {
+  at::Tensor a = at::ones({16, 16}), b = at::ones({16, 16});
+  for (auto _ : state) benchmark::DoNotOptimize(at::add(a, b));
+}
+void BM_DispatchMm(benchmark::State& state) {
+  auto mesh = rank0_mesh();
+  at::Tensor a = from_local(at::ones({16, 16}), mesh, {Shard{0}});
+  at::Tensor b = from_local(at::ones({16, 16}), mesh, {Replicate{}});
+  for (auto _ : state) benchmark::DoNotOptimize(at::mm(a, b));
+}
+void BM_LocalMm(benchmark::State& state) {
+  at::Tensor a = at::ones({16, 16}), b = at::ones({16, 16});
+  for (auto _ : state) benchmark::DoNotOptimize(at::mm(a, b));
+}
+void BM_DispatchDetach(benchmark::State& state) {
+  auto mesh = rank0_mesh();
+  at::Tensor a = from_local(at::ones({16, 16}), mesh, {Shard{0}});
+  for (auto _ : state) benchmark::DoNotOptimize(a.detach());
+}
+BENCHMARK(BM_DispatchAdd);
+BENCHMARK(BM_LocalAdd);
+BENCHMARK(BM_DispatchMm);
+BENCHMARK(BM_LocalMm);
+BENCHMARK(BM_DispatchDetach);
+
+// ---- 2. redistribute versus the raw collective ---------------------------------------------------
+// One iteration of case `c` on this rank. Shapes: the global tensor has `bytes` bytes of float.
+enum Case { kRawAllGather, kShardToReplicate, kRawAllReduce, kPartialToReplicate };
+
+struct Inputs {
+  at::Tensor shard, partial_local;
+  at::Tensor dshard, dpartial;
+};
+
+Inputs make_inputs(const DeviceMesh& mesh, int64_t bytes) {
+  const int64_t rows = bytes / sizeof(float) / 256;
+  Inputs in;
+  in.shard = at::ones({rows / kWorld, 256});
+  in.partial_local = at::ones({rows, 256});
+  in.dshard = from_local(in.shard, mesh, {Shard{0}});
+  in.dpartial = from_local(in.partial_local, mesh, {Partial{}});
+  return in;
+}
+
+void run_case(Case c, comm::Group& g, const Inputs& in) {
+  switch (c) {
+    case kRawAllGather: {
+      at::Tensor out = at::empty({in.shard.size(0) * kWorld, 256});
+      g.all_gather_into(out, in.shard);
+      break;
+    }
+    case kShardToReplicate: benchmark::DoNotOptimize(redistribute(in.dshard, {Replicate{}})); break;
+    case kRawAllReduce: {
+      at::Tensor t = in.partial_local.clone();
+      g.all_reduce(t);
+      break;
+    }
+    case kPartialToReplicate: benchmark::DoNotOptimize(redistribute(in.dpartial, {Replicate{}})); break;
+  }
+}
+
+// Ranks as threads: 4 persistent workers; each iteration runs the case once on all of them.
+class ThreadRanks {
+ public:
+  explicit ThreadRanks(int64_t bytes, Case c) : c_(c) {
+    auto world = comm::ThreadWorld::create(kWorld);
+    for (int r = 0; r < kWorld; ++r)
+      threads_.emplace_back([this, world, r, bytes] {
+        auto g = std::make_shared<comm::ThreadGroup>(world, r);
+        auto mesh = init_device_mesh("cpu", {kWorld}, {}, g);
+        Inputs in = make_inputs(mesh, bytes);
+        uint64_t seen = 0;
+        for (;;) {
+          {
+            std::unique_lock<std::mutex> lk(mu_);
+            cv_.wait(lk, [&] { return generation_ != seen || stop_; });
+            if (stop_) return;
+            seen = generation_;
+          }
+          run_case(c_, *g, in);
+          std::lock_guard<std::mutex> lk(mu_);
+          if (++done_ == kWorld) cv_.notify_all();
+        }
+      });
+  }
+  ~ThreadRanks() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  void step() {
+    std::unique_lock<std::mutex> lk(mu_);
+    done_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    cv_.wait(lk, [&] { return done_ == kWorld; });
+  }
+
+ private:
+  Case c_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;
+  int done_ = 0;
+  bool stop_ = false;
+};
+
+void BM_Threads(benchmark::State& state) {
+  ThreadRanks ranks(state.range(1), static_cast<Case>(state.range(0)));
+  ranks.step();  // warm-up (first-use allocations, propagation cache)
+  for (auto _ : state) ranks.step();
+  state.SetBytesProcessed(state.iterations() * state.range(1));
+}
+
+// Ranks as processes: the harness's worker pool runs one registered body per case; rank 0
+// prints the median of its per-iteration times, read back from its captured output.
+constexpr int kProcessIters = 7;
+class BenchProcess : public testing::MultiProcessTest {};
+void process_body(testing::MultiRankTest& t, Case c, int64_t bytes) {
+  auto mesh = init_device_mesh("cpu", {kWorld});
+  Inputs in = make_inputs(mesh, bytes);
+  run_case(c, t.group(), in);  // warm-up
+  std::vector<double> ms;
+  for (int i = 0; i < kProcessIters; ++i) {
+    t.group().barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    run_case(c, t.group(), in);
+    t.group().barrier();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  if (t.rank() == 0) std::printf("BENCH_MS %.4f\n", ms[ms.size() / 2]);
+  std::fflush(stdout);
+}
+#define BENCH_BODY(c, mib) \
+  DTENSOR_TEST_F(BenchProcess, c##_##mib) { process_body(*this, c, int64_t{mib} << 20); }
+BENCH_BODY(kRawAllGather, 1)
+BENCH_BODY(kShardToReplicate, 1)
+BENCH_BODY(kRawAllReduce, 1)
+BENCH_BODY(kPartialToReplicate, 1)
+BENCH_BODY(kRawAllGather, 64)
+BENCH_BODY(kShardToReplicate, 64)
+BENCH_BODY(kRawAllReduce, 64)
+BENCH_BODY(kPartialToReplicate, 64)
+
+const char* case_name(int c) {
+  static const char* names[] = {"kRawAllGather", "kShardToReplicate", "kRawAllReduce", "kPartialToReplicate"};
+  return names[c];
+}
+
+void BM_Processes(benchmark::State& state) {
+  const std::string id = std::string("BenchProcess.") + case_name(static_cast<int>(state.range(0))) + "_" +
+                         std::to_string(state.range(1) >> 20);
+  const std::chrono::milliseconds timeout(300000);
+  for (auto _ : state) {
+    std::string stacks;
+    auto outs = testing::internal::worker_pool(kWorld, "gloo", timeout).run(id, timeout, &stacks);
+    std::smatch m;
+    if (!outs[0].result || outs[0].result->failed() ||
+        !std::regex_search(outs[0].output, m, std::regex("BENCH_MS ([0-9.]+)"))) {
+      state.SkipWithError(("rank 0 failed: " + outs[0].output).c_str());
+      break;
+    }
+    state.SetIterationTime(std::stod(m[1]) / 1000.0);
+  }
+  state.SetBytesProcessed(state.iterations() * state.range(1));
+}
+
+void args(benchmark::internal::Benchmark* b) {
+  for (int64_t bytes : {int64_t{1} << 20, int64_t{64} << 20})
+    for (int c = 0; c < 4; ++c) b->Args({c, bytes});
+  b->ArgNames({"case", "bytes"})->Unit(benchmark::kMillisecond);
+}
+BENCHMARK(BM_Threads)->Apply(args)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_Processes)->Apply(args)->UseManualTime()->Iterations(1);
+
+}  // namespace
+}  // namespace dtensor
+
+int main(int argc, char** argv) {
+  if (std::getenv("DTENSOR_RANK_REQUEST")) return dtensor::testing::main(argc, argv);
+  dtensor::testing::internal::start_fork_server();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  dtensor::testing::internal::discard_worker_pool();
+  dtensor::testing::internal::stop_fork_server();
+  return 0;
+}
