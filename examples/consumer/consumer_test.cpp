@@ -18,3 +18,12 @@ DTENSOR_TEST_F(MyThreadTest, AllGatherCollectsRanks) {
   group().all_gather_into(out, at::full({1}, rank(), at::kLong));
   EXPECT_TRUE(at::equal(out, at::arange(4, at::kLong)));
 }
+
+// DTensor through the installed package: every sharding of add's inputs gives the plain result.
+class MyOpTest : public dtensor::testing::DTensorOpTestBase {};
+
+DTENSOR_TEST_F(MyOpTest, AddUnderEveryPlacement) {
+  auto mesh = build_device_mesh();
+  at::Tensor a = at::arange(32, at::kFloat).reshape({8, 4});
+  test_op(mesh, "aten::add", "Tensor", {a, a * 2, 1});
+}
