@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <cstdlib>
 #include <regex>
 #include <thread>
 
@@ -237,13 +236,11 @@ BENCHMARK(BM_Processes)->Apply(args)->UseManualTime()->Iterations(1);
 }  // namespace dtensor
 
 int main(int argc, char** argv) {
-  if (std::getenv("DTENSOR_RANK_REQUEST")) return dtensor::testing::main(argc, argv);
-  dtensor::testing::internal::start_fork_server();
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  dtensor::testing::internal::discard_worker_pool();
-  dtensor::testing::internal::stop_fork_server();
-  return 0;
+  return dtensor::testing::main_with_harness(argc, argv, [](int& ac, char** av) {
+    benchmark::Initialize(&ac, av);
+    if (benchmark::ReportUnrecognizedArguments(ac, av)) return 1;
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+  });
 }

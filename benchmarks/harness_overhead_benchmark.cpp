@@ -93,13 +93,11 @@ BENCHMARK(BM_Threads)->Arg(2)->Arg(4)->Unit(benchmark::kMicrosecond)->UseRealTim
 }  // namespace dtensor
 
 int main(int argc, char** argv) {
-  // Ranks started by spawn re-enter here; the fork server must fork before any thread.
-  if (std::getenv("DTENSOR_RANK_REQUEST")) return dtensor::testing::main(argc, argv);
-  dtensor::testing::internal::start_fork_server();
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  dtensor::testing::internal::stop_fork_server();
-  return 0;
+  return dtensor::testing::main_with_harness(argc, argv, [](int& ac, char** av) {
+    benchmark::Initialize(&ac, av);
+    if (benchmark::ReportUnrecognizedArguments(ac, av)) return 1;
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+  });
 }

@@ -1,4 +1,4 @@
-// harness/harness_main.cpp: dtensor::testing::main.
+// harness/harness_main.cpp: dtensor::testing::main and main_with_harness.
 #include "harness/main.h"
 
 #include "harness/internal/external.h"
@@ -12,26 +12,36 @@
 namespace dtensor {
 namespace testing {
 
-int main(int argc, char** argv) {
+int main_with_harness(int argc, char** argv, const std::function<int(int&, char**)>& body, bool fork_server) {
   // 1. A rank started by spawn: become that rank (never returns).
   if (const char* req = std::getenv("DTENSOR_RANK_REQUEST")) {
     auto request = nlohmann::json::parse(req).get<internal::RankRequest>();
     ::unsetenv("DTENSOR_RANK_REQUEST");
     internal::rank_process_main(request);
   }
-  // 2. Fork the fork server while this process has one thread. Not needed to list tests or
-  //    under an external launcher (there this process is a rank).
-  bool list_only = false;
-  for (int i = 1; i < argc; ++i) list_only = list_only || std::strcmp(argv[i], "--gtest_list_tests") == 0;
-  const bool external = internal::external_launcher_detected();
-  if (!list_only && !external) internal::start_fork_server();
-  ::testing::InitGoogleTest(&argc, argv);
-  if (external) internal::init_external_launcher();
-  const int rc = RUN_ALL_TESTS();
+  // 2. Fork the fork server while this process has one thread.
+  if (fork_server) internal::start_fork_server();
+  const int rc = body(argc, argv);
   internal::discard_worker_pool();
   internal::stop_fork_server();
-  internal::shutdown_external();
   return rc;
+}
+
+int main(int argc, char** argv) {
+  // Not needed to list tests, nor under an external launcher (there this process is a rank).
+  bool list_only = false;
+  for (int i = 1; i < argc; ++i) list_only = list_only || std::strcmp(argv[i], "--gtest_list_tests") == 0;
+  const bool external = !std::getenv("DTENSOR_RANK_REQUEST") && internal::external_launcher_detected();
+  return main_with_harness(
+      argc, argv,
+      [external](int& ac, char** av) {
+        ::testing::InitGoogleTest(&ac, av);
+        if (external) internal::init_external_launcher();
+        const int rc = RUN_ALL_TESTS();
+        internal::shutdown_external();
+        return rc;
+      },
+      /*fork_server=*/!list_only && !external);
 }
 
 }  // namespace testing

@@ -1,6 +1,7 @@
 // Rendezvous: launcher variables, stores, init_process_group errors. Plain tests (one process).
 #include "dtensor/comm/comm.h"
 #include "suites/testing/child_process.h"
+#include "suites/testing/errors.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -13,15 +14,7 @@ namespace {
 
 using Env = std::map<std::string, std::string>;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no error)";
-}
-
+using testing::error_of;
 TEST(RendezvousFromEnv, NoLauncherVariablesMeansNone) {
   Env env{{"HOME", "/root"}};
   EXPECT_FALSE(comm::rendezvous_from_env(&env).has_value());

@@ -10,6 +10,7 @@
 #include "dtensor/tensor/dtensor.h"
 #include "harness/dtensor_test_base.h"
 #include "harness/harness.h"
+#include "suites/testing/errors.h"
 
 #include <ATen/ATen.h>
 
@@ -48,20 +49,8 @@ const DTensorConverterOptions kPartial = with(false, true, false);
 const DTensorConverterOptions kUneven = with(false, false, true);
 const DTensorConverterOptions kMesh2d = with(true, false, false);
 
-// The message of the c10::Error `f` throws, without backtrace; "<no error>" if none.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "<no error>";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
+using testing::error_of;
+using testing::contains;
 class ConverterThreaded : public testing::DTensorOpTestBase {
  protected:
   std::chrono::milliseconds timeout() const override { return std::chrono::seconds(120); }

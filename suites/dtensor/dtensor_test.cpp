@@ -4,6 +4,7 @@
 #include "dtensor/comm/comm.h"
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
+#include "suites/testing/errors.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -13,15 +14,7 @@
 namespace dtensor {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no error)";
-}
-
+using testing::error_of;
 // The same global tensor on every rank (seeded), so results can be checked locally.
 at::Tensor global_input(std::vector<int64_t> shape, int64_t seed = 0) {
   int64_t n = 1;
@@ -238,6 +231,122 @@ void check_mlp(testing::MultiRankTest& t) {
 }
 DTENSOR_TEST_F(DTensorThreads, MlpForwardBackwardMatchesPlain) { check_mlp(*this); }
 DTENSOR_TEST_F(DTensorGloo, MlpForwardBackwardMatchesPlain) { check_mlp(*this); }
+
+// test_op over every op with a rule: the op on every sharding of its inputs (DTensorConverter)
+// gathers back to the plain result. 1-D mesh with Partial and uneven inputs, and a 2x2 mesh
+// with per-mesh-dim placements.
+class EveryRuledOp : public testing::DTensorOpTestBase {};
+
+struct OpSample {
+  const char* op;
+  const char* overload;
+  std::vector<c10::IValue> args;
+};
+
+std::vector<OpSample> op_samples() {
+  at::Tensor a = global_input({8, 4}), b = global_input({8, 4}, 2), m = global_input({4, 6}, 5);
+  at::Tensor x3 = global_input({2, 4, 4}, 3), y3 = global_input({2, 4, 4}, 4), col = global_input({8, 1}, 6);
+  const c10::IValue none;
+  using IL = std::vector<int64_t>;
+  return {
+      {"aten::add", "Tensor", {a, b, 1}},
+      {"aten::sub", "Tensor", {a, b, 2}},
+      {"aten::mul", "Tensor", {a, b}},
+      {"aten::div", "Tensor", {a, b + 3}},
+      {"aten::mul", "Scalar", {a, 1.5}},
+      {"aten::neg", "", {a}},
+      {"aten::relu", "", {a}},
+      {"aten::gelu", "", {a, std::string("none")}},
+      {"aten::tanh", "", {a}},
+      {"aten::exp", "", {a}},
+      {"aten::threshold_backward", "", {b, a, 0.0}},
+      {"aten::mm", "", {a, m}},
+      {"aten::addmm", "", {global_input({8, 6}, 7), a, m, 1, 1}},
+      {"aten::bmm", "", {x3, y3}},
+      {"aten::t", "", {a}},
+      {"aten::transpose", "int", {a, 0, 1}},
+      {"aten::permute", "", {x3, IL{2, 0, 1}}},
+      {"aten::unsqueeze", "", {a, 1}},
+      {"aten::squeeze", "dim", {col, 1}},
+      {"aten::expand", "", {col, IL{8, 4}, false}},
+      {"aten::view", "", {a, IL{32}}},
+      {"aten::view", "", {a, IL{4, 2, 4}}},
+      {"aten::sum", "", {a, none}},
+      {"aten::sum", "dim_IntList", {a, IL{0}, false, none}},
+      {"aten::sum", "dim_IntList", {x3, IL{1}, true, none}},
+      {"aten::mean", "", {a, none}},
+      {"aten::mean", "dim", {a, IL{1}, false, none}},
+      {"aten::clone", "", {a, none}},
+      {"aten::detach", "", {a}},
+      {"aten::zeros_like", "", {a, none, none, none, none, none}},
+      {"aten::ones_like", "", {a, none, none, none, none, none}},
+      {"aten::add_", "Tensor", {a, b, 1}},
+      {"aten::mul_", "Tensor", {a, b}},
+  };
+}
+
+DTENSOR_TEST_F(EveryRuledOp, MatchesPlainOn1DMeshWithPartialAndUnevenInputs) {
+  auto mesh = build_device_mesh();
+  testing::TestOpOptions o;
+  o.rtol = 1e-4;
+  o.atol = 1e-5;
+  o.converter.partial = true;
+  o.converter.uneven = true;
+  for (auto& s : op_samples()) {
+    SCOPED_TRACE(std::string(s.op) + "." + s.overload);
+    test_op(mesh, s.op, s.overload, s.args, o);
+  }
+}
+
+DTENSOR_TEST_F(EveryRuledOp, MatchesPlainOn2DMesh) {
+  auto mesh = init_device_mesh("cpu", {2, 2});
+  testing::TestOpOptions o;
+  o.rtol = 1e-4;
+  o.atol = 1e-5;
+  o.converter.mesh_2d = true;
+  for (auto& s : op_samples()) {
+    SCOPED_TRACE(std::string(s.op) + "." + s.overload);
+    test_op(mesh, s.op, s.overload, s.args, o);
+  }
+}
+
+DTENSOR_TEST_F(DTensorThreads, MismatchedMeshesAndBadPlacementsFailOnEveryRank) {
+  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh2 = init_device_mesh("cpu", {2, 2});
+  at::Tensor x = distribute_tensor(global_input({8, 4}), mesh, {Shard{0}});
+  at::Tensor y = distribute_tensor(global_input({8, 4}), mesh2, {Shard{0}, Replicate{}});
+  std::string err = error_of([&] { (void)(x + y); });
+  EXPECT_NE(err.find("aten::add.Tensor got DTensors on different meshes"), std::string::npos) << err;
+  err = error_of([&] { distribute_tensor(global_input({8, 4}), mesh, {Shard{2}}); });
+  EXPECT_NE(err.find("2"), std::string::npos) << err;
+  EXPECT_NE(err, "<no error>");
+  err = error_of([&] { distribute_tensor(global_input({8, 4}), mesh, {Shard{0}, Replicate{}}); });
+  EXPECT_NE(err.find("2 placements for the 1-D mesh"), std::string::npos) << err;
+  err = error_of([&] { redistribute(x, {Replicate{}, Replicate{}}); });
+  EXPECT_NE(err, "<no error>");
+  // The group is still usable: nobody is left in a collective.
+  at::Tensor ok = full_tensor(x);
+  EXPECT_EQ(ok.size(0), 8);
+}
+
+DTENSOR_TEST_F(DTensorThreads, PartialAvgMinMaxRedistribute) {
+  auto mesh = init_device_mesh("cpu", {4});
+  at::Tensor g = global_input({8, 3});
+  for (auto op : {comm::ReduceOp::AVG, comm::ReduceOp::MIN, comm::ReduceOp::MAX}) {
+    SCOPED_TRACE(comm::to_string(op));
+    // Each rank holds g + (rank - 1.5) * s: the avg is g; min/max come from rank 0 / rank 3.
+    const double shift = (rank() - 1.5) * 0.25;
+    at::Tensor local = g + shift;
+    at::Tensor expected = op == comm::ReduceOp::AVG ? g : op == comm::ReduceOp::MIN ? g - 0.375 : g + 0.375;
+    for (const Placement& to : std::vector<Placement>{Replicate{}, Shard{0}, Shard{1}}) {
+      at::Tensor p = from_local(local, mesh, {Partial(op)});
+      EXPECT_TRUE(at::allclose(full_tensor(redistribute(p, {to})), expected, 1e-5, 1e-5)) << to_string(to);
+    }
+    // Replicate -> Partial(op) -> Replicate gives the value back.
+    at::Tensor r = distribute_tensor(g, mesh, {Replicate{}});
+    EXPECT_TRUE(at::allclose(full_tensor(redistribute(r, {Partial(op)})), g, 1e-5, 1e-5));
+  }
+}
 
 DTENSOR_TEST_F(DTensorThreads, PrintsSpecAndLocalValues) {
   auto mesh = init_device_mesh("cpu", {4});

@@ -4,6 +4,7 @@
 #include "dtensor/mesh/device_mesh.h"
 #include "dtensor/placement/placement.h"
 #include "harness/harness.h"
+#include "suites/testing/errors.h"
 
 #include <ATen/ATen.h>
 
@@ -17,21 +18,8 @@ namespace {
 using comm::ReduceOp;
 using Shape = std::vector<int64_t>;
 
-// The message of the c10::Error `f` throws, without backtrace; "<no error>" if none.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "<no error>";
-}
-
-// For EXPECT_PRED2: the failure message shows both strings.
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
+using testing::error_of;
+using testing::contains;
 struct ErrorCase {
   std::string what;
   std::function<void()> call;
