@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,9 @@ struct DirectionResult {
   int64_t refused = 0;
   double max_error = 0;  // largest |actual - expected| among compared values
   std::vector<CombinationFailure> failures;  // the first few
+  // {passed, run} per placement of the first tensor argument ("Shard(dim=0)" on a 1-D mesh,
+  // "(Shard(dim=0), Replicate())" on a 2-D one): the op x placement grid of tools/opcov.
+  std::map<std::string, std::pair<int64_t, int64_t>> by_placement;
 };
 
 struct OpCheckOptions {
@@ -83,6 +87,9 @@ struct OpCheckOptions {
   bool replicate_fallback = false;
   // Seed of the random output gradients used for backward.
   uint64_t grad_seed = 20240;
+  // Stop at the first combination that fails for want of a sharding rule (every other one
+  // would fail alike): for surveys of ops without rules (tools/opcov).
+  bool stop_on_missing_rule = false;
 };
 
 struct OpCheckResult {

@@ -11,6 +11,8 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 namespace dtensor {
 namespace ops {
 namespace {
@@ -35,6 +37,7 @@ std::vector<DimOption> pointwise_options(const OpCall& c, Linear lin) {
     opts.push_back(std::move(o));
   }
   // Partial options (NOTE: [Partial and linearity]).
+  const std::vector<size_t> outs = out_inputs(c);
   bool all_tensor_args_are_dtensors = true;
   for (size_t i = 0; i < c.args.size(); ++i) {
     const auto& a = c.args[i];
@@ -53,6 +56,7 @@ std::vector<DimOption> pointwise_options(const OpCall& c, Linear lin) {
         break;
       case Linear::kAnyOne:
         for (size_t j = 0; j < n_in; ++j) {
+          if (std::find(outs.begin(), outs.end(), j) != outs.end()) continue;  // not an operand
           DimOption o{std::vector<Placement>(n_out, p), std::vector<Placement>(n_in, Replicate{})};
           o.inputs[j] = p;
           opts.push_back(std::move(o));
@@ -66,6 +70,9 @@ std::vector<DimOption> pointwise_options(const OpCall& c, Linear lin) {
       }
     }
   }
+  // An out= tensor is written with the result: it takes the output's placement.
+  for (auto& o : opts)
+    for (size_t k : outs) o.inputs[k] = o.outputs[0];
   return opts;
 }
 

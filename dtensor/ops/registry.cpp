@@ -236,6 +236,20 @@ int64_t broadcast_input_dim(const std::vector<int64_t>& in_shape, const std::vec
   return a;
 }
 
+std::vector<size_t> out_inputs(const OpCall& c) {
+  std::vector<size_t> out;
+  size_t pos = 0;
+  for (size_t i = 0; i < c.args.size(); ++i) {
+    const auto& a = c.args[i];
+    const size_t n = a.kind == ArgInfo::Kind::kDTensor ? 1 : a.kind == ArgInfo::Kind::kDTensorList ? a.list.size() : 0;
+    const auto& formal = c.schema->arguments()[i];
+    if (formal.kwarg_only() && formal.alias_info() && formal.alias_info()->isWrite())
+      for (size_t k = 0; k < n; ++k) out.push_back(pos + k);
+    pos += n;
+  }
+  return out;
+}
+
 int64_t arg_int(const OpCall& c, size_t i, int64_t fallback) {
   if (i >= c.args.size() || c.args[i].kind != ArgInfo::Kind::kOther) return fallback;
   const auto& v = c.args[i].value;

@@ -130,6 +130,9 @@ void clear_propagation_cache();
 // -1 when the input has no such dim or broadcasts it (size 1 vs > 1).
 int64_t broadcast_input_dim(const std::vector<int64_t>& in_shape,
                             const std::vector<int64_t>& out_shape, int64_t out_dim);
+// Positions (in OpCall::inputs) of the out= arguments: keyword-only arguments the op writes.
+// They are not operands: rules give them the output's placement.
+std::vector<size_t> out_inputs(const OpCall& c);
 int64_t arg_int(const OpCall& c, size_t i, int64_t fallback);
 std::vector<int64_t> arg_int_list(const OpCall& c, size_t i);
 bool arg_bool(const OpCall& c, size_t i, bool fallback);

@@ -343,7 +343,7 @@ class OpFamilyTest : public testing::MultiThreadedTest {
     auto mesh = testing::suite_mesh(mesh_kind_, group_ptr());
     if (!mesh) GTEST_SKIP() << "a 2-D mesh needs an even world size >= 4; this run has " << group().size();
     auto records = testing::run_op_suite(*mesh, mesh_kind_, testing::ops_of_family(testing::op_db(), family_),
-                                         testing::suite_options(mesh_kind_));
+                                         testing::suite_options(mesh_kind_), {});
     const std::string xf_path = testing::default_expected_failures_path();
     testing::apply_expected_failures(records, testing::ExpectedFailures::load(xf_path));
     if (rank() == 0) write_results(records);
