@@ -134,6 +134,28 @@ void add_sum_mean_prod(OpDb& db) {
   });
 }
 
+// out= overloads served by their functional overload's rule ("aten::sum" serves sum.out):
+// the out tensor keeps its placements, so some combinations are refused (Partial out tensors
+// of a reduction that cannot keep them Partial) and the others must match.
+void add_out_overloads(OpDb& db) {
+  add(db, "aten::sum.out", [](SampleGen& g) { return Samples{OpSample("even", {g.tensor({8, 4})}).kw("out", g.tensor({}))}; });
+  add(db, "aten::prod.out", [](SampleGen& g) {
+    return Samples{OpSample("even", {g.positive({8, 4})}).kw("out", g.tensor({}))};
+  });
+  add(db, "aten::amax.out", [](SampleGen& g) {
+    return Samples{OpSample("dim0", {g.tensor({8, 4}), IL{0}}).kw("out", g.tensor({4}))};
+  });
+  add(db, "aten::argmax.out", [](SampleGen& g) {
+    return Samples{OpSample("dim1", {g.tensor({8, 4}), 1}).kw("out", g.index({8}, 4))};
+  });
+  add(db, "aten::logsumexp.out", [](SampleGen& g) {
+    return Samples{OpSample("dim1", {g.tensor({8, 4}), IL{1}}).kw("out", g.tensor({8}))};
+  });
+  add(db, "aten::linalg_vector_norm.out", [](SampleGen& g) {
+    return Samples{OpSample("p1_dim0", {g.tensor({8, 4}), 1.0, IL{0}}).kw("out", g.tensor({4}))};
+  });
+}
+
 void add_extrema(OpDb& db) {
   for (const char* op : {"aten::amax", "aten::amin"}) {
     add(db, op, [](SampleGen& g) {
@@ -307,6 +329,7 @@ void add_scans(OpDb& db) {
 
 void add_reduction_samples(OpDb& db) {
   add_sum_mean_prod(db);
+  add_out_overloads(db);
   add_extrema(db);
   add_logical(db);
   add_moments(db);
