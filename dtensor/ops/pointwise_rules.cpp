@@ -4,8 +4,9 @@
 // A Partial tensor is a sum (or avg) of per-rank values. An op may keep it Partial only when
 // it is linear in that input: f(a1 + a2) = f(a1) + f(a2). add/sub are linear in all operands
 // together (every operand Partial); mul is linear in any ONE operand (the others replicated);
-// div, neg, clone, the *_backward ops are linear in their first operand. Adding a scalar, relu,
-// exp, comparisons... are not: a Partial input is reduced first.
+// div, neg, clone, the *_backward ops are linear in their first operand, and so is
+// masked_fill with the value 0 (the norm and std backward formulas use it in place). Adding a
+// scalar, relu, exp, comparisons... are not: a Partial input is reduced first.
 #include "dtensor/ops/registry.h"
 
 #include <c10/core/ScalarType.h>
@@ -131,6 +132,15 @@ const bool registered = [] {
   // div with a rounding mode rounds: not linear.
   reg({"aten::div.Tensor_mode", "aten::div_.Tensor_mode", "aten::div.Scalar_mode", "aten::div_.Scalar_mode"},
       Linear::kNone);
+  // masked_fill(self, mask, 0) zeroes positions: linear in self (a non-zero value is not).
+  for (const char* n : {"aten::masked_fill.Scalar", "aten::masked_fill_.Scalar"}) {
+    register_rule(n, [](const OpCall& c) {
+      const c10::IValue& v = c.args.size() > 2 ? c.args[2].value : c10::IValue();
+      const bool zero = (v.isDouble() && v.toDouble() == 0) || (v.isInt() && v.toInt() == 0) ||
+                        (v.isBool() && !v.toBool());
+      return pointwise_options(c, zero ? Linear::kFirst : Linear::kNone);
+    });
+  }
   // A cast is linear between floating dtypes; rounding to an integer dtype is not.
   register_rule("aten::_to_copy", [](const OpCall& c) {
     const bool floating = c.output_meta.empty() || at::isFloatingType(c.output_meta[0].dtype) ||

@@ -125,12 +125,21 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   call.mesh = &*mesh;
   // The written argument of in-place / out= ops.
   int written_arg = -1;
+  int written_dtensors = 0;
   for (const auto& r : schema.returns())
     if (r.alias_info() && r.alias_info()->isWrite())
       for (size_t i = 0; i < n_args; ++i) {
         const auto& ai = schema.arguments()[i].alias_info();
-        if (ai && ai->isWrite() && ai->beforeSets() == r.alias_info()->beforeSets()) written_arg = static_cast<int>(i);
+        if (ai && ai->isWrite() && ai->beforeSets() == r.alias_info()->beforeSets()) {
+          written_arg = static_cast<int>(i);
+          written_dtensors += call.args[i].kind == ops::ArgInfo::Kind::kDTensor ? 1 : 0;
+        }
       }
+  // One written DTensor is kept in place (its placements fixed, returned as is); several
+  // (max.dim_max, sort.values, ...) would need that for each, which propagation does not do.
+  TORCH_CHECK(written_dtensors <= 1, "DTensor: ", call.name, " writes ", written_dtensors,
+              " DTensor outputs; out= overloads with several outputs are not supported. Call the functional "
+              "overload and copy_ its results into the outputs");
   for (size_t k = 0; k < dargs.size(); ++k)
     if (static_cast<int>(dargs[k].arg) == written_arg && dargs[k].list_pos < 0) call.written_input = static_cast<int>(k);
 
