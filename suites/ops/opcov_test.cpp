@@ -32,11 +32,11 @@ CaseRecord rec(const std::string& op, const std::string& mesh, const std::string
 }
 
 std::vector<CaseRecord> sample_records() {
-  const std::string no_rule = "DTensor: operator aten::cumsum has no sharding rule (inputs: ...)";
+  const std::string no_rule = "DTensor: operator aten::cummax has no sharding rule (inputs: ...)";
   return {rec("aten::mul.Tensor", "1d", "fwd", "pass"),  rec("aten::mul.Tensor", "1d", "bwd", "pass"),
           rec("aten::mul.Tensor", "2d", "fwd", "pass"),  rec("aten::mul.Tensor", "2d", "bwd", "pass"),
-          rec("aten::cumsum", "1d", "fwd", "error", no_rule, "pass"),
-          rec("aten::cumsum", "1d", "bwd", "skip", "not checked on every placement: the forward failed (1 combinations)"),
+          rec("aten::cummax", "1d", "fwd", "error", no_rule, "pass"),
+          rec("aten::cummax", "1d", "bwd", "skip", "not checked on every placement: the forward failed (1 combinations)"),
           rec("aten::sort", "1d", "fwd", "fail", "output 0 (...): values differ: max abs diff 3"),
           rec("aten::sort", "1d", "bwd", "skip", "no differentiable output"),
           rec("aten::cholesky", "1d", "fwd", "error", "DTensor: operator aten::cholesky has no sharding rule", "fail")};
@@ -52,7 +52,7 @@ TEST(OpCoverage, EveryDispatcherOpGetsAStatus) {
   auto rows = opcov::classify_ops(sample_records());
   EXPECT_GT(rows.size(), 1500u);  // every aten overload of libtorch's dispatcher
   EXPECT_EQ(row_of(rows, "aten::mul.Tensor").status, "covered");
-  EXPECT_EQ(row_of(rows, "aten::cumsum").status, "fallback");
+  EXPECT_EQ(row_of(rows, "aten::cummax").status, "fallback");
   EXPECT_EQ(row_of(rows, "aten::sort").status, "failing");
   EXPECT_PRED2(contains, row_of(rows, "aten::sort").reason, "values differ");
   EXPECT_EQ(row_of(rows, "aten::cholesky").status, "no rule");
@@ -65,7 +65,7 @@ TEST(OpCoverage, EveryDispatcherOpGetsAStatus) {
 
 TEST(OpCoverage, ReasonClasses) {
   auto rs = sample_records();
-  EXPECT_EQ(opcov::reason_class(rs[4]), "no rule: aten::cumsum");
+  EXPECT_EQ(opcov::reason_class(rs[4]), "no rule: aten::cummax");
   EXPECT_EQ(opcov::reason_class(rs[6]), "wrong result");
   CaseRecord x = rs[6];
   x.status = "xfail";
@@ -112,7 +112,7 @@ TEST(OpCoverage, RendersMarkdownAndASelfContainedPage) {
 // The program, as the README runs it (small selection to stay fast).
 TEST(OpcovProgram, WritesTheThreeFilesWithStatuses) {
   testing::TempDir out;
-  auto run = testing::run_program(DTENSOR_OPCOV_PATH, {"--ops", "^aten::(mul\\.Tensor|cumsum)$", "--meshes", "1d",
+  auto run = testing::run_program(DTENSOR_OPCOV_PATH, {"--ops", "^aten::(mul\\.Tensor|cummax)$", "--meshes", "1d",
                                                        "--out", out.path(), "--quiet"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(out.entries(), (std::vector<std::string>{"coverage.json", "report.html", "summary.md"}));
@@ -120,7 +120,7 @@ TEST(OpcovProgram, WritesTheThreeFilesWithStatuses) {
   std::map<std::string, std::string> status;
   for (const auto& op : j.at("ops")) status[op.at("op")] = op.at("status");
   EXPECT_EQ(status.at("aten::mul.Tensor"), "covered");
-  EXPECT_EQ(status.at("aten::cumsum"), "fallback");  // no rule; its generated sample passes through the fallback
+  EXPECT_EQ(status.at("aten::cummax"), "fallback");  // no rule; its generated sample passes through the fallback
   EXPECT_EQ(status.at("aten::linalg_svd"), "no rule");
   EXPECT_PRED2(contains, run.output, "ops covered");
 }
