@@ -1,0 +1,16 @@
+// suites/testing/rank_modes.h: one test body run both as gloo processes and as threads.
+//
+//   class FooGloo : public dtensor::testing::MultiProcessTest {};
+//   class FooThreads : public dtensor::testing::MultiThreadedTest {};
+//   DTENSOR_TEST_BOTH(FooGloo, FooThreads, Behaviour) {   // `t` is the rank's fixture
+//     t.group().barrier();
+//   }
+#pragma once
+
+#include "harness/multi_rank_test.h"
+
+#define DTENSOR_TEST_BOTH(process_fixture, thread_fixture, name)                \
+  static void process_fixture##_##name##_body(::dtensor::testing::MultiRankTest& t); \
+  DTENSOR_TEST_F(process_fixture, name) { process_fixture##_##name##_body(*this); } \
+  DTENSOR_TEST_F(thread_fixture, name) { process_fixture##_##name##_body(*this); }  \
+  static void process_fixture##_##name##_body(::dtensor::testing::MultiRankTest& t)
