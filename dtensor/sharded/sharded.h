@@ -3,4 +3,5 @@
 #include "dtensor/sharded/api.h"
 #include "dtensor/sharded/metadata.h"
 #include "dtensor/sharded/sharded_tensor.h"
+#include "dtensor/sharded/sharding_plan.h"
 #include "dtensor/sharded/sharding_spec.h"
