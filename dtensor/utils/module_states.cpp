@@ -75,24 +75,31 @@ std::vector<Bucket> take_tensors(const std::vector<at::Tensor>& tensors, int64_t
   return closed;
 }
 
-void broadcast_bucket(comm::Group& group, Bucket& bucket, int src) {
-  if (bucket.tensors.size() == 1 && bucket.tensors[0].is_contiguous()) {
+int64_t numel_of(const Bucket& b) {
+  int64_t n = 0;
+  for (const auto& t : b.tensors) n += t.numel();
+  return n;
+}
+
+// A bucket of one contiguous tensor is broadcast in place; others go through a flat buffer.
+bool needs_staging(const Bucket& b) { return !(b.tensors.size() == 1 && b.tensors[0].is_contiguous()); }
+
+// One broadcast for the bucket: packed into `flat` (on src), broadcast, unpacked (elsewhere).
+void broadcast_bucket(comm::Group& group, Bucket& bucket, at::Tensor flat, int src) {
+  if (!needs_staging(bucket)) {
     group.broadcast(bucket.tensors[0], src);
     return;
   }
-  int64_t numel = 0;
-  for (const auto& t : bucket.tensors) numel += t.numel();
-  at::Tensor flat;
-  if (group.rank() == src) {
-    std::vector<at::Tensor> pieces;
-    for (const auto& t : bucket.tensors) pieces.push_back(t.reshape({-1}));
-    flat = at::cat(pieces);
-  } else {
-    flat = at::empty({numel}, at::TensorOptions().dtype(bucket.key.dtype).device(bucket.key.device));
-  }
-  group.broadcast(flat, src);
-  if (group.rank() == src) return;
+  const bool is_src = group.rank() == src;
   int64_t offset = 0;
+  if (is_src)
+    for (const auto& t : bucket.tensors) {
+      flat.narrow(0, offset, t.numel()).view(t.sizes()).copy_(t);
+      offset += t.numel();
+    }
+  group.broadcast(flat, src);
+  if (is_src) return;
+  offset = 0;
   for (auto& t : bucket.tensors) {
     t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
     offset += t.numel();
@@ -136,7 +143,28 @@ void broadcast_coalesced(comm::Group& group, const std::vector<at::Tensor>& tens
                 "; only dense tensors can be broadcast");
   }
   at::NoGradGuard no_grad;
-  for (Bucket& b : take_tensors(tensors, buffer_size)) broadcast_bucket(group, b, src);
+  std::vector<Bucket> buckets = take_tensors(tensors, buffer_size);
+  // One staging buffer per dtype and device, as large as the largest bucket that needs one,
+  // reused by every bucket (fresh memory is paid for in page faults, so allocate it once).
+  std::vector<std::pair<BucketKey, at::Tensor>> staging;
+  for (const Bucket& b : buckets) {
+    if (!needs_staging(b)) continue;
+    auto it = std::find_if(staging.begin(), staging.end(), [&](const auto& s) { return s.first == b.key; });
+    if (it == staging.end()) {
+      staging.emplace_back(b.key, at::Tensor());
+      it = std::prev(staging.end());
+    }
+    if (!it->second.defined() || it->second.numel() < numel_of(b))
+      it->second = at::empty({numel_of(b)}, at::TensorOptions().dtype(b.key.dtype).device(b.key.device));
+  }
+  for (Bucket& b : buckets) {
+    at::Tensor flat;
+    if (needs_staging(b)) {
+      auto it = std::find_if(staging.begin(), staging.end(), [&](const auto& s) { return s.first == b.key; });
+      flat = it->second.narrow(0, 0, numel_of(b));
+    }
+    broadcast_bucket(group, b, flat, src);
+  }
 }
 
 void sync_params_and_buffers(comm::Group& group, const std::vector<at::Tensor>& module_states,

@@ -361,6 +361,12 @@ DTENSOR_TEST_BOTH(UtilsGloo, UtilsThreads, BroadcastCoalescedNonContiguousAndMix
     EXPECT_TRUE(at::equal(ints, at::full({5}, 1, at::kInt)));
     EXPECT_TRUE(at::equal(more, at::full({2}, 10, at::kFloat)));
   }
+  // Several multi-tensor buckets of one dtype share one staging buffer: [a, b, c] (20 bytes),
+  // then [d, e].
+  std::vector<at::Tensor> small;
+  for (int64_t n : {1, 1, 3, 1, 2}) small.push_back(at::full({n}, r * 10 + n, at::kFloat));
+  utils::broadcast_coalesced(t.group(), small, 16, 3);
+  for (const auto& s : small) EXPECT_TRUE(at::equal(s, at::full_like(s, 30 + s.numel()))) << s;
   utils::sync_params_and_buffers(t.group(), {}, 16, 0);  // nothing to do, no collective
 }
 
