@@ -9,12 +9,10 @@
 //     (default 250 MiB buckets, and 25 MiB), versus one broadcast per tensor.
 //
 //   build/benchmarks/sharded_benchmark --benchmark_repetitions=5 --benchmark_report_aggregates_only
+#include "benchmarks/process_bench.h"
 #include "dtensor/comm/comm.h"
 #include "dtensor/sharded/sharded.h"
 #include "dtensor/utils/module_states.h"
-#include "harness/internal/launcher.h"
-#include "harness/main.h"
-#include "harness/multi_rank_test.h"
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -22,8 +20,6 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
 
-#include <algorithm>
-#include <regex>
 
 namespace dtensor {
 namespace {
@@ -126,18 +122,7 @@ class Runner {
 class ShardedBench : public testing::MultiProcessTest {};
 void process_body(testing::MultiRankTest& t, Case c) {
   Runner runner(c, t);
-  runner.run();  // warm-up
-  std::vector<double> ms;
-  for (int i = 0; i < kProcessIters; ++i) {
-    t.group().barrier();
-    auto t0 = std::chrono::steady_clock::now();
-    runner.run();
-    t.group().barrier();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  if (t.rank() == 0) std::printf("BENCH_MS %.4f\n", ms[ms.size() / 2]);
-  std::fflush(stdout);
+  bench::report_median_ms(t, kProcessIters, [&] { runner.run(); });
 }
 #define BENCH_BODY(c) \
   DTENSOR_TEST_F(ShardedBench, c) { process_body(*this, c); }
@@ -151,20 +136,9 @@ BENCH_BODY(kSyncBucketed25MiB)
 BENCH_BODY(kSyncPerTensor)
 
 void BM_Processes(benchmark::State& state) {
-  const std::string id = std::string("ShardedBench.k") + case_name(static_cast<int>(state.range(0)));
-  const std::chrono::milliseconds timeout(300000);
-  for (auto _ : state) {
-    std::string stacks;
-    auto outs = testing::internal::worker_pool(kWorld, "gloo", timeout).run(id, timeout, &stacks);
-    std::smatch m;
-    if (!outs[0].result || outs[0].result->failed() ||
-        !std::regex_search(outs[0].output, m, std::regex("BENCH_MS ([0-9.]+)"))) {
-      state.SkipWithError(("rank 0 failed: " + outs[0].output).c_str());
-      break;
-    }
-    state.SetIterationTime(std::stod(m[1]) / 1000.0);
-  }
-  state.SetLabel(case_name(static_cast<int>(state.range(0))));
+  const int c = static_cast<int>(state.range(0));
+  bench::run_in_worker_pool(state, kWorld, std::string("ShardedBench.k") + case_name(c));
+  state.SetLabel(case_name(c));
 }
 BENCHMARK(BM_Processes)->DenseRange(0, kNumCases - 1)->ArgName("case")->Unit(benchmark::kMillisecond)
     ->UseManualTime()->Iterations(1);
@@ -172,12 +146,4 @@ BENCHMARK(BM_Processes)->DenseRange(0, kNumCases - 1)->ArgName("case")->Unit(ben
 }  // namespace
 }  // namespace dtensor
 
-int main(int argc, char** argv) {
-  return dtensor::testing::main_with_harness(argc, argv, [](int& ac, char** av) {
-    benchmark::Initialize(&ac, av);
-    if (benchmark::ReportUnrecognizedArguments(ac, av)) return 1;
-    benchmark::RunSpecifiedBenchmarks();
-    benchmark::Shutdown();
-    return 0;
-  });
-}
+int main(int argc, char** argv) { return dtensor::bench::main(argc, argv); }

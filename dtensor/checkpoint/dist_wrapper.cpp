@@ -99,7 +99,8 @@ json DistWrapper::scatter_json(const std::optional<std::vector<json>>& objects) 
   std::vector<json> payloads;
   if (is_coordinator_) {
     const int world = get_world_size();
-    const std::string who = "DistWrapper.scatter_object: the coordinator (rank " + std::to_string(coordinator_rank_) + ")";
+    const std::string who =
+        "DistWrapper.scatter_object: the coordinator (rank " + std::to_string(coordinator_rank_) + ")";
     if (!objects) {
       payloads.assign(world, caller_error(who + " passed no object list"));
     } else if (static_cast<int>(objects->size()) != world) {

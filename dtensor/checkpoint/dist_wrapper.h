@@ -107,8 +107,9 @@ class DistWrapper {
   auto all_reduce(const std::string& step, MapFn&& map_fun, ReduceFn&& reduce_fun) const {
     using T = std::decay_t<std::invoke_result_t<MapFn&>>;
     using R = std::decay_t<std::invoke_result_t<ReduceFn&, std::vector<T>>>;
-    nlohmann::json result = all_reduce_json(
-        step, json_map(map_fun), [&](std::vector<nlohmann::json> all) { return nlohmann::json(reduce_fun(decode_all<T>(all))); });
+    nlohmann::json result = all_reduce_json(step, json_map(map_fun), [&](std::vector<nlohmann::json> all) {
+      return nlohmann::json(reduce_fun(decode_all<T>(all)));
+    });
     return decode<R>(result);
   }
 

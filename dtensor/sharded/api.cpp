@@ -72,7 +72,8 @@ ShardedTensor shard_tensor_checked(const at::Tensor& tensor, const ShardingSpec&
                 " does not match with sharding_spec=", entry["spec_str"].get<std::string>(), " on rank: ", idx);
   }
   for (size_t idx = 1; idx < all.size(); ++idx)
-    TORCH_CHECK(all[idx]["sizes"] == all[0]["sizes"] && all[idx]["dtype"] == all[0]["dtype"], op, ": ", what, " has size ", sizes_str(all[idx]["sizes"].get<std::vector<int64_t>>()), " and dtype ",
+    TORCH_CHECK(all[idx]["sizes"] == all[0]["sizes"] && all[idx]["dtype"] == all[0]["dtype"], op, ": ", what,
+                " has size ", sizes_str(all[idx]["sizes"].get<std::vector<int64_t>>()), " and dtype ",
                 all[idx]["dtype"].get<std::string>(), " on rank: ", idx, ", but size ",
                 sizes_str(all[0]["sizes"].get<std::vector<int64_t>>()), " and dtype ",
                 all[0]["dtype"].get<std::string>(), " on rank: 0 (every rank passes a tensor of the same size and ",
@@ -101,7 +102,8 @@ std::pair<std::string, std::string> rpartition(const std::string& name) {
 
 // True when `path` is `root` or inside it ("net.0" is inside "net", "net1" is not).
 bool inside(const std::string& path, const std::string& root) {
-  return path == root || (path.size() > root.size() && path.compare(0, root.size(), root) == 0 && path[root.size()] == '.');
+  return path == root ||
+         (path.size() > root.size() && path.compare(0, root.size(), root) == 0 && path[root.size()] == '.');
 }
 
 // The error shard_parameter raises for parameter `name` of `module`, or "" when it can be sharded.
@@ -210,8 +212,8 @@ nlohmann::json validate_plan(torch::nn::Module& module, const ShardingPlan& plan
   if (plan.output_plan) {
     for (const auto& [path, spec] : *plan.output_plan) {
       TORCH_CHECK(spec != nullptr, "Only `ShardingSpec` is supported as output_plan for '", path, "'");
-      TORCH_CHECK(dynamic_cast<const ChunkShardingSpec*>(spec.get()),
-                  "output_plan for '", path, "': only ChunkShardingSpec outputs can be resharded, got ", spec->to_string());
+      TORCH_CHECK(dynamic_cast<const ChunkShardingSpec*>(spec.get()), "output_plan for '", path,
+                  "': only ChunkShardingSpec outputs can be resharded, got ", spec->to_string());
       get_submodule(module, path);
       fingerprint.push_back({"output:" + path, spec->to_json()});
     }
@@ -263,7 +265,8 @@ nn::RemovableHandle reshard_output(torch::nn::Module& module, std::shared_ptr<co
         const auto meta = chunk->build_metadata(out.sizes().vec(), {});
         const std::vector<int> order = placement_group_ranks(meta.shards_metadata, *mesh.world());
         const at::Tensor mesh_ranks = mesh.mesh().flatten();
-        std::vector<int> mesh_order(mesh_ranks.data_ptr<int64_t>(), mesh_ranks.data_ptr<int64_t>() + mesh_ranks.numel());
+        std::vector<int> mesh_order(mesh_ranks.data_ptr<int64_t>(),
+                                    mesh_ranks.data_ptr<int64_t>() + mesh_ranks.numel());
         std::vector<int> sorted_order = order, sorted_mesh = mesh_order;
         std::sort(sorted_order.begin(), sorted_order.end());
         std::sort(sorted_mesh.begin(), sorted_mesh.end());

@@ -85,7 +85,8 @@ int64_t box_numel(const std::pair<std::vector<int64_t>, std::vector<int64_t>>& b
 }
 
 // The part [lo, hi) (global coordinates) of `t`, the tensor of shard `m`.
-at::Tensor box_of(at::Tensor t, const ShardMetadata& m, const std::vector<int64_t>& lo, const std::vector<int64_t>& hi) {
+at::Tensor box_of(at::Tensor t, const ShardMetadata& m, const std::vector<int64_t>& lo,
+                  const std::vector<int64_t>& hi) {
   for (size_t d = 0; d < lo.size(); ++d)
     t = t.narrow(static_cast<int64_t>(d), lo[d] - m.shard_offsets()[d], hi[d] - lo[d]);
   return t;
@@ -122,7 +123,8 @@ Shard::Shard(at::Tensor tensor_, ShardMetadata metadata_) : tensor(std::move(ten
 }
 
 Shard Shard::from_tensor_and_offsets(const at::Tensor& tensor, std::vector<int64_t> shard_offsets, int rank) {
-  return Shard(tensor, ShardMetadata(std::move(shard_offsets), tensor.sizes().vec(), RemoteDevice(rank, tensor.device())));
+  return Shard(tensor,
+               ShardMetadata(std::move(shard_offsets), tensor.sizes().vec(), RemoteDevice(rank, tensor.device())));
 }
 
 // ---- construction ------------------------------------------------------------------------------
@@ -303,7 +305,8 @@ void ShardedTensor::gather(int dst, const std::optional<at::Tensor>& out) const 
   }
   // 3. One gather of the flat buffers.
   at::NoGradGuard no_grad;
-  const c10::Device device = state_->local_shards.empty() ? c10::Device(c10::kCPU) : state_->local_shards[0].tensor.device();
+  const c10::Device device =
+      state_->local_shards.empty() ? c10::Device(c10::kCPU) : state_->local_shards[0].tensor.device();
   at::Tensor data = at::empty({max_numel}, at::TensorOptions().dtype(dtype()).device(device));
   for (size_t k = 0; k < state_->local_shards.size(); ++k) {
     const size_t i = state_->local_index[k];
@@ -327,7 +330,8 @@ void ShardedTensor::gather(int dst, const std::optional<at::Tensor>& out) const 
 at::Tensor ShardedTensor::gather(int dst) const {
   std::optional<at::Tensor> out;
   if (state_->group->rank() == dst) {
-    const c10::Device device = state_->local_shards.empty() ? c10::Device(c10::kCPU) : state_->local_shards[0].tensor.device();
+    const c10::Device device =
+        state_->local_shards.empty() ? c10::Device(c10::kCPU) : state_->local_shards[0].tensor.device();
     out = at::empty(size(), at::TensorOptions().dtype(dtype()).device(device));
   }
   gather(dst, out);
@@ -351,33 +355,30 @@ ShardedTensor& ShardedTensor::reshard(const ShardingSpec& spec) {
   const std::vector<int> old_owner = placement_group_ranks(old_md, g);
   const std::vector<int> new_owner = placement_group_ranks(new_md, g);
   std::vector<const at::Tensor*> old_local(old_md.size(), nullptr);
-  for (size_t k = 0; k < state_->local_shards.size(); ++k) old_local[state_->local_index[k]] = &state_->local_shards[k].tensor;
+  for (size_t k = 0; k < state_->local_shards.size(); ++k)
+    old_local[state_->local_index[k]] = &state_->local_shards[k].tensor;
 
   // 2. The pieces where an old shard of the sender meets a new shard of the receiver, in the
-  //    order (receiver, new shard, old shard) on both sides.
+  //    order (other rank, new shard, old shard) on both sides: fn(other, j, i, box) for each
+  //    piece this rank sends to (`sending`) or receives from `other`.
   at::NoGradGuard no_grad;
   const int n = g.size(), me = g.rank();
+  auto for_each_piece = [&](bool sending, const auto& fn) {
+    for (int other = 0; other < n; ++other)
+      for (size_t j = 0; j < new_md.size(); ++j) {
+        if (new_owner[j] != (sending ? other : me)) continue;
+        for (size_t i = 0; i < old_md.size(); ++i)
+          if (old_owner[i] == (sending ? me : other))
+            if (auto box = intersect(old_md[i], new_md[j])) fn(other, j, i, *box);
+      }
+  };
   std::vector<int64_t> send_counts(n, 0), recv_counts(n, 0);
   std::vector<at::Tensor> send_pieces;
-  for (int q = 0; q < n; ++q)
-    for (size_t j = 0; j < new_md.size(); ++j) {
-      if (new_owner[j] != q) continue;
-      for (size_t i = 0; i < old_md.size(); ++i) {
-        if (old_owner[i] != me) continue;
-        if (auto box = intersect(old_md[i], new_md[j])) {
-          at::Tensor piece = box_of(*old_local[i], old_md[i], box->first, box->second).reshape({-1});
-          send_counts[q] += piece.numel();
-          send_pieces.push_back(piece);
-        }
-      }
-    }
-  for (int p = 0; p < n; ++p)
-    for (size_t j = 0; j < new_md.size(); ++j) {
-      if (new_owner[j] != me) continue;
-      for (size_t i = 0; i < old_md.size(); ++i)
-        if (old_owner[i] == p)
-          if (auto box = intersect(old_md[i], new_md[j])) recv_counts[p] += box_numel(*box);
-    }
+  for_each_piece(true, [&](int q, size_t, size_t i, const auto& box) {
+    send_pieces.push_back(box_of(*old_local[i], old_md[i], box.first, box.second).reshape({-1}));
+    send_counts[q] += send_pieces.back().numel();
+  });
+  for_each_piece(false, [&](int p, size_t, size_t, const auto& box) { recv_counts[p] += box_numel(box); });
   const auto opts = at::TensorOptions().dtype(dtype()).device(
       state_->local_shards.empty() ? c10::Device(c10::kCPU) : state_->local_shards[0].tensor.device());
   const int64_t total_recv = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
@@ -394,18 +395,11 @@ ShardedTensor& ShardedTensor::reshard(const ShardingSpec& spec) {
   for (size_t j = 0; j < new_md.size(); ++j)
     if (new_owner[j] == me) fresh[j] = at::empty(new_md[j].shard_sizes(), opts.device(new_md[j].placement()->device()));
   int64_t offset = 0;
-  for (int p = 0; p < n; ++p)
-    for (size_t j = 0; j < new_md.size(); ++j) {
-      if (new_owner[j] != me) continue;
-      for (size_t i = 0; i < old_md.size(); ++i) {
-        if (old_owner[i] != p) continue;
-        if (auto box = intersect(old_md[i], new_md[j])) {
-          at::Tensor dst = box_of(fresh[j], new_md[j], box->first, box->second);
-          dst.copy_(received.narrow(0, offset, dst.numel()).view(dst.sizes()));
-          offset += dst.numel();
-        }
-      }
-    }
+  for_each_piece(false, [&](int, size_t j, size_t, const auto& box) {
+    at::Tensor dst = box_of(fresh[j], new_md[j], box.first, box.second);
+    dst.copy_(received.narrow(0, offset, dst.numel()).view(dst.sizes()));
+    offset += dst.numel();
+  });
   for (size_t j = 0; j < new_md.size(); ++j) {
     if (new_owner[j] != me) continue;
     fresh[j].set_requires_grad(next.tensor_properties.requires_grad);

@@ -65,7 +65,8 @@ TEST(DistWrapper, WithoutDistIsAWorldOfOne) {
 
 TEST(DistWrapper, WithoutDistStillReportsFailures) {
   DistWrapper dist(nullptr, false, 0);
-  auto e = checkpoint_error_of([&] { dist.all_gather("write", []() -> int { throw std::out_of_range("disk full"); }); });
+  auto e =
+      checkpoint_error_of([&] { dist.all_gather("write", []() -> int { throw std::out_of_range("disk full"); }); });
   ASSERT_TRUE(e);
   EXPECT_EQ(e->step(), "write");
   EXPECT_EQ(failing_ranks(*e), std::vector<int>{0});
@@ -81,14 +82,7 @@ TEST(DistWrapper, WithoutDistStillReportsFailures) {
 
 // ---- 4 ranks ---------------------------------------------------------------------------------------
 
-class DistWrapperGloo : public testing::MultiProcessTest {
- protected:
-  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(120); }
-};
-class DistWrapperThreads : public testing::MultiThreadedTest {
- protected:
-  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(120); }
-};
+DTENSOR_RANK_FIXTURES(DistWrapperGloo, DistWrapperThreads);
 
 DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, ObjectCollectives) {
   const int r = t.rank();

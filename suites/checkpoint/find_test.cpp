@@ -29,7 +29,8 @@ TEST(FindTensorShard, PlainTensorsAreFoundOnlyAtTheOrigin) {
 }
 
 TEST(FindStateDictObject, ObjectsAndMissingNames) {
-  checkpoint::StateDict sd{{"step", c10::IValue(int64_t{7})}, {"w", at::ones({2})}, {"boxed", c10::IValue(at::zeros({3}))}};
+  checkpoint::StateDict sd{
+      {"step", c10::IValue(int64_t{7})}, {"w", at::ones({2})}, {"boxed", c10::IValue(at::zeros({3}))}};
   EXPECT_EQ(std::get<c10::IValue>(checkpoint::find_state_dict_object(sd, MetadataIndex("step"))).toInt(), 7);
   EXPECT_TRUE(std::get<at::Tensor>(checkpoint::find_state_dict_object(sd, MetadataIndex("w", {{0}}))).is_same(
       std::get<at::Tensor>(sd.at("w"))));
@@ -41,8 +42,7 @@ TEST(FindStateDictObject, ObjectsAndMissingNames) {
                "FQN: 'step' is not a ShardedTensor, can't find by offset: '[0]'");
 }
 
-class FindGloo : public testing::MultiProcessTest {};
-class FindThreads : public testing::MultiThreadedTest {};
+DTENSOR_RANK_FIXTURES(FindGloo, FindThreads);
 
 DTENSOR_TEST_BOTH(FindGloo, FindThreads, ShardsOfShardedTensorsAndDTensors) {
   const int r = t.rank();
@@ -50,7 +50,8 @@ DTENSOR_TEST_BOTH(FindGloo, FindThreads, ShardsOfShardedTensorsAndDTensors) {
   for (int i = 0; i < 8; ++i) placements.emplace_back("rank:" + std::to_string(i % 4) + "/cpu");
   const at::Tensor full = at::arange(16, at::kFloat).view({8, 2});
   // Two shards per rank: rows r and r + 4.
-  sharded::ShardedTensor st = sharded::shard_tensor(full, sharded::ChunkShardingSpec(0, {"rank:0/cpu", "rank:1/cpu", "rank:2/cpu", "rank:3/cpu"}));
+  sharded::ShardedTensor st = sharded::shard_tensor(
+      full, sharded::ChunkShardingSpec(0, {"rank:0/cpu", "rank:1/cpu", "rank:2/cpu", "rank:3/cpu"}));
   st.reshard(sharded::ChunkShardingSpec(0, placements));
   const std::vector<int64_t> second{r + 4, 0};
   EXPECT_TRUE(at::equal(checkpoint::find_tensor_shard(st, MetadataIndex("w", second)), full[r + 4].unsqueeze(0)));

@@ -33,14 +33,7 @@ std::shared_ptr<const ChunkShardingSpec> chunk(int64_t dim, std::vector<int> ran
 // The same input on every rank.
 at::Tensor input() { return at::arange(80, at::kFloat).view({8, 10}) / 40.0 - 1.0; }
 
-class ShardModuleGloo : public testing::MultiProcessTest {
- protected:
-  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(120); }
-};
-class ShardModuleThreads : public testing::MultiThreadedTest {
- protected:
-  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(120); }
-};
+DTENSOR_RANK_FIXTURES(ShardModuleGloo, ShardModuleThreads);
 
 // A Linear whose weight holds `value + row index` (so ranks can start with different values).
 torch::nn::Linear linear_filled(double value) {
@@ -91,8 +84,9 @@ DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, ShardParameterErrorsReach
   EXPECT_FALSE(is_dtensor(lin->weight));
   torch::nn::Linear fine = linear_filled(0);
   torch::nn::ReLU relu;
-  EXPECT_PRED2(contains,
-               error_of([&] { sharded::shard_parameter(r == 2 ? static_cast<torch::nn::Module&>(*relu) : *fine, "weight", *chunk(0)); }),
+  EXPECT_PRED2(contains, error_of([&] {
+                 sharded::shard_parameter(r == 2 ? static_cast<torch::nn::Module&>(*relu) : *fine, "weight", *chunk(0));
+               }),
                "shard_parameter: rank 2: torch::nn::ReLUImpl has no attribute `weight`");
   sharded::shard_parameter(*fine, "weight", *chunk(1));
   EXPECT_PRED2(contains, error_of([&] { sharded::shard_parameter(*fine, "weight", *chunk(1)); }),

@@ -83,7 +83,8 @@ TEST(ShardMetadata, OverlapAndCoverageChecks) {
                "shards do not cover the entire tensor");
   EXPECT_PRED2(contains, error_of([&] { sharded::check_tensor({a, b}, {3, 4}); }),
                "Shard offset 2 and length 2 exceeds tensor dim: 3 for shard");
-  EXPECT_PRED2(contains, error_of([&] { sharded::check_tensor({a}, {8}); }), "Rank of tensor is 1, but shards rank is 2");
+  EXPECT_PRED2(contains, error_of([&] { sharded::check_tensor({a}, {8}); }),
+               "Rank of tensor is 1, but shards rank is 2");
 }
 
 TEST(ChunkShardingSpec, BuildMetadataFollowsTorchChunk) {
@@ -106,7 +107,8 @@ TEST(ChunkShardingSpec, BuildMetadataFollowsTorchChunk) {
 }
 
 TEST(ChunkShardingSpec, EqualityStringAndJson) {
-  EXPECT_EQ(chunk(0).to_string(), "ChunkShardingSpec(dim=0, placements=[rank:0/cpu, rank:1/cpu, rank:2/cpu, rank:3/cpu])");
+  EXPECT_EQ(chunk(0).to_string(),
+            "ChunkShardingSpec(dim=0, placements=[rank:0/cpu, rank:1/cpu, rank:2/cpu, rank:3/cpu])");
   EXPECT_EQ(chunk(0), chunk(0));
   EXPECT_NE(chunk(0), chunk(1));
   EXPECT_NE(chunk(0), chunk(0, {3, 2, 1, 0}));
@@ -140,14 +142,7 @@ TEST(Shard, ChecksItsTensorAgainstItsMetadata) {
 
 // ---- 4 ranks ------------------------------------------------------------------------------------
 
-class ShardedGloo : public testing::MultiProcessTest {
- protected:
-  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(120); }
-};
-class ShardedThreads : public testing::MultiThreadedTest {
- protected:
-  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(120); }
-};
+DTENSOR_RANK_FIXTURES(ShardedGloo, ShardedThreads);
 
 // Only `src`'s values count: other ranks pass a tensor of the same shape filled with -1.
 at::Tensor input_on(const testing::MultiRankTest& t, int src, int64_t rows, int64_t cols) {
@@ -192,10 +187,13 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ShardTensorChecksEveryRankBeforeM
   if (r == 3)
     EXPECT_PRED2(contains, src_err, "src_rank=1 on rank: 3 does not match with src_rank=0 on rank: 0");
   else
-    EXPECT_PRED2(contains, src_err, "src_rank=0 on rank: " + std::to_string(r) + " does not match with src_rank=1 on rank: 3");
+    EXPECT_PRED2(contains, src_err,
+                 "src_rank=0 on rank: " + std::to_string(r) + " does not match with src_rank=1 on rank: 3");
   // spec: rank 1 disagrees.
   const std::string spec_err = error_of([&] { sharded::shard_tensor(in, chunk(r == 1 ? 1 : 0)); });
-  EXPECT_PRED2(contains, spec_err, r == 1 ? "sharding_spec=ChunkShardingSpec(dim=1, " : "does not match with sharding_spec=ChunkShardingSpec(dim=1, ");
+  EXPECT_PRED2(contains, spec_err,
+               r == 1 ? "sharding_spec=ChunkShardingSpec(dim=1, "
+                      : "does not match with sharding_spec=ChunkShardingSpec(dim=1, ");
   // A non-contiguous tensor on one rank only.
   at::Tensor maybe_strided = r == 2 ? full_tensor_of(4, 8).t() : in;
   EXPECT_PRED2(contains, error_of([&] { sharded::shard_tensor(maybe_strided, chunk(0)); }),
@@ -220,8 +218,9 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ShardTensorSpecErrors) {
                "ChunkShardingSpec.shard: rank 1 holds several placements of");
   EXPECT_PRED2(contains, error_of([&] { sharded::shard_tensor(in, chunk(0, {0, 1, 2, 7})); }),
                "Global rank 7 does not exist in input process group: [0, 1, 2, 3]");
-  EXPECT_PRED2(contains,
-               error_of([&] { sharded::shard_tensor(in, ChunkShardingSpec(0, {"w0/cpu", "w1/cpu", "w2/cpu", "w3/cpu"})); }),
+  EXPECT_PRED2(contains, error_of([&] {
+                 sharded::shard_tensor(in, ChunkShardingSpec(0, {"w0/cpu", "w1/cpu", "w2/cpu", "w3/cpu"}));
+               }),
                "RPC framework needs to be initialized for using worker names: w0");
   EXPECT_PRED2(contains, error_of([&] { sharded::shard_tensor(in, chunk(2)); }), "Invalid sharding dim: 2");
   EXPECT_PRED2(contains, error_of([&] { sharded::shard_tensor(in, chunk(0), 4); }),
@@ -253,8 +252,9 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, GatherOutputMistakesRaiseOnTheirR
   // dst 0 passes nothing: rank 0 raises after the gather; the others return.
   const std::string missing = error_of([&] { st.gather(0, std::nullopt); });
   EXPECT_PRED2(contains, missing,
-               r == 0 ? "ShardedTensor.gather on rank 0: Argument ``dst_tensor`` must be specified on destination rank 0"
-                      : "<no error>");
+               r == 0
+                   ? "ShardedTensor.gather on rank 0: Argument ``dst_tensor`` must be specified on destination rank 0"
+                   : "<no error>");
   std::optional<at::Tensor> out;
   if (r == 0) out = at::zeros({4, 4});
   EXPECT_PRED2(contains, error_of([&] { st.gather(0, out); }),
@@ -285,8 +285,9 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ReshardMovesDataToTheNewLayout) {
   // Two shards per rank (eight placements), then back to one.
   st.reshard(ChunkShardingSpec(0, cpu_ranks({0, 1, 2, 3, 0, 1, 2, 3})));
   ASSERT_EQ(st.local_shards().size(), 2u);
-  EXPECT_PRED2(contains, error_of([&] { st.local_tensor(); }),
-               "ShardedTensor.local_tensor: only works with exactly one local shard, rank " + std::to_string(r) + " has 2");
+  EXPECT_PRED2(
+      contains, error_of([&] { st.local_tensor(); }),
+      "ShardedTensor.local_tensor: only works with exactly one local shard, rank " + std::to_string(r) + " has 2");
   EXPECT_TRUE(at::equal(st.local_shards()[0].tensor, chunk_piece(full, 8, 0, r)));
   EXPECT_TRUE(at::equal(st.local_shards()[1].tensor, chunk_piece(full, 8, 0, r + 4)));  // rows 8, then empty
   at::Tensor gathered = st.gather(2);
@@ -304,7 +305,8 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ReshardRefusesSpecsThatDifferAcro
 
 // Rank r's rows [2r, 2r + 2) of an [8, 3] tensor, as a Shard placed on rank r.
 sharded::Shard rows_of(int r, at::ScalarType dtype = at::kFloat) {
-  return sharded::Shard::from_tensor_and_offsets(full_tensor_of(8, 3).narrow(0, 2 * r, 2).to(dtype).clone(), {2 * r, 0}, r);
+  return sharded::Shard::from_tensor_and_offsets(full_tensor_of(8, 3).narrow(0, 2 * r, 2).to(dtype).clone(), {2 * r, 0},
+                                                 r);
 }
 
 DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, InitFromLocalShardsBuildsGlobalMetadata) {
@@ -372,11 +374,15 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, InitFromLocalShardsErrorsReachEve
                "the local shards of rank 2 are invalid: Local shards' tensor dtype property need to be the same on "
                "rank:2! Found one local shard tensor dtype=Float, the other local shard tensor dtype=Double.");
   at::Tensor strided = at::zeros({3, 2}).t();
-  auto noncontig = r == 0 ? sharded::Shard(strided, ShardMetadata({0, 0}, {2, 3}, RemoteDevice("rank:0/cpu"))) : rows_of(r);
-  EXPECT_PRED2(contains, init({noncontig}),
-               "the local shards of rank 0 are invalid: Only torch.contiguous_format memory_format is currently supported!");
-  auto outside = r == 0 ? sharded::Shard(at::zeros({2, 3}), ShardMetadata({0, 0}, {2, 3}, RemoteDevice("rank:9/cpu"))) : rows_of(r);
-  EXPECT_PRED2(contains, init({outside}), "the local shards of rank 0 are invalid: Global rank 9 does not exist in input process group");
+  auto noncontig =
+      r == 0 ? sharded::Shard(strided, ShardMetadata({0, 0}, {2, 3}, RemoteDevice("rank:0/cpu"))) : rows_of(r);
+  EXPECT_PRED2(
+      contains, init({noncontig}),
+      "the local shards of rank 0 are invalid: Only torch.contiguous_format memory_format is currently supported!");
+  auto outside = r == 0 ? sharded::Shard(at::zeros({2, 3}), ShardMetadata({0, 0}, {2, 3}, RemoteDevice("rank:9/cpu")))
+                        : rows_of(r);
+  EXPECT_PRED2(contains, init({outside}),
+               "the local shards of rank 0 are invalid: Global rank 9 does not exist in input process group");
   // Still usable afterwards.
   EXPECT_EQ(ShardedTensor::init_from_local_shards({rows_of(r)}, {8, 3}).local_tensor().size(0), 2);
 }
@@ -385,7 +391,8 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, InitFromGlobalMetadataValidatesLo
   const int r = t.rank();
   const auto meta = chunk(0).build_metadata({8, 3}, {});
   auto init = [&](std::vector<sharded::Shard> shards, sharded::ShardedTensorMetadata m) {
-    return error_of([&] { ShardedTensor::init_from_local_shards_and_global_metadata(std::move(shards), std::move(m)); });
+    return error_of(
+        [&] { ShardedTensor::init_from_local_shards_and_global_metadata(std::move(shards), std::move(m)); });
   };
   EXPECT_EQ(init({rows_of(r)}, meta), "<no error>");
   EXPECT_PRED2(contains, init({}, meta),
@@ -394,8 +401,10 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, InitFromGlobalMetadataValidatesLo
   // A shard the global metadata does not list for this rank.
   auto other_rows = sharded::Shard::from_tensor_and_offsets(at::zeros({2, 3}), {(2 * r + 2) % 8, 0}, r);
   EXPECT_PRED2(contains, init({other_rows}, meta),
-               "Local shard ShardMetadata(shard_offsets=[" + std::to_string((2 * r + 2) % 8) + ", 0], shard_sizes=[2, 3], "
-               "placement=rank:" + std::to_string(r) + "/cpu) on rank " + std::to_string(r) +
+               "Local shard ShardMetadata(shard_offsets=[" + std::to_string((2 * r + 2) % 8) +
+                   ", 0], shard_sizes=[2, 3], "
+                   "placement=rank:" +
+                   std::to_string(r) + "/cpu) on rank " + std::to_string(r) +
                    " is not one of this rank's shards in the global metadata");
   // Wrong size: the shard agrees with its own metadata, not with the global one.
   auto short_rows = sharded::Shard::from_tensor_and_offsets(at::zeros({1, 3}), {2 * r, 0}, r);
@@ -407,7 +416,8 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, InitFromGlobalMetadataValidatesLo
                    ": tensor property dtype=Float, local shard tensor dtype=Double");
   auto grad = rows_of(r);
   grad.tensor.requires_grad_();
-  EXPECT_PRED2(contains, init({grad}, meta), "tensor property requires_grad=False, local shard tensor requires_grad=True");
+  EXPECT_PRED2(contains, init({grad}, meta),
+               "tensor property requires_grad=False, local shard tensor requires_grad=True");
   auto empty = meta;
   empty.shards_metadata.clear();
   EXPECT_PRED2(contains, init({}, empty), "shards_metadata must not be empty!");
@@ -446,8 +456,9 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ConvertsToAndFromDTensor) {
   ShardedTensor st = sharded::shard_tensor(full, chunk(0));
   EXPECT_TRUE(at::equal(full_tensor(st.to_dtensor(&mesh)), full));
   ShardedTensor reversed = sharded::shard_tensor(full, chunk(0, {3, 2, 1, 0}));
-  EXPECT_PRED2(contains, error_of([&] { reversed.to_dtensor(&mesh); }),
-               "ShardedTensor.to_dtensor: DeviceMesh('cpu', [0, 1, 2, 3]) is not the 1-D mesh of the spec's ranks [3, 2, 1, 0]");
+  EXPECT_PRED2(
+      contains, error_of([&] { reversed.to_dtensor(&mesh); }),
+      "ShardedTensor.to_dtensor: DeviceMesh('cpu', [0, 1, 2, 3]) is not the 1-D mesh of the spec's ranks [3, 2, 1, 0]");
   // Requires grad: the DTensor is a leaf that does.
   at::Tensor leaf = sharded::shard_tensor(full.clone().requires_grad_(), chunk(0)).to_dtensor(&mesh);
   EXPECT_TRUE(leaf.requires_grad());
@@ -485,8 +496,9 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, LoadWithProcessGroupSetsTheLoadin
     }
     // Outside the guard the default group is used, where this rank's rank differs.
     EXPECT_EQ(sharded::get_current_process_group().get(), comm::default_group().get());
-    EXPECT_PRED2(contains, error_of([&] { ShardedTensor::from_state(saved); }),
-                 "Local rank at save time was " + std::to_string(r - 2) + ", but at load time was " + std::to_string(r));
+    EXPECT_PRED2(
+        contains, error_of([&] { ShardedTensor::from_state(saved); }),
+        "Local rank at save time was " + std::to_string(r - 2) + ", but at load time was " + std::to_string(r));
     auto moved = saved;
     moved.global_world_size = 8;
     sharded::LoadWithProcessGroupGuard guard(pair);

@@ -60,7 +60,8 @@ TEST(UnpackKwargs, TooManyKeys) {
 // ---- apply_to_tensors / cast / recursive_to ------------------------------------------------
 
 c10::IValue make_object(const at::Tensor& t, int64_t n) {
-  auto type = c10::ClassType::create(c10::QualifiedName("dtensor_test.Point"), std::weak_ptr<torch::jit::CompilationUnit>());
+  auto type =
+      c10::ClassType::create(c10::QualifiedName("dtensor_test.Point"), std::weak_ptr<torch::jit::CompilationUnit>());
   type->addAttribute("t", c10::TensorType::get());
   type->addAttribute("n", c10::IntType::get());
   auto obj = c10::ivalue::Object::create(type, 2);
@@ -207,7 +208,8 @@ TEST(FreeStorage, RefusesStorageItCannotResize) {
   EXPECT_PRED2(contains, error_of([&] { utils::free_storage(blob); }),
                "free_storage: the tensor's storage is not resizable");
   at::Tensor sparse = at::ones({2}).to_sparse();
-  EXPECT_PRED2(contains, error_of([&] { utils::alloc_storage(sparse, {2}); }), "alloc_storage: the tensor has no storage");
+  EXPECT_PRED2(contains, error_of([&] { utils::alloc_storage(sparse, {2}); }),
+               "alloc_storage: the tensor has no storage");
   EXPECT_FALSE(utils::data_ptr_allocated(sparse));
 }
 
@@ -246,14 +248,7 @@ TEST(ReplaceByPrefix, RejectsEqualPrefixes) {
 
 // ---- across ranks ------------------------------------------------------------------------------
 
-class UtilsGloo : public testing::MultiProcessTest {
- protected:
-  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(120); }
-};
-class UtilsThreads : public testing::MultiThreadedTest {
- protected:
-  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(120); }
-};
+DTENSOR_RANK_FIXTURES(UtilsGloo, UtilsThreads);
 
 DTENSOR_TEST_BOTH(UtilsGloo, UtilsThreads, VerifyParamShapeAcceptsEqualShapes) {
   utils::verify_param_shape_across_processes(t.group(), {at::zeros({4, 3}), at::zeros({3})}, {"w", "b"});
@@ -270,8 +265,9 @@ DTENSOR_TEST_BOTH(UtilsGloo, UtilsThreads, VerifyParamShapeNamesFirstMismatch) {
                "params");
   // Sizes: ranks 1 and 3 differ; rank 1 is the first.
   at::Tensor w = (r == 1 || r == 3) ? at::zeros({3, 4}) : at::zeros({4, 3});
-  EXPECT_PRED2(contains,
-               error_of([&] { utils::verify_param_shape_across_processes(t.group(), {at::zeros({3}), w}, {"b", "w"}); }),
+  EXPECT_PRED2(contains, error_of([&] {
+                 utils::verify_param_shape_across_processes(t.group(), {at::zeros({3}), w}, {"b", "w"});
+               }),
                "params[1] ('w') on rank 1 has sizes [3, 4], strides [4, 1], dtype Float, which do not match sizes "
                "[4, 3], strides [3, 1], dtype Float of the same param on rank 0");
   // Strides (a transposed view) and dtypes count too.
