@@ -21,6 +21,9 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <mutex>
+#include <unordered_set>
+
 namespace dtensor {
 
 namespace {
@@ -162,10 +165,27 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       op.callBoxed(ms);
       return ms;
     };
+    // NOTE: a c10::Error records a symbolised backtrace (~1 ms with libtorch's ~285 shared
+    // libraries), so an op whose meta run failed once goes straight to the CPU run after that.
+    static std::mutex no_meta_mu;
+    static std::unordered_set<std::string> no_meta;
+    bool try_meta;
+    {
+      std::lock_guard<std::mutex> lk(no_meta_mu);
+      try_meta = no_meta.count(call.name) == 0;
+    }
     torch::jit::Stack ms;
-    try {
-      ms = run_on(/*meta=*/true);
-    } catch (const c10::Error&) {
+    bool have_meta = false;
+    if (try_meta) {
+      try {
+        ms = run_on(/*meta=*/true);
+        have_meta = true;
+      } catch (const c10::Error&) {
+        std::lock_guard<std::mutex> lk(no_meta_mu);
+        no_meta.insert(call.name);
+      }
+    }
+    if (!have_meta) {
       try {
         ms = run_on(/*meta=*/false);
       } catch (const c10::Error& e) {
@@ -181,6 +201,7 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   };
   ops::OutputSharding sharding = ops::propagate(call, infer_meta);
   call.output_meta = sharding.output_meta;  // on a cache hit, propagate did not infer them
+  if (sharding.replicate_fallback) ops::note_replicate_fallback_use();
 
   // 3. Redistribute inputs; local tensors onto the stack.
   std::vector<at::Tensor> written_dtensor;
@@ -226,6 +247,9 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                           " outputs but the op returned more");
     const size_t k = out_idx++;
     if (!local.defined()) return local;
+    if (sharding.output_shape_from_local)  // Replicate outputs: the local tensor is the global one
+      return make_dtensor(local, DTensorSpec(*mesh, sharding.outputs[k],
+                                             TensorMeta{local.sizes().vec(), local.strides().vec(), local.scalar_type()}));
     return make_dtensor(local, DTensorSpec(*mesh, sharding.outputs[k], sharding.output_meta[k]));
   };
   for (size_t r = 0; r < n_ret; ++r) {
