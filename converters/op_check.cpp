@@ -4,6 +4,7 @@
 #include "dtensor/comm/group.h"
 #include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
+#include "dtensor/tensor/random.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -12,6 +13,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -140,6 +142,25 @@ bool written_is_partial(const DTensorConverter& converter, int64_t slot) {
   return false;
 }
 
+// NOTE: [Seeded random samples]
+void seed_generator_args(const std::vector<c10::IValue>& args, uint64_t seed) {
+  for (const auto& v : args) {
+    if (!v.isGenerator()) continue;
+    at::Generator g = v.toGenerator();
+    std::lock_guard<std::mutex> lk(g.mutex());
+    g.set_current_seed(seed);
+  }
+}
+
+std::vector<c10::IValue> call_plain(const BoxedOp& op, std::vector<c10::IValue> args, const OpCheckOptions& o) {
+  if (!o.rng_seed) return op(std::move(args));
+  static std::mutex default_generator_mu;  // rank threads share the default generator
+  std::lock_guard<std::mutex> lk(default_generator_mu);
+  seed_generator_args(args, *o.rng_seed);
+  at::manual_seed(*o.rng_seed);
+  return op(std::move(args));
+}
+
 std::vector<at::Tensor> grad_inputs(const std::vector<c10::IValue>& args) {
   std::vector<at::Tensor> out;
   for (const at::Tensor& t : detail::flatten_tensors(args))
@@ -176,7 +197,7 @@ OpCheckResult check_op(const DeviceMesh& mesh, const std::string& op_name, const
     base = fresh_args(same, with_grad);
     plain_in = fresh_args(base, with_grad);
     try {
-      plain_out = op(plain_in);
+      plain_out = call_plain(op, plain_in, options);
       expected = detail::flatten_tensors(plain_out);
       break;
     } catch (const std::exception& e) {
@@ -235,6 +256,10 @@ OpCheckResult check_op(const DeviceMesh& mesh, const std::string& op_name, const
     std::vector<c10::IValue> dt_inputs_holder = converted;  // keeps the DTensor inputs alive
     std::vector<c10::IValue> out;
     std::string threw;
+    if (options.rng_seed) {  // NOTE: [Seeded random samples]
+      seed_generator_args(converted, *options.rng_seed);
+      dtensor::manual_seed(*options.rng_seed, mesh);
+    }
     try {
       out = op(std::move(converted));
     } catch (const comm::CollectiveError&) {
@@ -396,6 +421,7 @@ OpCheckResult check_sample(const DeviceMesh& mesh, const OpInfo& info, const OpS
   if (sample.atol) o.atol = *sample.atol;
   o.backward = options.backward && sample.backward;
   o.compare_values = options.compare_values && sample.compare_values;
+  if (sample.rng_seed) o.rng_seed = sample.rng_seed;
   std::vector<c10::IValue> args;
   try {
     args = boxed_args(handle.schema(), sample.args, sample.kwargs);

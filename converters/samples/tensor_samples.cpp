@@ -9,10 +9,10 @@ namespace testing {
 namespace samples {
 
 void add_tensor_samples(OpDb& db) {
-  auto like = [](bool values, bool int_dtype = true) {
-    return [values, int_dtype](SampleGen& g) {
-      Samples s{OpSample("even", {g.tensor({8, 4})}), OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble)})};
-      if (int_dtype) s.push_back(OpSample("to_int", {g.tensor({8, 4})}).kw("dtype", at::kLong));
+  auto like = [](bool values) {
+    return [values](SampleGen& g) {
+      Samples s{OpSample("even", {g.tensor({8, 4})}), OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble)}),
+                OpSample("to_int", {g.tensor({8, 4})}).kw("dtype", at::kLong)};
       if (!values)
         for (auto& x : s) x.shape_only();
       return s;
@@ -21,8 +21,6 @@ void add_tensor_samples(OpDb& db) {
   db.add("aten::zeros_like", "tensor", like(true));
   db.add("aten::ones_like", "tensor", like(true));
   db.add("aten::empty_like", "tensor", like(false));
-  db.add("aten::rand_like", "tensor", like(false, false));  // random values: shapes only
-  db.add("aten::randn_like", "tensor", like(false, false));
   db.add("aten::full_like", "tensor", [](SampleGen& g) {
     return Samples{OpSample("even", {g.tensor({8, 4}), 2.5}), OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble), -1})};
   });

@@ -36,6 +36,9 @@ size_t ivalue_hash(const c10::IValue& v) {
   if (v.isInt()) return std::hash<int64_t>()(v.toInt());
   if (v.isBool()) return std::hash<bool>()(v.toBool()) + 7;
   if (v.isDouble()) return std::hash<double>()(v.toDouble());
+  // Which generator an op draws from does not change its sharding (and printing one would
+  // make every generator object a new cache entry).
+  if (v.isGenerator()) return 0x6e6e;
   if (v.isIntList()) {
     size_t h = 0x1234;
     for (auto x : v.toIntVector()) h = combine(h, std::hash<int64_t>()(x));
@@ -199,6 +202,7 @@ OutputSharding propagate(OpCall& call, const std::function<std::vector<TensorMet
   best.cost = best_cost;
   best.rewrite = entry->rewrite;
   best.output_shape_from_local = entry->options.output_shape_from_local;
+  best.random = entry->options.random;
   if (best.output_shape_from_local)
     for (const auto& out : best.outputs)
       for (const auto& p : out)

@@ -68,6 +68,11 @@ struct RuleOptions {
   // inferred from stand-in tensors would be wrong, so each call takes the global metadata
   // from the local result. Only valid when every output is Replicate (the rule must say so).
   bool output_shape_from_local = false;
+  // The op draws random numbers (NOTE: [Random ops on DTensors], dtensor/tensor/random.h): the
+  // dispatcher runs it on global stand-ins with the mesh's RNG tracker so that every placement
+  // gives the single-device values, instead of on the local tensors. The rule's options must
+  // place no output Partial unless it is linear in a Partial input (dropout).
+  bool random = false;
 };
 
 // Registers a rule for "aten::name.overload" (or "aten::name" for every overload without a
@@ -85,6 +90,7 @@ struct OutputSharding {
   LocalArgRewrite rewrite;
   bool replicate_fallback = false;  // NOTE: [Replicate fallback]
   bool output_shape_from_local = false;  // RuleOptions
+  bool random = false;                   // RuleOptions
 };
 
 // NOTE: [Replicate fallback]

@@ -18,8 +18,8 @@ const bool registered = [] {
       o.push_back({{Replicate{}}, {Partial(op)}});
     return o;
   };
-  for (const char* n : {"aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like",
-                        "aten::rand_like", "aten::randn_like"})
+  // (rand_like / randn_like: random_rules.cpp.)
+  for (const char* n : {"aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like"})
     register_rule(n, like);
   // copy_(self, src): src takes self's layout (the engine keeps self's placements).
   register_rule("aten::copy_", [](const OpCall& c) {

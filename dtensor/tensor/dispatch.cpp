@@ -8,14 +8,17 @@
 //   2. Propagate sharding (dtensor/ops): the cheapest strategy and the outputs' global metadata
 //      (from a run on meta tensors, cached with the strategy).
 //   3. Redistribute inputs to the strategy's placements and put the local tensors on the stack.
-//   4. Run the op on local tensors, below this key and below autograd.
+//   4. Run the op on local tensors, below this key and below autograd; a random op runs on
+//      global stand-ins with the RNG tracker instead (NOTE: [Random ops on DTensors]).
 //   5. Wrap outputs as DTensors; in-place/out= returns give back the DTensor that was written.
 #include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/tensor/dtensor_impl.h"
+#include "dtensor/tensor/random.h"
 #include "dtensor/tensor/redistribute.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -168,10 +171,21 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
           for (auto& s : a.list) l.push_back(stand_in(s));
           ms[i] = l;
         }
+        // Inferring shapes must not draw from the caller's generator (or the default one).
+        const auto& type = schema.arguments()[i].type();
+        if (ms[i].isGenerator() || (ms[i].isNone() && type->kind() == c10::TypeKind::OptionalType &&
+                                    type->expectRef<c10::OptionalType>().getElementType()->kind() ==
+                                        c10::TypeKind::GeneratorType))
+          ms[i] = at::detail::createCPUGenerator();
       }
       c10::impl::ExcludeDispatchKeyGuard no_dtensor(kDTensorKey);
       at::AutoDispatchBelowADInplaceOrView below;
-      op.callBoxed(ms);
+      // Random ops without a Generator argument (native_dropout has no meta kernel either) are
+      // inferred through their re-expression, which takes one.
+      if (detail::has_random_reexpression(call.name))
+        detail::run_random_reexpression(call.name, &ms, 0, at::detail::createCPUGenerator());
+      else
+        op.callBoxed(ms);
       return ms;
     };
     // NOTE: a c10::Error records a symbolised backtrace (~1 ms with libtorch's ~285 shared
@@ -240,11 +254,18 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     for (size_t i = 0; i < n_args; ++i) (*stack)[begin + i] = std::move(args[i]);
   }
 
-  // 4. The local op.
+  // 4. The local op (a random op: NOTE: [Random ops on DTensors]).
   {
     c10::impl::ExcludeDispatchKeyGuard no_dtensor(kDTensorKey);
     at::AutoDispatchBelowADInplaceOrView below;
-    op.callBoxed(stack);
+    if (sharding.random) {
+      std::vector<detail::RandomOpInput> random_inputs;
+      for (size_t k = 0; k < dargs.size(); ++k)
+        random_inputs.push_back({dargs[k].arg, dargs[k].list_pos, sharding.inputs[k], &call.inputs[k]->tensor_meta});
+      detail::run_random_op(op, stack, begin, *mesh, random_inputs, sharding.outputs, written_arg);
+    } else {
+      op.callBoxed(stack);
+    }
   }
 
   // 5. Wrap outputs.

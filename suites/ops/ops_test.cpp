@@ -16,6 +16,7 @@
 #include "suites/testing/errors.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <c10/util/StringUtil.h>
@@ -147,6 +148,36 @@ DTENSOR_TEST_F(OpCheck, CapsCombinationsEvenlyAndAlwaysTriesReplicate) {
   EXPECT_EQ(r.total_combinations, 16);
   EXPECT_EQ(r.forward.combinations, 5);
   EXPECT_EQ(r.forward.status, CheckStatus::kPass) << r.forward.reason;
+}
+
+// NOTE: [Seeded random samples]: with a seed, a random op matches on every placement; without
+// one the plain and DTensor calls start from different generator states, which is caught.
+DTENSOR_TEST_F(OpCheck, SeedsTheGeneratorsOfRandomOps) {
+  auto mesh = build_device_mesh();
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::bernoulli", "p");
+  const std::vector<c10::IValue> args = {at::ones({8, 4}), 0.5, c10::IValue()};  // draws from the default / tracker
+  auto o = partial_and_uneven();
+  auto unseeded = testing::check_op(mesh, op, args, o);
+  EXPECT_EQ(unseeded.forward.status, CheckStatus::kFail);
+  EXPECT_PRED2(contains, unseeded.forward.reason, "values differ");
+  o.rng_seed = 99;
+  auto seeded = testing::check_op(mesh, op, args, o);
+  EXPECT_EQ(seeded.forward.status, CheckStatus::kPass) << seeded.forward.reason;
+  EXPECT_EQ(seeded.forward.passed, 4);  // Replicate, Shard(0), Shard(1), Partial
+}
+
+DTENSOR_TEST_F(OpCheck, ReseedsAGeneratorArgumentBeforeEveryCall) {
+  auto mesh = build_device_mesh();
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::normal", "Tensor_float");
+  // This rank's own generator: the plain call would leave it advanced for the DTensor calls.
+  const std::vector<c10::IValue> args = {at::zeros({5, 6}), 1.0, at::detail::createCPUGenerator(0)};
+  auto o = partial_and_uneven();
+  auto unseeded = testing::check_op(mesh, op, args, o);
+  EXPECT_EQ(unseeded.forward.status, CheckStatus::kFail);
+  o.rng_seed = 3;
+  auto seeded = testing::check_op(mesh, op, args, o);
+  EXPECT_EQ(seeded.forward.status, CheckStatus::kPass) << seeded.forward.reason;
+  EXPECT_EQ(seeded.forward.passed, seeded.forward.combinations);
 }
 
 // ---- the replicate fallback ------------------------------------------------------------------
@@ -349,6 +380,20 @@ TEST(OpDb, EveryOpWithAShardingRuleHasSamples) {
   }
   EXPECT_TRUE(missing.empty()) << "ops with a sharding rule but no samples in converters/samples: "
                                << c10::Join(", ", missing);
+}
+
+TEST(OpDb, RandomSamplesAreSeededAndGetTheirOwnGenerator) {
+  for (const auto* info : testing::ops_of_family(testing::op_db(), "random")) {
+    const bool reads_only = info->op == "aten::native_dropout_backward";  // not random itself
+    auto a = info->make_samples();
+    auto b = info->make_samples();
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].rng_seed.has_value(), !reads_only) << info->op << " " << a[i].variant;
+      for (size_t k = 0; k < a[i].kwargs.size(); ++k)
+        if (a[i].kwargs[k].second.isGenerator())  // a new object per make_samples (i.e. per rank)
+          EXPECT_NE(a[i].kwargs[k].second.toGenerator(), b[i].kwargs[k].second.toGenerator()) << info->op;
+    }
+  }
 }
 
 TEST(OpDb, SamplesAreDeterministicAndValid) {
