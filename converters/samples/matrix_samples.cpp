@@ -174,6 +174,14 @@ void add_matrix_samples(OpDb& db) {
   add_products(db);
   add_composites(db);
   add_attention(db);
+  // out= overloads are served by the functional rule (NOTE: [Rules of functional ops serve
+  // their out= overloads] in dtensor/ops/registry.cpp).
+  db.add("aten::mm.out", "matrix", [](SampleGen& g) {
+    return Samples{OpSample("even", {g.tensor({8, 4}), g.tensor({4, 8})}).kw("out", g.tensor({8, 8}))};
+  });
+  db.add("aten::bmm.out", "matrix", [](SampleGen& g) {
+    return Samples{OpSample("even", {g.tensor({4, 8, 4}), g.tensor({4, 4, 8})}).kw("out", g.tensor({4, 8, 8}))};
+  });
 }
 
 }  // namespace samples

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/hash.h>
 
+#include <algorithm>
 #include <limits>
 #include <mutex>
 #include <sstream>
@@ -160,10 +161,33 @@ OutputSharding propagate(OpCall& call, const std::function<std::vector<TensorMet
   const int64_t m = call.mesh->ndim();
   const size_t n_in = call.inputs.size();
   const size_t n_out = options[0].outputs.size();
+  // NOTE: [Rules of functional ops serve their out= overloads]
+  // A rule registered as "aten::x" also serves "aten::x.out" and the like, whose out= tensors
+  // are extra DTensor inputs its options do not list: each takes the placement of the output
+  // it receives (the k-th out= argument is the k-th output).
+  const std::vector<size_t> outs = out_inputs(call);
+  for (auto& o : options) {
+    if (outs.empty() || o.inputs.size() + outs.size() != n_in) continue;
+    std::vector<Placement> full;
+    size_t operand = 0;
+    for (size_t j = 0; j < n_in; ++j) {
+      const auto it = std::find(outs.begin(), outs.end(), j);
+      if (it == outs.end()) {
+        full.push_back(o.inputs[operand++]);
+      } else {
+        const auto k = static_cast<size_t>(it - outs.begin());
+        TORCH_CHECK(k < o.outputs.size(), "DTensor: ", call.name, " writes ", outs.size(),
+                    " out= tensors but its rule describes ", o.outputs.size(), " outputs");
+        full.push_back(o.outputs[k]);
+      }
+    }
+    o.inputs = std::move(full);
+  }
   for (auto& o : options)
-    TORCH_INTERNAL_ASSERT(o.inputs.size() == n_in && o.outputs.size() == n_out, "rule of ", call.name,
-                          " gave an option with ", o.inputs.size(), " inputs and ", o.outputs.size(),
-                          " outputs; expected ", n_in, " and ", n_out);
+    TORCH_CHECK(o.inputs.size() == n_in && o.outputs.size() == n_out, "DTensor: the sharding rule of ", call.name,
+                " gave an option for ", o.inputs.size(), " DTensor inputs and ", o.outputs.size(),
+                " outputs, but the call has ", n_in, " and ", n_out,
+                " (a rule registered for the functional op does not fit this overload; register one for it)");
   std::vector<size_t> idx(static_cast<size_t>(m), 0);
   OutputSharding best;
   double best_cost = std::numeric_limits<double>::infinity();
