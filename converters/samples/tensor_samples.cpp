@@ -1,5 +1,5 @@
 // converters/samples/tensor_samples.cpp: samples of the tensor-creating, joining and copying
-// ops (*_like, new_*, cat, stack, roll, flip, tril/triu, contiguous, copy_) and the ops that
+// ops (*_like, new_*, cat, stack, roll, flip, contiguous, copy_) and the ops that
 // return plain values (equal, is_nonzero, item). The indexing ops are in index_samples.cpp.
 #include "converters/samples/samples.h"
 
@@ -77,12 +77,6 @@ void add_tensor_samples(OpDb& db) {
     return Samples{OpSample("rows", {g.tensor({8, 4}), IL{0}}), OpSample("3d_neg", {g.tensor({2, 4, 6}), IL{-1, 0}}),
                    OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble), IL{1}})};
   });
-  // tril/triu on shards: the diagonal is moved into every shard's frame.
-  auto triangle = [](SampleGen& g) {
-    return Samples{OpSample("main", {g.tensor({8, 4})}), OpSample("square_below", {g.tensor({8, 8}), -2}),
-                   OpSample("batched", {g.tensor({2, 4, 6}), 1}), OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble), 1})};
-  };
-  for (const char* op : {"aten::tril", "aten::triu", "aten::tril_", "aten::triu_"}) db.add(op, "tensor", triangle);
   // contiguous(memory_format) reaches the rules as clone(memory_format).
   db.add("aten::contiguous", "tensor", [](SampleGen& g) {
     return Samples{OpSample("channels_last", {g.tensor({2, 4, 4, 2})}).kw("memory_format", at::MemoryFormat::ChannelsLast),

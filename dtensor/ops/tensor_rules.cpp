@@ -1,5 +1,5 @@
 // dtensor/ops/tensor_rules.cpp: ops that build, join, reorder or copy whole tensors
-// (DESIGN.md D5): *_like and new_* factories, cat, stack, roll, flip, tril/triu, copy_, and the
+// (DESIGN.md D5): *_like and new_* factories, cat, stack, roll, flip, copy_, and the
 // ops that return plain values (item, equal) or data-dependent shapes (masked_select,
 // nonzero). The indexing ops (index_select, gather, scatter, index, index_put, index_add)
 // live in index_rules.cpp; the factories without a tensor input in dtensor/tensor/factory.cpp.
@@ -78,16 +78,6 @@ void rewrite_new_factory(std::vector<c10::IValue>& args, const OpCall& c, const 
   }
 }
 
-// tril/triu(diagonal) on a shard: local element (i, j) is global (i + row_offset,
-// j + col_offset), so the local call keeps the global diagonal with
-// diagonal + row_offset - col_offset.
-void rewrite_triangle(std::vector<c10::IValue>& args, const OpCall& c, const std::vector<std::vector<Placement>>& outs) {
-  const auto& shape = out_shape(c);
-  const size_t nd = shape.size();
-  const auto offset = compute_local_shape_and_global_offset(shape, *c.mesh, outs[0]).second;
-  args[1] = args[1].toInt() + offset[nd - 2] - offset[nd - 1];
-}
-
 const bool registered = [] {
   // *_like: the output has the input's layout; a Partial input gives a Replicate output (the
   // new values are not partial sums). No communication.
@@ -139,15 +129,6 @@ const bool registered = [] {
     for (int64_t d : arg_int_list(c, 1)) map[normalize_shard_dim(d, nd)] = -1;
     return mapped_options(map);
   });
-  // tril/triu keep every shard (the diagonal is moved to the shard's frame) and, writing zeros,
-  // every Partial.
-  auto triangle = [](const OpCall& c) {
-    const int64_t nd = c.inputs[0]->ndim();
-    std::vector<int64_t> map(static_cast<size_t>(nd));
-    for (int64_t d = 0; d < nd; ++d) map[d] = d;
-    return mapped_options(map);
-  };
-  for (const char* n : {"aten::tril", "aten::triu", "aten::tril_", "aten::triu_"}) register_rule(n, triangle, rewrite_triangle);
 
   // copy_(self, src): src takes self's layout (the engine keeps self's placements).
   register_rule("aten::copy_", [](const OpCall& c) {
