@@ -4,11 +4,15 @@
 // Autograd has already recorded the op when we get here (the key is below it). Steps:
 //   1. Read the schema's arguments off the stack; DTensors give specs, plain 0-dim tensors are
 //      scalars, any other plain tensor is an error naming the op (or Replicate inside an
-//      ImplicitReplicationGuard).
+//      ImplicitReplicationGuard). Lists: a Tensor[] holds DTensors only; the indices of a
+//      Tensor?[] (index, index_put) are arguments like any other (None entries stay None, and
+//      a plain index tensor is replicated only inside the guard).
 //   2. Propagate sharding (dtensor/ops): the cheapest strategy and the outputs' global metadata
 //      (from a run on meta tensors, cached with the strategy).
 //   3. Redistribute inputs to the strategy's placements and put the local tensors on the stack.
-//   4. Run the op on local tensors, below this key and below autograd.
+//   4. Run the op on local tensors, below this key and below autograd. An in-place view
+//      (squeeze_, ...) or an in-place indexing op that re-laid out its target updates the spec
+//      of the DTensor it wrote (RuleOptions::inplace_view, relayout_written).
 //   5. Wrap outputs as DTensors; in-place/out= returns give back the DTensor that was written.
 //
 // NOTE: [In-place writes through DTensor views]

@@ -232,6 +232,11 @@ DTENSOR_TEST_F(TensorRules, ABoolMaskGivesAReplicatedResultOfTheMasksShape) {
   EXPECT_EQ(y.sizes(), c10::IntArrayRef({11}));
   EXPECT_EQ(placements_of(y), std::vector<Placement>{Replicate{}});
   EXPECT_TRUE(at::equal(full_tensor(y), g.masked_select(mask)));
+  // x[mask] = -1 with a plain scalar value: no dim of x escapes the mask, so x is replicated
+  // (NOTE: [In-place indexing may re-lay out what it writes]).
+  x.index_put_(Indices({c10::optional<at::Tensor>(distribute_tensor(mask, mesh, {Shard{0}}))}), at::scalar_tensor(-1.0));
+  EXPECT_EQ(placements_of(x), std::vector<Placement>{Replicate{}});
+  EXPECT_TRUE(at::equal(full_tensor(x), g.masked_fill(mask, -1.0)));
 }
 
 // NOTE: [In-place indexing may re-lay out what it writes]
