@@ -1,9 +1,10 @@
 # Installable CMake package: find_package(dtensor_cpp) gives dtensor::dtensor (the library),
-# dtensor::harness (the gtest fixtures) and dtensor::harness_main (main() with the fork server).
+# dtensor::models (the reference models), dtensor::harness (the gtest fixtures) and
+# dtensor::harness_main (main() with the fork server).
 include(CMakePackageConfigHelpers)
 
 set(DTENSOR_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/dtensor_cpp)
-set(_dtensor_targets dtensor)
+set(_dtensor_targets dtensor dtensor_models)
 if(DTENSOR_BUILD_TESTS)
   set_target_properties(dtensor_harness PROPERTIES EXPORT_NAME harness)
   set_target_properties(dtensor_harness_main PROPERTIES EXPORT_NAME harness_main)
@@ -16,6 +17,7 @@ install(TARGETS ${_dtensor_targets} EXPORT dtensor_cppTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY dtensor DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
+install(DIRECTORY models DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
 if(DTENSOR_BUILD_TESTS)
   install(DIRECTORY harness DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
 endif()

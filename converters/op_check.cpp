@@ -4,6 +4,7 @@
 #include "dtensor/comm/group.h"
 #include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
+#include "dtensor/tensor/random.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -12,6 +13,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -124,12 +126,39 @@ bool any_rank(const DeviceMesh& mesh, bool failed) {
   return flag.item<int>() != 0;
 }
 
+// The by_placement key of the current combination: the first tensor's placements.
+std::string first_placement(const DTensorConverter& converter) {
+  if (converter.num_tensors() == 0) return "(no tensor)";
+  const std::vector<std::vector<Placement>> combination = converter.combination(converter.current_index());
+  const std::vector<Placement>& ps = combination[0];
+  return ps.size() == 1 ? dtensor::to_string(ps[0]) : dtensor::to_string(ps);
+}
+
 // Whether the written argument is Partial (on some mesh dim) in the current combination.
 bool written_is_partial(const DTensorConverter& converter, int64_t slot) {
   const std::vector<std::vector<Placement>> combination = converter.combination(converter.current_index());
   for (const Placement& p : combination[static_cast<size_t>(slot)])
     if (is_partial(p)) return true;
   return false;
+}
+
+// NOTE: [Seeded random samples]
+void seed_generator_args(const std::vector<c10::IValue>& args, uint64_t seed) {
+  for (const auto& v : args) {
+    if (!v.isGenerator()) continue;
+    at::Generator g = v.toGenerator();
+    std::lock_guard<std::mutex> lk(g.mutex());
+    g.set_current_seed(seed);
+  }
+}
+
+std::vector<c10::IValue> call_plain(const BoxedOp& op, std::vector<c10::IValue> args, const OpCheckOptions& o) {
+  if (!o.rng_seed) return op(std::move(args));
+  static std::mutex default_generator_mu;  // rank threads share the default generator
+  std::lock_guard<std::mutex> lk(default_generator_mu);
+  seed_generator_args(args, *o.rng_seed);
+  at::manual_seed(*o.rng_seed);
+  return op(std::move(args));
 }
 
 std::vector<at::Tensor> grad_inputs(const std::vector<c10::IValue>& args) {
@@ -168,7 +197,7 @@ OpCheckResult check_op(const DeviceMesh& mesh, const std::string& op_name, const
     base = fresh_args(same, with_grad);
     plain_in = fresh_args(base, with_grad);
     try {
-      plain_out = op(plain_in);
+      plain_out = call_plain(op, plain_in, options);
       expected = detail::flatten_tensors(plain_out);
       break;
     } catch (const std::exception& e) {
@@ -227,6 +256,10 @@ OpCheckResult check_op(const DeviceMesh& mesh, const std::string& op_name, const
     std::vector<c10::IValue> dt_inputs_holder = converted;  // keeps the DTensor inputs alive
     std::vector<c10::IValue> out;
     std::string threw;
+    if (options.rng_seed) {  // NOTE: [Seeded random samples]
+      seed_generator_args(converted, *options.rng_seed);
+      dtensor::manual_seed(*options.rng_seed, mesh);
+    }
     try {
       out = op(std::move(converted));
     } catch (const comm::CollectiveError&) {
@@ -244,12 +277,14 @@ OpCheckResult check_op(const DeviceMesh& mesh, const std::string& op_name, const
         ++result.forward.refused;
         continue;
       }
+      const std::string key = first_placement(converter);
+      ++result.forward.by_placement[key].second;
       note_failure(result.forward, CheckStatus::kError, where, threw.empty() ? "the op threw on another rank" : threw,
                    options);
-      if (check_backward) {
-        ++result.backward.combinations;
-        note_failure(result.backward, CheckStatus::kError, where, "forward threw", options);
-      }
+      // All ranks are in this branch; they stop together (NOTE: [Op check verdicts agree]).
+      if (options.stop_on_missing_rule &&
+          any_rank(mesh, threw.find("has no sharding rule") != std::string::npos))
+        break;
       continue;
     }
     // Forward: gather every output and compare.
@@ -296,16 +331,21 @@ OpCheckResult check_op(const DeviceMesh& mesh, const std::string& op_name, const
       }
     }
     if (any_rank(mesh, !why.empty()) && why.empty()) why = "the outputs differ on another rank";
-    if (why.empty()) ++result.forward.passed;
-    else note_failure(result.forward, CheckStatus::kFail, where, why, options);
+    const std::string key = first_placement(converter);
+    ++result.forward.by_placement[key].second;
+    if (why.empty()) {
+      ++result.forward.passed;
+      ++result.forward.by_placement[key].first;
+    } else {
+      note_failure(result.forward, CheckStatus::kFail, where, why, options);
+    }
     if (!check_backward) continue;
 
-    // Backward: the same output gradients flow back through full_tensor and the op.
+    // Backward: the same output gradients flow back through full_tensor and the op (only
+    // where the forward was right; see the end for what a failing forward means for it).
+    if (!why.empty()) continue;
     ++result.backward.combinations;
-    if (!why.empty()) {
-      note_failure(result.backward, CheckStatus::kFail, where, "forward was wrong", options);
-      continue;
-    }
+    ++result.backward.by_placement[key].second;
     std::string bwhy;
     try {
       std::vector<at::Tensor> diff;
@@ -333,12 +373,26 @@ OpCheckResult check_op(const DeviceMesh& mesh, const std::string& op_name, const
       note_failure(result.backward, CheckStatus::kError, where, bwhy.substr(7), options);
       continue;
     }
-    if (bwhy.empty()) ++result.backward.passed;
-    else note_failure(result.backward, CheckStatus::kFail, where, bwhy, options);
+    if (bwhy.empty()) {
+      ++result.backward.passed;
+      ++result.backward.by_placement[key].first;
+    } else {
+      note_failure(result.backward, CheckStatus::kFail, where, bwhy, options);
+    }
   }
 
   // 3. Combinations the converter could not build (a miss is a failure of the check).
   for (const std::string& e : converter.errors()) note_failure(result.forward, CheckStatus::kError, "", e, options);
+  // A backward that passed where it ran was not checked where the forward failed: it is not
+  // a verified backward.
+  if (check_backward && result.backward.status == CheckStatus::kPass &&
+      (result.forward.status == CheckStatus::kFail || result.forward.status == CheckStatus::kError)) {
+    result.backward.status = CheckStatus::kSkip;
+    result.backward.reason = "not checked on every placement: the forward failed (" +
+                             std::to_string(result.forward.combinations - result.forward.passed -
+                                            result.forward.refused) +
+                             " combinations)";
+  }
   return finish();
 }
 
@@ -367,6 +421,7 @@ OpCheckResult check_sample(const DeviceMesh& mesh, const OpInfo& info, const OpS
   if (sample.atol) o.atol = *sample.atol;
   o.backward = options.backward && sample.backward;
   o.compare_values = options.compare_values && sample.compare_values;
+  if (sample.rng_seed) o.rng_seed = sample.rng_seed;
   std::vector<c10::IValue> args;
   try {
     args = boxed_args(handle.schema(), sample.args, sample.kwargs);

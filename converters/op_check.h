@@ -25,6 +25,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +66,9 @@ struct DirectionResult {
   int64_t refused = 0;
   double max_error = 0;  // largest |actual - expected| among compared values
   std::vector<CombinationFailure> failures;  // the first few
+  // {passed, run} per placement of the first tensor argument ("Shard(dim=0)" on a 1-D mesh,
+  // "(Shard(dim=0), Replicate())" on a 2-D one): the op x placement grid of tools/opcov.
+  std::map<std::string, std::pair<int64_t, int64_t>> by_placement;
 };
 
 struct OpCheckOptions {
@@ -83,7 +88,25 @@ struct OpCheckOptions {
   bool replicate_fallback = false;
   // Seed of the random output gradients used for backward.
   uint64_t grad_seed = 20240;
+  // Stop at the first combination that fails for want of a sharding rule (every other one
+  // would fail alike): for surveys of ops without rules (tools/opcov).
+  bool stop_on_missing_rule = false;
+  // For random ops: seed every generator before every call (NOTE: [Seeded random samples]).
+  std::optional<uint64_t> rng_seed;
 };
+
+// NOTE: [Seeded random samples]
+// A random op gives the single-device values on DTensors when both start from the same
+// generator state (NOTE: [RNG tracker] in dtensor/tensor/random.h). With
+// OpCheckOptions::rng_seed set, the driver seeds with it
+//   - before the plain call: every at::Generator argument (set_current_seed) and libtorch's
+//     default CPU generator (at::manual_seed), holding one process-wide lock over seeding and
+//     call, since rank threads share the default generator;
+//   - before each DTensor call: every at::Generator argument and the mesh's RNG tracker
+//     (dtensor::manual_seed(seed, mesh), collective).
+// Forward values and gradients are then compared as for any op. A Generator argument must be
+// a distinct object on every rank (samples are made per rank, so one made in the sample
+// function is).
 
 struct OpCheckResult {
   std::string op;

@@ -87,6 +87,14 @@ struct OpSample {
     backward = false;
     return *this;
   }
+  // A random op: the driver seeds every generator the op may draw from with `seed` before the
+  // plain call and before each DTensor call, so that both start from the same state and the
+  // values are compared exactly (NOTE: [Seeded random samples] in op_check.h). A Generator
+  // argument must be made inside the sample function (each rank gets its own object).
+  OpSample& seeded(uint64_t seed) {
+    rng_seed = seed;
+    return *this;
+  }
 
   // Short name, unique within the op: "even", "uneven", "broadcast", "dim1_keepdim", "f64".
   std::string variant;
@@ -98,6 +106,8 @@ struct OpSample {
   // Check gradients too (when the op is differentiable in a floating input).
   bool backward = true;
   bool compare_values = true;
+  // seeded(): the seed of every generator (std::nullopt: not a random op).
+  std::optional<uint64_t> rng_seed;
 };
 
 using SampleFn = std::function<std::vector<OpSample>(SampleGen&)>;

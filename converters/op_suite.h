@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,8 +53,14 @@ struct CaseRecord {
   double duration_ms = 0;  // of the whole sample (both directions)
   int64_t combinations = 0;
   int64_t passed = 0;
+  int64_t refused = 0;  // DirectionResult::refused
+  // {passed, run} per placement of the first tensor argument (DirectionResult::by_placement).
+  std::map<std::string, std::pair<int64_t, int64_t>> by_placement;
   bool used_fallback = false;  // NOTE: [Replicate fallback] was needed
   bool generated = false;      // the sample came from the op's schema
+  // For a case that failed for want of a sharding rule: its status when run again through
+  // the replicate fallback ("" when not tried). Set by run_op_suite's retry option.
+  std::string fallback_status;
 };
 void to_json(nlohmann::json& j, const CaseRecord& r);
 void from_json(const nlohmann::json& j, CaseRecord& r);
@@ -68,11 +75,18 @@ std::optional<DeviceMesh> suite_mesh(const std::string& mesh_kind, comm::GroupPt
 
 std::vector<const OpInfo*> ops_of_family(const OpDb& db, const std::string& family);
 
+struct SuiteRunOptions {
+  // Called after each op with (ops done, ops total).
+  std::function<void(size_t, size_t)> progress;
+  // A sample that fails for want of a sharding rule runs again through the replicate
+  // fallback (a few combinations), to tell "fallback" from "no rule" (tools/opcov).
+  bool retry_with_fallback = false;
+};
+
 // Collective. Runs every sample of `ops` on `mesh`; two records per sample (fwd, bwd).
-// `progress` (optional) is called after each op with (ops done, ops total).
 std::vector<CaseRecord> run_op_suite(const DeviceMesh& mesh, const std::string& mesh_kind,
                                      const std::vector<const OpInfo*>& ops, const OpCheckOptions& options,
-                                     const std::function<void(size_t, size_t)>& progress = nullptr);
+                                     const SuiteRunOptions& run = {});
 
 // ---- expected failures -------------------------------------------------------------------------
 //

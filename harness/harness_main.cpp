@@ -7,6 +7,7 @@
 #include <c10/util/Logging.h>
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 
@@ -27,6 +28,8 @@ void install_stack_trace_policy() {
 
 int main_with_harness(int argc, char** argv, const std::function<int(int&, char**)>& body, bool fork_server) {
   install_stack_trace_policy();
+  // NOTE: [No SIGPIPE from a peer that is gone] (internal/launcher.cpp).
+  std::signal(SIGPIPE, SIG_IGN);
   // 1. A rank started by spawn: become that rank (never returns).
   if (const char* req = std::getenv("DTENSOR_RANK_REQUEST")) {
     auto request = nlohmann::json::parse(req).get<internal::RankRequest>();

@@ -167,6 +167,14 @@ void add_pointwise_samples(OpDb& db) {
     db.add(op, "pointwise", [](SampleGen& g) {
       return with_kwargs(tensor_scalar(g, Dom::kAny, 0.75), {{"rounding_mode", std::string("trunc")}});
     });
+  // out= variants: the out tensor is written, not an operand (a Partial out must not make
+  // the op take a replicated product as Partial: ldexp_ runs mul.out(self, 2^other, out=self)).
+  for (const char* op : {"aten::mul.out", "aten::add.out"})
+    db.add(op, "pointwise", [](SampleGen& g) {
+      return Samples{OpSample("even", {g.tensor({8, 4}), g.tensor({8, 4})}).kw("out", g.tensor({8, 4})),
+                     OpSample("broadcast", {g.tensor({8, 4}), g.tensor({4})}).kw("out", g.tensor({8, 4}))};
+    });
+  db.add("aten::ldexp_", "pointwise", [](SampleGen& g) { return binary(g, Dom::kAny, Dom::kSmall); });
   db.add("aten::pow_.Scalar", "pointwise", [](SampleGen& g) { return tensor_scalar(g, Dom::kPos, 2); });
   db.add("aten::pow_.Tensor", "pointwise", [](SampleGen& g) { return binary(g, Dom::kPos, Dom::kAny); });
   db.add("aten::polygamma_", "pointwise", [](SampleGen& g) {

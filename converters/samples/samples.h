@@ -19,6 +19,8 @@ void add_matrix_samples(OpDb& db);
 void add_view_samples(OpDb& db);
 void add_tensor_samples(OpDb& db);
 void add_index_samples(OpDb& db);
+void add_conv_samples(OpDb& db);
+void add_random_samples(OpDb& db);
 
 // ---- helpers shared by the sample files -------------------------------------------------------
 using Samples = std::vector<OpSample>;

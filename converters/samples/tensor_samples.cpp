@@ -1,5 +1,5 @@
 // converters/samples/tensor_samples.cpp: samples of the tensor-creating, joining and copying
-// ops (*_like, new_*, cat, stack, roll, flip, contiguous, copy_) and the ops that
+// ops (*_like, new_*, cat, stack, roll, contiguous, copy_) and the ops that
 // return plain values (equal, is_nonzero, item). The indexing ops are in index_samples.cpp.
 #include "converters/samples/samples.h"
 
@@ -10,10 +10,10 @@ namespace testing {
 namespace samples {
 
 void add_tensor_samples(OpDb& db) {
-  auto like = [](bool values, bool int_dtype = true) {
-    return [values, int_dtype](SampleGen& g) {
-      Samples s{OpSample("even", {g.tensor({8, 4})}), OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble)})};
-      if (int_dtype) s.push_back(OpSample("to_int", {g.tensor({8, 4})}).kw("dtype", at::kLong));
+  auto like = [](bool values) {
+    return [values](SampleGen& g) {
+      Samples s{OpSample("even", {g.tensor({8, 4})}), OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble)}),
+                OpSample("to_int", {g.tensor({8, 4})}).kw("dtype", at::kLong)};
       if (!values)
         for (auto& x : s) x.shape_only();
       return s;
@@ -22,8 +22,6 @@ void add_tensor_samples(OpDb& db) {
   db.add("aten::zeros_like", "tensor", like(true));
   db.add("aten::ones_like", "tensor", like(true));
   db.add("aten::empty_like", "tensor", like(false));
-  db.add("aten::rand_like", "tensor", like(false, false));  // random values: shapes only
-  db.add("aten::randn_like", "tensor", like(false, false));
   db.add("aten::full_like", "tensor", [](SampleGen& g) {
     return Samples{OpSample("even", {g.tensor({8, 4}), 2.5}), OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble), -1})};
   });
@@ -72,10 +70,6 @@ void add_tensor_samples(OpDb& db) {
   db.add("aten::roll", "tensor", [](SampleGen& g) {
     return Samples{OpSample("rows", {g.tensor({8, 4}), IL{2}, IL{0}}), OpSample("both", {g.tensor({8, 4}), IL{1, -1}, IL{0, 1}}),
                    OpSample("flat_f64", {g.tensor({5, 6}, at::kDouble), IL{3}})};
-  });
-  db.add("aten::flip", "tensor", [](SampleGen& g) {
-    return Samples{OpSample("rows", {g.tensor({8, 4}), IL{0}}), OpSample("3d_neg", {g.tensor({2, 4, 6}), IL{-1, 0}}),
-                   OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble), IL{1}})};
   });
   // contiguous(memory_format) reaches the rules as clone(memory_format).
   db.add("aten::contiguous", "tensor", [](SampleGen& g) {

@@ -4,12 +4,15 @@
 // A Partial tensor is a sum (or avg) of per-rank values. An op may keep it Partial only when
 // it is linear in that input: f(a1 + a2) = f(a1) + f(a2). add/sub are linear in all operands
 // together (every operand Partial); mul is linear in any ONE operand (the others replicated);
-// div, neg, clone, the *_backward ops are linear in their first operand. Adding a scalar, relu,
-// exp, comparisons... are not: a Partial input is reduced first.
+// div, neg, clone, the *_backward ops are linear in their first operand, and so is
+// masked_fill with the value 0 (the norm and std backward formulas use it in place). Adding a
+// scalar, relu, exp, comparisons... are not: a Partial input is reduced first.
 #include "dtensor/ops/registry.h"
 
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
+
+#include <algorithm>
 
 namespace dtensor {
 namespace ops {
@@ -35,6 +38,7 @@ std::vector<DimOption> pointwise_options(const OpCall& c, Linear lin) {
     opts.push_back(std::move(o));
   }
   // Partial options (NOTE: [Partial and linearity]).
+  const std::vector<size_t> outs = out_inputs(c);
   bool all_tensor_args_are_dtensors = true;
   for (size_t i = 0; i < c.args.size(); ++i) {
     const auto& a = c.args[i];
@@ -53,6 +57,7 @@ std::vector<DimOption> pointwise_options(const OpCall& c, Linear lin) {
         break;
       case Linear::kAnyOne:
         for (size_t j = 0; j < n_in; ++j) {
+          if (std::find(outs.begin(), outs.end(), j) != outs.end()) continue;  // not an operand
           DimOption o{std::vector<Placement>(n_out, p), std::vector<Placement>(n_in, Replicate{})};
           o.inputs[j] = p;
           opts.push_back(std::move(o));
@@ -66,6 +71,9 @@ std::vector<DimOption> pointwise_options(const OpCall& c, Linear lin) {
       }
     }
   }
+  // An out= tensor is written with the result: it takes the output's placement.
+  for (auto& o : opts)
+    for (size_t k : outs) o.inputs[k] = o.outputs[0];
   return opts;
 }
 
@@ -124,6 +132,15 @@ const bool registered = [] {
   // div with a rounding mode rounds: not linear.
   reg({"aten::div.Tensor_mode", "aten::div_.Tensor_mode", "aten::div.Scalar_mode", "aten::div_.Scalar_mode"},
       Linear::kNone);
+  // masked_fill(self, mask, 0) zeroes positions: linear in self (a non-zero value is not).
+  for (const char* n : {"aten::masked_fill.Scalar", "aten::masked_fill_.Scalar"}) {
+    register_rule(n, [](const OpCall& c) {
+      const c10::IValue& v = c.args.size() > 2 ? c.args[2].value : c10::IValue();
+      const bool zero = (v.isDouble() && v.toDouble() == 0) || (v.isInt() && v.toInt() == 0) ||
+                        (v.isBool() && !v.toBool());
+      return pointwise_options(c, zero ? Linear::kFirst : Linear::kNone);
+    });
+  }
   // A cast is linear between floating dtypes; rounding to an integer dtype is not.
   register_rule("aten::_to_copy", [](const OpCall& c) {
     const bool floating = c.output_meta.empty() || at::isFloatingType(c.output_meta[0].dtype) ||

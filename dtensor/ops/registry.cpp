@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/hash.h>
 
+#include <algorithm>
 #include <limits>
 #include <mutex>
 #include <sstream>
@@ -36,6 +37,9 @@ size_t ivalue_hash(const c10::IValue& v) {
   if (v.isInt()) return std::hash<int64_t>()(v.toInt());
   if (v.isBool()) return std::hash<bool>()(v.toBool()) + 7;
   if (v.isDouble()) return std::hash<double>()(v.toDouble());
+  // Which generator an op draws from does not change its sharding (and printing one would
+  // make every generator object a new cache entry).
+  if (v.isGenerator()) return 0x6e6e;
   if (v.isIntList()) {
     size_t h = 0x1234;
     for (auto x : v.toIntVector()) h = combine(h, std::hash<int64_t>()(x));
@@ -162,10 +166,33 @@ OutputSharding propagate(OpCall& call, const std::function<std::vector<TensorMet
   const int64_t m = call.mesh->ndim();
   const size_t n_in = call.inputs.size();
   const size_t n_out = options[0].outputs.size();
+  // NOTE: [Rules of functional ops serve their out= overloads]
+  // A rule registered as "aten::x" also serves "aten::x.out" and the like, whose out= tensors
+  // are extra DTensor inputs its options do not list: each takes the placement of the output
+  // it receives (the k-th out= argument is the k-th output).
+  const std::vector<size_t> outs = out_inputs(call);
+  for (auto& o : options) {
+    if (outs.empty() || o.inputs.size() + outs.size() != n_in) continue;
+    std::vector<Placement> full;
+    size_t operand = 0;
+    for (size_t j = 0; j < n_in; ++j) {
+      const auto it = std::find(outs.begin(), outs.end(), j);
+      if (it == outs.end()) {
+        full.push_back(o.inputs[operand++]);
+      } else {
+        const auto k = static_cast<size_t>(it - outs.begin());
+        TORCH_CHECK(k < o.outputs.size(), "DTensor: ", call.name, " writes ", outs.size(),
+                    " out= tensors but its rule describes ", o.outputs.size(), " outputs");
+        full.push_back(o.outputs[k]);
+      }
+    }
+    o.inputs = std::move(full);
+  }
   for (auto& o : options)
-    TORCH_INTERNAL_ASSERT(o.inputs.size() == n_in && o.outputs.size() == n_out, "rule of ", call.name,
-                          " gave an option with ", o.inputs.size(), " inputs and ", o.outputs.size(),
-                          " outputs; expected ", n_in, " and ", n_out);
+    TORCH_CHECK(o.inputs.size() == n_in && o.outputs.size() == n_out, "DTensor: the sharding rule of ", call.name,
+                " gave an option for ", o.inputs.size(), " DTensor inputs and ", o.outputs.size(),
+                " outputs, but the call has ", n_in, " and ", n_out,
+                " (a rule registered for the functional op does not fit this overload; register one for it)");
   std::vector<size_t> idx(static_cast<size_t>(m), 0);
   OutputSharding best;
   double best_cost = std::numeric_limits<double>::infinity();
@@ -212,6 +239,7 @@ OutputSharding propagate(OpCall& call, const std::function<std::vector<TensorMet
       (entry->options.output_shape_from_local_if && entry->options.output_shape_from_local_if(call));
   best.inplace_view = entry->options.inplace_view;
   best.relayout_written = entry->options.relayout_written;
+  best.random = entry->options.random;
   if (best.output_shape_from_local)
     for (const auto& out : best.outputs)
       for (const auto& p : out)
@@ -247,6 +275,20 @@ int64_t broadcast_input_dim(const std::vector<int64_t>& in_shape, const std::vec
   if (a < 0) return -1;
   if (in_shape[a] == 1 && out_shape[out_dim] != 1) return -1;
   return a;
+}
+
+std::vector<size_t> out_inputs(const OpCall& c) {
+  std::vector<size_t> out;
+  size_t pos = 0;
+  for (size_t i = 0; i < c.args.size(); ++i) {
+    const auto& a = c.args[i];
+    const size_t n = a.kind == ArgInfo::Kind::kDTensor ? 1 : a.kind == ArgInfo::Kind::kDTensorList ? a.list.size() : 0;
+    const auto& formal = c.schema->arguments()[i];
+    if (formal.kwarg_only() && formal.alias_info() && formal.alias_info()->isWrite())
+      for (size_t k = 0; k < n; ++k) out.push_back(pos + k);
+    pos += n;
+  }
+  return out;
 }
 
 int64_t arg_int(const OpCall& c, size_t i, int64_t fallback) {

@@ -95,6 +95,11 @@ struct RuleOptions {
   // DTensor takes the new layout (every handle of it sees it; a view taken from it before is
   // no longer an alias of it). Strategies that keep the layout still win when there are any.
   bool relayout_written = false;
+  // The op draws random numbers (NOTE: [Random ops on DTensors], dtensor/tensor/random.h): the
+  // dispatcher runs it on global stand-ins with the mesh's RNG tracker so that every placement
+  // gives the single-device values, instead of on the local tensors. The rule's options must
+  // place no output Partial unless it is linear in a Partial input (dropout).
+  bool random = false;
 };
 
 // Registers a rule for "aten::name.overload" (or "aten::name" for every overload without a
@@ -114,6 +119,7 @@ struct OutputSharding {
   bool output_shape_from_local = false;  // RuleOptions
   bool inplace_view = false;             // RuleOptions
   bool relayout_written = false;         // RuleOptions
+  bool random = false;                   // RuleOptions
 };
 
 // NOTE: [Replicate fallback]
@@ -159,6 +165,9 @@ void clear_propagation_cache();
 // -1 when the input has no such dim or broadcasts it (size 1 vs > 1).
 int64_t broadcast_input_dim(const std::vector<int64_t>& in_shape,
                             const std::vector<int64_t>& out_shape, int64_t out_dim);
+// Positions (in OpCall::inputs) of the out= arguments: keyword-only arguments the op writes.
+// They are not operands: rules give them the output's placement.
+std::vector<size_t> out_inputs(const OpCall& c);
 int64_t arg_int(const OpCall& c, size_t i, int64_t fallback);
 std::vector<int64_t> arg_int_list(const OpCall& c, size_t i);
 bool arg_bool(const OpCall& c, size_t i, bool fallback);

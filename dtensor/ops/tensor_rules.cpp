@@ -1,5 +1,5 @@
 // dtensor/ops/tensor_rules.cpp: ops that build, join, reorder or copy whole tensors
-// (DESIGN.md D5): *_like and new_* factories, cat, stack, roll, flip, copy_, and the
+// (DESIGN.md D5): *_like and new_* factories, cat, stack, roll, copy_, and the
 // ops that return plain values (item, equal) or data-dependent shapes (masked_select,
 // nonzero). The indexing ops (index_select, gather, scatter, index, index_put, index_add)
 // live in index_rules.cpp; the factories without a tensor input in dtensor/tensor/factory.cpp.
@@ -88,8 +88,8 @@ const bool registered = [] {
       o.push_back({{Replicate{}}, {Partial(op)}});
     return o;
   };
-  for (const char* n : {"aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like",
-                        "aten::rand_like", "aten::randn_like"})
+  // (rand_like / randn_like: random_rules.cpp.)
+  for (const char* n : {"aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like"})
     register_rule(n, like);
   register_rule("aten::new_zeros", [](const OpCall& c) { return new_factory_options(c, PartialKind::kMoves); },
                 rewrite_new_factory);
@@ -110,8 +110,8 @@ const bool registered = [] {
     return join_options(c, nd - 1, list_dim(c, nd), /*stack=*/true);
   });
 
-  // roll / flip move elements along their dims: those are replicated (roll without dims rolls
-  // the flattened tensor: everything is).
+  // roll moves elements along its dims: those are replicated (roll without dims rolls the
+  // flattened tensor: everything is). (flip: scan_rules.cpp.)
   register_rule("aten::roll", [](const OpCall& c) {
     const int64_t nd = c.inputs[0]->ndim();
     const auto dims = arg_int_list(c, 2);
@@ -120,13 +120,6 @@ const bool registered = [] {
       for (int64_t d = 0; d < nd; ++d) map[d] = d;
       for (int64_t d : dims) map[normalize_shard_dim(d, nd)] = -1;
     }
-    return mapped_options(map);
-  });
-  register_rule("aten::flip", [](const OpCall& c) {
-    const int64_t nd = c.inputs[0]->ndim();
-    std::vector<int64_t> map(static_cast<size_t>(nd));
-    for (int64_t d = 0; d < nd; ++d) map[d] = d;
-    for (int64_t d : arg_int_list(c, 1)) map[normalize_shard_dim(d, nd)] = -1;
     return mapped_options(map);
   });
 

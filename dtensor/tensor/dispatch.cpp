@@ -10,9 +10,10 @@
 //   2. Propagate sharding (dtensor/ops): the cheapest strategy and the outputs' global metadata
 //      (from a run on meta tensors, cached with the strategy).
 //   3. Redistribute inputs to the strategy's placements and put the local tensors on the stack.
-//   4. Run the op on local tensors, below this key and below autograd. An in-place view
-//      (squeeze_, ...) or an in-place indexing op that re-laid out its target updates the spec
-//      of the DTensor it wrote (RuleOptions::inplace_view, relayout_written).
+//   4. Run the op on local tensors, below this key and below autograd; a random op runs on
+//      global stand-ins with the RNG tracker instead (NOTE: [Random ops on DTensors]). An
+//      in-place view (squeeze_, ...) or an in-place indexing op that re-laid out its target
+//      updates the spec of the DTensor it wrote (RuleOptions::inplace_view, relayout_written).
 //   5. Wrap outputs as DTensors; in-place/out= returns give back the DTensor that was written.
 //
 // NOTE: [In-place writes through DTensor views]
@@ -30,9 +31,11 @@
 #include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/tensor/dtensor_impl.h"
+#include "dtensor/tensor/random.h"
 #include "dtensor/tensor/redistribute.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -202,12 +205,21 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   call.mesh = &*mesh;
   // The written argument of in-place / out= ops.
   int written_arg = -1;
+  int written_dtensors = 0;
   for (const auto& r : schema.returns())
     if (r.alias_info() && r.alias_info()->isWrite())
       for (size_t i = 0; i < n_args; ++i) {
         const auto& ai = schema.arguments()[i].alias_info();
-        if (ai && ai->isWrite() && ai->beforeSets() == r.alias_info()->beforeSets()) written_arg = static_cast<int>(i);
+        if (ai && ai->isWrite() && ai->beforeSets() == r.alias_info()->beforeSets()) {
+          written_arg = static_cast<int>(i);
+          written_dtensors += call.args[i].kind == ops::ArgInfo::Kind::kDTensor ? 1 : 0;
+        }
       }
+  // One written DTensor is kept in place (its placements fixed, returned as is); several
+  // (max.dim_max, sort.values, ...) would need that for each, which propagation does not do.
+  TORCH_CHECK(written_dtensors <= 1, "DTensor: ", call.name, " writes ", written_dtensors,
+              " DTensor outputs; out= overloads with several outputs are not supported. Call the functional "
+              "overload and copy_ its results into the outputs");
   for (size_t k = 0; k < dargs.size(); ++k)
     if (static_cast<int>(dargs[k].arg) == written_arg && dargs[k].list_pos < 0) call.written_input = static_cast<int>(k);
 
@@ -231,10 +243,21 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
           for (size_t k = 0; k < a.list.size(); ++k)
             ms[i] = with_list_element(ms[i], static_cast<size_t>(a.list_index[k]), stand_in(a.list[k]));
         }
+        // Inferring shapes must not draw from the caller's generator (or the default one).
+        const auto& type = schema.arguments()[i].type();
+        if (ms[i].isGenerator() || (ms[i].isNone() && type->kind() == c10::TypeKind::OptionalType &&
+                                    type->expectRef<c10::OptionalType>().getElementType()->kind() ==
+                                        c10::TypeKind::GeneratorType))
+          ms[i] = at::detail::createCPUGenerator();
       }
       c10::impl::ExcludeDispatchKeyGuard no_dtensor(kDTensorKey);
       at::AutoDispatchBelowADInplaceOrView below;
-      op.callBoxed(ms);
+      // Random ops without a Generator argument (native_dropout has no meta kernel either) are
+      // inferred through their re-expression, which takes one.
+      if (detail::has_random_reexpression(call.name))
+        detail::run_random_reexpression(call.name, &ms, 0, at::detail::createCPUGenerator());
+      else
+        op.callBoxed(ms);
       return ms;
     };
     // NOTE: a c10::Error records a symbolised backtrace (~1 ms with libtorch's ~285 shared
@@ -318,11 +341,18 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     for (size_t i = 0; i < n_args; ++i) (*stack)[begin + i] = std::move(args[i]);
   }
 
-  // 4. The local op.
+  // 4. The local op (a random op: NOTE: [Random ops on DTensors]).
   {
     c10::impl::ExcludeDispatchKeyGuard no_dtensor(kDTensorKey);
     at::AutoDispatchBelowADInplaceOrView below;
-    op.callBoxed(stack);
+    if (sharding.random) {
+      std::vector<detail::RandomOpInput> random_inputs;
+      for (size_t k = 0; k < dargs.size(); ++k)
+        random_inputs.push_back({dargs[k].arg, dargs[k].list_pos, sharding.inputs[k], &call.inputs[k]->tensor_meta});
+      detail::run_random_op(op, stack, begin, *mesh, random_inputs, sharding.outputs, written_arg);
+    } else {
+      op.callBoxed(stack);
+    }
   }
   // An in-place view changed the shape of the local tensor it was given (the written DTensor's
   // own local: in-place ops never redistribute what they write): the DTensor follows.

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <typeinfo>
+
 namespace dtensor {
 
 namespace {
@@ -73,6 +75,16 @@ void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& i
 
 DTensorImpl* maybe_get_dtensor_impl(const at::Tensor& t) {
   if (!t.defined() || !t.key_set().has(kDTensorKey)) return nullptr;
+  // NOTE: [Plain tensor with the DTensor key]
+  // plain.set_data(dtensor) passes libtorch's compatibility check (both are dense CPU) and
+  // copies the DTensor's key set into the plain TensorImpl, which then reaches the DTensor
+  // fallback without being a DTensorImpl. torch::nn::Module::clone() does this to a module
+  // with DTensor parameters. Refuse instead of reading a DTensorImpl that is not there.
+  TORCH_CHECK(typeid(*t.unsafeGetTensorImpl()) == typeid(DTensorImpl),
+              "a plain tensor of shape ", t.sizes(), " carries the DTensor dispatch key: it was given a DTensor's "
+              "data with set_data() (torch::nn::Module::clone() of a module with DTensor parameters does this), "
+              "which cannot work. Replace parameters with dtensor::nn::swap_parameter, and clone a module "
+              "before parallelizing it, not after");
   return static_cast<DTensorImpl*>(t.unsafeGetTensorImpl());
 }
 

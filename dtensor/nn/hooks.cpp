@@ -1,0 +1,139 @@
+// dtensor/nn/hooks.cpp: see NOTE: [Hook registry].
+#include "dtensor/nn/hooks.h"
+
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+namespace dtensor {
+namespace nn {
+
+namespace {
+
+struct Entry {
+  std::weak_ptr<torch::nn::Module> owner;
+  std::vector<std::pair<uint64_t, ForwardPreHook>> pre;
+  std::vector<std::pair<uint64_t, ForwardHook>> post;
+  size_t size() const { return pre.size() + post.size(); }
+};
+
+std::mutex g_mu;
+std::unordered_map<const torch::nn::Module*, Entry> g_entries;  // guarded by g_mu
+std::atomic<size_t> g_num_entries{0};
+uint64_t g_next_id = 1;  // guarded by g_mu
+
+// The live entry of `module`, or nullptr; drops an entry whose module died. Holds g_mu.
+Entry* live_entry(const torch::nn::Module* module) {
+  auto it = g_entries.find(module);
+  if (it == g_entries.end()) return nullptr;
+  auto alive = it->second.owner.lock();
+  if (!alive || alive.get() != module || it->second.size() == 0) {
+    g_entries.erase(it);
+    g_num_entries.store(g_entries.size());
+    return nullptr;
+  }
+  return &it->second;
+}
+
+// Holds g_mu.
+Entry& entry_for(torch::nn::Module& module, const char* what) {
+  std::weak_ptr<torch::nn::Module> owner = module.weak_from_this();
+  TORCH_CHECK(!owner.expired(), what, ": the ", module.name(),
+              " is not owned by a std::shared_ptr; hooks are keyed by module and must be able to tell when it "
+              "dies. Create it through its ModuleHolder (e.g. torch::nn::Linear) or std::make_shared");
+  if (Entry* e = live_entry(&module)) return *e;
+  Entry& e = g_entries[&module];
+  e.owner = owner;
+  g_num_entries.store(g_entries.size());
+  return e;
+}
+
+}  // namespace
+
+void RemovableHandle::remove() {
+  if (module_ == nullptr) return;
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (Entry* e = live_entry(module_)) {
+    auto drop = [&](auto& v) {
+      for (auto it = v.begin(); it != v.end(); ++it)
+        if (it->first == id_) {
+          v.erase(it);
+          return;
+        }
+    };
+    drop(e->pre);
+    drop(e->post);
+    live_entry(module_);  // drops the entry when it became empty
+  }
+  module_ = nullptr;
+}
+
+bool RemovableHandle::is_active() const {
+  if (module_ == nullptr) return false;
+  std::lock_guard<std::mutex> lk(g_mu);
+  Entry* e = live_entry(module_);
+  if (!e) return false;
+  for (auto& h : e->pre)
+    if (h.first == id_) return true;
+  for (auto& h : e->post)
+    if (h.first == id_) return true;
+  return false;
+}
+
+RemovableHandle register_forward_pre_hook(torch::nn::Module& module, ForwardPreHook hook) {
+  TORCH_CHECK(hook != nullptr, "register_forward_pre_hook: the hook is empty");
+  std::lock_guard<std::mutex> lk(g_mu);
+  Entry& e = entry_for(module, "register_forward_pre_hook");
+  const uint64_t id = g_next_id++;
+  e.pre.emplace_back(id, std::move(hook));
+  return RemovableHandle(&module, id);
+}
+
+RemovableHandle register_forward_hook(torch::nn::Module& module, ForwardHook hook) {
+  TORCH_CHECK(hook != nullptr, "register_forward_hook: the hook is empty");
+  std::lock_guard<std::mutex> lk(g_mu);
+  Entry& e = entry_for(module, "register_forward_hook");
+  const uint64_t id = g_next_id++;
+  e.post.emplace_back(id, std::move(hook));
+  return RemovableHandle(&module, id);
+}
+
+size_t num_forward_hooks(const torch::nn::Module& module) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  Entry* e = live_entry(&module);
+  return e ? e->size() : 0;
+}
+
+namespace detail {
+
+bool any_hooks() { return g_num_entries.load(std::memory_order_relaxed) > 0; }
+
+Hooks hooks_of(const torch::nn::Module& module) {
+  Hooks h;
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (Entry* e = live_entry(&module)) {
+    for (auto& p : e->pre) h.pre.push_back(p.second);
+    for (auto& p : e->post) h.post.push_back(p.second);
+  }
+  return h;
+}
+
+void run_pre_hooks(torch::nn::Module& module, const Hooks& hooks, ForwardInputs& inputs) {
+  const size_t n = inputs.size();
+  for (const auto& hook : hooks.pre) {
+    hook(module, inputs);
+    TORCH_CHECK(inputs.size() == n, "a forward pre-hook of ", module.name(), " changed the number of inputs from ",
+                n, " to ", inputs.size(), "; forward takes ", n);
+  }
+}
+
+void run_post_hooks(torch::nn::Module& module, const Hooks& hooks, const ForwardInputs& inputs,
+                    c10::IValue& output) {
+  for (const auto& hook : hooks.post) hook(module, inputs, output);
+}
+
+}  // namespace detail
+}  // namespace nn
+}  // namespace dtensor

@@ -1,0 +1,107 @@
+// models/transformer.cpp
+#include "models/transformer.h"
+
+#include "dtensor/nn/checkpoint.h"
+#include "dtensor/nn/functional.h"
+#include "dtensor/nn/hooks.h"
+#include "dtensor/nn/module_surgery.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+namespace dtensor {
+namespace models {
+
+namespace {
+torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+torch::nn::LayerNorm layer_norm(int64_t dim) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}));
+}
+}  // namespace
+
+AttentionImpl::AttentionImpl(const ModelArgs& args)
+    : head_dim(args.dim / args.n_heads),
+      n_heads(args.n_heads),
+      dropout_p(args.dropout_p),
+      use_attn_mask(args.use_attn_mask) {
+  TORCH_CHECK(args.n_heads > 0 && args.dim % args.n_heads == 0, "Attention: dim (", args.dim,
+              ") must be a multiple of n_heads (", args.n_heads, ")");
+  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(args.dropout_p));
+  wq = register_module("wq", linear(args.dim, args.dim, false));
+  wk = register_module("wk", linear(args.dim, args.dim, false));
+  wv = register_module("wv", linear(args.dim, args.dim, false));
+  wo = register_module("wo", linear(args.dim, args.dim, false));
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x) {
+  const int64_t bsz = x.size(0), seq_len = x.size(1);
+  // [bsz, seq, heads, head_dim] -> [bsz, heads, seq, head_dim]
+  auto heads = [&](const at::Tensor& t) { return t.view({bsz, seq_len, n_heads, head_dim}).transpose(1, 2); };
+  at::Tensor queries = heads(nn::call(wq, x)), keys = heads(nn::call(wk, x)), values = heads(nn::call(wv, x));
+  at::Tensor output = nn::functional::scaled_dot_product_attention(queries, keys, values, {},
+                                                                   is_training() ? dropout_p : 0.0, use_attn_mask);
+  output = output.transpose(1, 2).contiguous().view({bsz, seq_len, -1});
+  return nn::call(resid_dropout, nn::call(wo, output));
+}
+
+FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t hidden_dim, double dropout_p) {
+  w1 = register_module("w1", linear(dim, hidden_dim, true));
+  gelu = register_module("gelu", torch::nn::GELU());
+  w2 = register_module("w2", linear(hidden_dim, dim, true));
+  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(dropout_p));
+}
+
+at::Tensor FeedForwardImpl::forward(const at::Tensor& x) {
+  return nn::call(resid_dropout, nn::call(w2, nn::call(gelu, nn::call(w1, x))));
+}
+
+TransformerBlockImpl::TransformerBlockImpl(const ModelArgs& args) {
+  attention_norm = register_module("attention_norm", layer_norm(args.dim));
+  attention = register_module("attention", Attention(args));
+  ffn_norm = register_module("ffn_norm", layer_norm(args.dim));
+  feed_forward = register_module("feed_forward", FeedForward(args.dim, 4 * args.dim, args.dropout_p));
+}
+
+at::Tensor TransformerBlockImpl::forward(const at::Tensor& x) {
+  at::Tensor h = x + nn::call(attention, nn::call(attention_norm, x));
+  return h + nn::call(feed_forward, nn::call(ffn_norm, h));
+}
+
+TransformerImpl::TransformerImpl(const ModelArgs& args)
+    : model_args(args), max_seq_len(args.max_seq_len), checkpoint_activations(args.checkpoint_activations) {
+  TORCH_CHECK(args.vocab_size > 0 && args.max_seq_len > 0, "Transformer: vocab_size (", args.vocab_size,
+              ") and max_seq_len (", args.max_seq_len, ") must be positive");
+  tok_embeddings = register_module("tok_embeddings", torch::nn::Embedding(args.vocab_size, args.dim));
+  pos_embeddings = register_module("pos_embeddings", torch::nn::Embedding(args.max_seq_len, args.dim));
+  dropout = register_module("dropout", torch::nn::Dropout(args.dropout_p));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < args.n_layers; ++i) layers->push_back(TransformerBlock(args));
+  norm = register_module("norm", layer_norm(args.dim));
+  output = register_module("output", linear(args.dim, args.vocab_size, false));
+  if (args.weight_tying) nn::swap_parameter(*output, "weight", tok_embeddings->weight);
+}
+
+at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
+  TORCH_CHECK(tokens.dim() == 2, "Transformer: expected tokens of shape [batch, seq], got ", tokens.sizes());
+  const int64_t seq_len = tokens.size(1);
+  TORCH_CHECK(seq_len <= max_seq_len, "Transformer: sequence length ", seq_len, " exceeds max_seq_len ",
+              max_seq_len);
+  at::Tensor h = nn::call(tok_embeddings, tokens);
+  at::Tensor pos = at::arange(0, seq_len, at::TensorOptions().dtype(at::kLong).device(tokens.device()));
+  at::Tensor p = nn::call(pos_embeddings, pos);  // [seq, dim]
+  h = nn::call(dropout, h + p);
+  for (size_t i = 0; i < layers->size(); ++i) {
+    auto layer = layers->ptr<TransformerBlockImpl>(i);
+    if (checkpoint_activations)
+      h = nn::checkpoint([layer](const at::Tensor& x) { return nn::call(layer, x); }, h);
+    else
+      h = nn::call(layer, h);
+  }
+  h = nn::call(norm, h);
+  return nn::call(output, h).to(at::kFloat);
+}
+
+}  // namespace models
+}  // namespace dtensor
