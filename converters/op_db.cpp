@@ -96,6 +96,7 @@ const OpDb& op_db() {
     samples::add_matrix_samples(d);
     samples::add_view_samples(d);
     samples::add_tensor_samples(d);
+    samples::add_index_samples(d);
     samples::add_conv_samples(d);
     samples::add_random_samples(d);
     return d;

@@ -18,6 +18,7 @@ void add_reduction_samples(OpDb& db);
 void add_matrix_samples(OpDb& db);
 void add_view_samples(OpDb& db);
 void add_tensor_samples(OpDb& db);
+void add_index_samples(OpDb& db);
 void add_conv_samples(OpDb& db);
 void add_random_samples(OpDb& db);
 

@@ -116,8 +116,13 @@ OutputSharding propagate(OpCall& call, const std::function<std::vector<TensorMet
   // 1. Cache lookup.
   size_t key = std::hash<std::string>()(call.name);
   for (auto* s : call.inputs) key = combine(key, hash_value(*s));
-  for (auto& a : call.args)
+  for (auto& a : call.args) {
     if (a.kind == ArgInfo::Kind::kOther) key = combine(key, ivalue_hash(a.value));
+    if (a.kind == ArgInfo::Kind::kDTensorList) {  // where the None entries of a Tensor?[] are
+      key = combine(key, std::hash<int64_t>()(a.list_size));
+      for (int64_t p : a.list_index) key = combine(key, std::hash<int64_t>()(p));
+    }
+  }
   const Entry* entry = find_rule(call.name);
   if (entry == nullptr) key = combine(key, t_replicate_fallback ? 0x5eed : 0x0ff);
   {
@@ -204,8 +209,12 @@ OutputSharding propagate(OpCall& call, const std::function<std::vector<TensorMet
     if (call.written_input >= 0) {
       // An in-place or out= op cannot change the layout of the tensor it writes.
       const size_t w = static_cast<size_t>(call.written_input);
-      valid = cand.inputs[w] == call.inputs[w]->placements && n_out > 0 && cand.outputs[0] == cand.inputs[w];
+      // (An in-place view changes the shape, so its placements may move to other dims.)
+      // NOTE: [In-place indexing may re-lay out what it writes]
+      valid = (entry->options.relayout_written || cand.inputs[w] == call.inputs[w]->placements) && n_out > 0 &&
+              (entry->options.inplace_view || cand.outputs[0] == cand.inputs[w]);
     }
+    if (valid && entry->options.valid) valid = entry->options.valid(call, cand.inputs, cand.outputs);
     if (valid) {
       double cost = 0;
       for (size_t j = 0; j < n_in; ++j) cost += redistribute_cost(*call.inputs[j], cand.inputs[j]);
@@ -225,7 +234,11 @@ OutputSharding propagate(OpCall& call, const std::function<std::vector<TensorMet
                            : "");
   best.cost = best_cost;
   best.rewrite = entry->rewrite;
-  best.output_shape_from_local = entry->options.output_shape_from_local;
+  best.output_shape_from_local =
+      entry->options.output_shape_from_local ||
+      (entry->options.output_shape_from_local_if && entry->options.output_shape_from_local_if(call));
+  best.inplace_view = entry->options.inplace_view;
+  best.relayout_written = entry->options.relayout_written;
   best.random = entry->options.random;
   if (best.output_shape_from_local)
     for (const auto& out : best.outputs)

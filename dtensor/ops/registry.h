@@ -31,8 +31,12 @@ namespace ops {
 struct ArgInfo {
   enum class Kind { kDTensor, kDTensorList, kOther } kind = Kind::kOther;
   std::optional<DTensorSpec> spec;  // kDTensor
-  std::vector<DTensorSpec> list;    // kDTensorList
-  c10::IValue value;                // kOther: the argument itself (plain 0-dim tensors too)
+  // kDTensorList: the specs of the list's tensors, and where each sits in the list. A Tensor[]
+  // has every position; a Tensor?[] (index, index_put) skips its None entries.
+  std::vector<DTensorSpec> list;
+  std::vector<int64_t> list_index;
+  int64_t list_size = 0;  // entries in the list, None included
+  c10::IValue value;      // kOther: the argument itself (plain 0-dim tensors too)
 };
 
 struct OpCall {
@@ -62,12 +66,35 @@ using Rule = std::function<std::vector<DimOption>(const OpCall&)>;
 using LocalArgRewrite = std::function<void(std::vector<c10::IValue>& args, const OpCall& call,
                                            const std::vector<std::vector<Placement>>& outputs)>;
 
+// Placements on every mesh dim of one full strategy (one list per input / output).
+using FullPlacements = std::vector<std::vector<Placement>>;
+
 // How the engine treats an op beyond its placements.
 struct RuleOptions {
   // The outputs' shapes depend on the input VALUES (masked_select, nonzero, ...): metadata
   // inferred from stand-in tensors would be wrong, so each call takes the global metadata
   // from the local result. Only valid when every output is Replicate (the rule must say so).
   bool output_shape_from_local = false;
+  // The same decided per call (index.Tensor is data dependent with a bool mask only).
+  std::function<bool(const OpCall&)> output_shape_from_local_if;
+  // Rejects a full strategy that the single-dim options cannot rule out on their own: the
+  // engine expands options mesh dim by mesh dim, but whether a view keeps a shard can depend
+  // on how the other mesh dims split the same tensor dim (NOTE: [Views of uneven shards]).
+  std::function<bool(const OpCall&, const FullPlacements& inputs, const FullPlacements& outputs)> valid;
+  // An in-place view (squeeze_, unsqueeze_, transpose_, t_): the op changes the shape of the
+  // tensor it writes, so the written DTensor takes the output's spec (its placements may then
+  // differ from the input's: a Shard(2) becomes Shard(1) when dim 0 is squeezed away).
+  bool inplace_view = false;
+  // NOTE: [In-place indexing may re-lay out what it writes]
+  // An in-place op normally keeps the placements of the tensor it writes (its inputs are
+  // redistributed instead, and with no such strategy it raises, as PyTorch does). Autograd's
+  // C++ formulas accumulate gradients into fresh buffers in place
+  // (grad.new_zeros(sizes).index_add_(...), scatter_add_, _index_put_impl_), and the buffer
+  // follows the gradient's layout, which may shard the very dim being indexed. For the
+  // indexing ops marked so, the engine may then redistribute the written tensor too and the
+  // DTensor takes the new layout (every handle of it sees it; a view taken from it before is
+  // no longer an alias of it). Strategies that keep the layout still win when there are any.
+  bool relayout_written = false;
   // The op draws random numbers (NOTE: [Random ops on DTensors], dtensor/tensor/random.h): the
   // dispatcher runs it on global stand-ins with the mesh's RNG tracker so that every placement
   // gives the single-device values, instead of on the local tensors. The rule's options must
@@ -90,6 +117,8 @@ struct OutputSharding {
   LocalArgRewrite rewrite;
   bool replicate_fallback = false;  // NOTE: [Replicate fallback]
   bool output_shape_from_local = false;  // RuleOptions
+  bool inplace_view = false;             // RuleOptions
+  bool relayout_written = false;         // RuleOptions
   bool random = false;                   // RuleOptions
 };
 

@@ -1,12 +1,82 @@
-// dtensor/ops/tensor_rules.cpp: *_like factories, copy_, and ops that return plain values
-// (item, equal) (DESIGN.md D5).
-#include "dtensor/ops/registry.h"
+// dtensor/ops/tensor_rules.cpp: ops that build, join, reorder or copy whole tensors
+// (DESIGN.md D5): *_like and new_* factories, cat, stack, roll, copy_, and the
+// ops that return plain values (item, equal) or data-dependent shapes (masked_select,
+// nonzero). The indexing ops (index_select, gather, scatter, index, index_put, index_add)
+// live in index_rules.cpp; the factories without a tensor input in dtensor/tensor/factory.cpp.
+#include "dtensor/ops/rule_helpers.h"
+
+#include <c10/util/strides.h>
 
 #include <algorithm>
 
 namespace dtensor {
 namespace ops {
 namespace {
+
+using detail::add_partial_options;
+using detail::mapped_options;
+using detail::PartialKind;
+
+const std::vector<int64_t>& out_shape(const OpCall& c) { return c.output_meta[0].shape; }
+
+// A Tensor[] argument's dim, normalised against `ndim` (cat: the output's; stack: one more).
+int64_t list_dim(const OpCall& c, int64_t ndim) { return normalize_shard_dim(arg_int(c, 1, 0), ndim); }
+
+// cat skips 1-D tensors of size 0 whatever the other inputs' shapes (a legacy rule): they
+// take no part in the sharding.
+bool legacy_empty(const DTensorSpec& s) { return s.tensor_meta.shape == std::vector<int64_t>{0}; }
+
+// Options for ops that join a list of tensors (cat, stack): every input sharded like the
+// others on the same dim, the output on out_dim(d).
+std::vector<DimOption> join_options(const OpCall& c, int64_t in_ndim, int64_t join_dim, bool stack) {
+  const size_t n = c.inputs.size();
+  auto each = [&](const Placement& p) {
+    std::vector<Placement> in(n, p);
+    for (size_t i = 0; i < n; ++i)
+      if (!stack && legacy_empty(*c.inputs[i])) in[i] = Replicate{};
+    return in;
+  };
+  std::vector<DimOption> o{{{Replicate{}}, each(Replicate{})}};
+  for (comm::ReduceOp op : detail::partial_reduce_ops(PartialKind::kMoves)) o.push_back({{Partial(op)}, each(Partial(op))});
+  for (int64_t d = 0; d < in_ndim; ++d) {
+    if (!stack && d == join_dim) continue;  // cat: the joined dim is replicated
+    const int64_t out_d = stack && d >= join_dim ? d + 1 : d;
+    o.push_back({{Shard{out_d}}, each(Shard{d})});
+  }
+  return o;
+}
+
+// new_zeros(size) and friends: the input gives only dtype and device, so it keeps whatever
+// layout it has (each of its placements is offered with a Replicate output). An output of the
+// input's shape may instead follow the input's shards, and its Partial where the values allow
+// (`follow`). new_empty_strided always gives a Replicate buffer: autograd's CopySlices writes
+// through as_strided views of it (NOTE: [as_strided on DTensors]).
+std::vector<DimOption> new_factory_options(const OpCall& c, PartialKind kind, bool follow = true) {
+  const DTensorSpec& in = *c.inputs[0];
+  std::vector<DimOption> o;
+  const bool same_shape = follow && in.tensor_meta.shape == out_shape(c);
+  if (same_shape) {
+    for (int64_t d = 0; d < in.ndim(); ++d) o.push_back({{Shard{d}}, {Shard{d}}});
+    add_partial_options(o, kind, 1, 1, {0});
+  }
+  std::vector<Placement> seen;
+  for (const Placement& p : in.placements) {
+    if (std::find(seen.begin(), seen.end(), p) != seen.end()) continue;
+    seen.push_back(p);
+    o.push_back({{Replicate{}}, {p}});
+  }
+  return o;
+}
+
+void rewrite_new_factory(std::vector<c10::IValue>& args, const OpCall& c, const std::vector<std::vector<Placement>>& outs) {
+  const auto shape = compute_local_shape(out_shape(c), *c.mesh, outs[0]);
+  const bool whole = shape == out_shape(c);
+  args[1] = shape;
+  if (c.name == "aten::new_empty_strided" && !whole) {  // a shard gets contiguous strides
+    const auto strides = c10::contiguous_strides(shape);
+    args[2] = std::vector<int64_t>(strides.begin(), strides.end());
+  }
+}
 
 const bool registered = [] {
   // *_like: the output has the input's layout; a Partial input gives a Replicate output (the
@@ -21,6 +91,38 @@ const bool registered = [] {
   // (rand_like / randn_like: random_rules.cpp.)
   for (const char* n : {"aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like"})
     register_rule(n, like);
+  register_rule("aten::new_zeros", [](const OpCall& c) { return new_factory_options(c, PartialKind::kMoves); },
+                rewrite_new_factory);
+  for (const char* n : {"aten::new_ones", "aten::new_full"})
+    register_rule(n, [](const OpCall& c) { return new_factory_options(c, PartialKind::kNotSum); }, rewrite_new_factory);
+  register_rule("aten::new_empty", [](const OpCall& c) { return new_factory_options(c, PartialKind::kMoves); },
+                rewrite_new_factory);
+  register_rule("aten::new_empty_strided",
+                [](const OpCall& c) { return new_factory_options(c, PartialKind::kMoves, /*follow=*/false); },
+                rewrite_new_factory);
+
+  register_rule("aten::cat", [](const OpCall& c) {
+    const int64_t nd = static_cast<int64_t>(out_shape(c).size());
+    return join_options(c, nd, list_dim(c, nd), /*stack=*/false);
+  });
+  register_rule("aten::stack", [](const OpCall& c) {
+    const int64_t nd = static_cast<int64_t>(out_shape(c).size());
+    return join_options(c, nd - 1, list_dim(c, nd), /*stack=*/true);
+  });
+
+  // roll moves elements along its dims: those are replicated (roll without dims rolls the
+  // flattened tensor: everything is). (flip: scan_rules.cpp.)
+  register_rule("aten::roll", [](const OpCall& c) {
+    const int64_t nd = c.inputs[0]->ndim();
+    const auto dims = arg_int_list(c, 2);
+    std::vector<int64_t> map(static_cast<size_t>(nd), -1);
+    if (!dims.empty()) {
+      for (int64_t d = 0; d < nd; ++d) map[d] = d;
+      for (int64_t d : dims) map[normalize_shard_dim(d, nd)] = -1;
+    }
+    return mapped_options(map);
+  });
+
   // copy_(self, src): src takes self's layout (the engine keeps self's placements).
   register_rule("aten::copy_", [](const OpCall& c) {
     const auto& out = c.inputs[0]->tensor_meta.shape;
@@ -37,22 +139,20 @@ const bool registered = [] {
   auto replicated_scalar = [](const OpCall& c) {
     return std::vector<DimOption>{{{}, std::vector<Placement>(c.inputs.size(), Replicate{})}};
   };
-  // Output shapes that depend on the values: computed on replicated inputs, replicated.
-  auto replicated_data_dependent = [](const OpCall& c) {
+  // Everything replicated: output shapes that depend on the values (computed on replicated
+  // inputs), and masked_scatter, which fills the masked positions in row-major order from
+  // `source` (which source element lands where depends on the mask everywhere before it).
+  auto all_replicated = [](const OpCall& c) {
     return std::vector<DimOption>{{std::vector<Placement>(std::max<size_t>(c.output_meta.size(), 1), Replicate{}),
                                    std::vector<Placement>(c.inputs.size(), Replicate{})}};
   };
   RuleOptions from_local;
   from_local.output_shape_from_local = true;
-  for (const char* n : {"aten::masked_select", "aten::nonzero"})
-    register_rule(n, replicated_data_dependent, nullptr, from_local);
-  // masked_scatter fills the masked positions in row-major order from `source`: which source
-  // element lands where depends on the mask everywhere before it, so everything is replicated.
-  auto all_replicated = [](const OpCall& c) {
-    return std::vector<DimOption>{{std::vector<Placement>(std::max<size_t>(c.output_meta.size(), 1), Replicate{}),
-                                   std::vector<Placement>(c.inputs.size(), Replicate{})}};
-  };
-  for (const char* n : {"aten::masked_scatter", "aten::masked_scatter_"}) register_rule(n, all_replicated);
+  for (const char* n : {"aten::masked_select", "aten::nonzero"}) register_rule(n, all_replicated, nullptr, from_local);
+  register_rule("aten::masked_scatter", all_replicated);
+  RuleOptions relayout;  // NOTE: [In-place indexing may re-lay out what it writes]
+  relayout.relayout_written = true;
+  register_rule("aten::masked_scatter_", all_replicated, nullptr, relayout);
   register_rule("aten::_local_scalar_dense", replicated_scalar);
   register_rule("aten::equal", replicated_scalar);
   register_rule("aten::is_nonzero", replicated_scalar);

@@ -85,7 +85,7 @@ std::vector<Placement> normalize_placements(const std::vector<Placement>& placem
 // ---- Specs -----------------------------------------------------------------------------
 
 bool operator==(const TensorMeta& a, const TensorMeta& b) {
-  return a.shape == b.shape && a.stride == b.stride && a.dtype == b.dtype;
+  return a.shape == b.shape && a.stride == b.stride && a.dtype == b.dtype && a.storage_offset == b.storage_offset;
 }
 
 DTensorSpec::DTensorSpec(DeviceMesh mesh_, std::vector<Placement> placements_,
@@ -152,6 +152,7 @@ std::size_t hash_value(const DTensorSpec& spec) {
   for (int64_t v : spec.tensor_meta.shape) h = combine(h, std::hash<int64_t>{}(v));
   h = combine(h, spec.tensor_meta.stride.size());
   for (int64_t v : spec.tensor_meta.stride) h = combine(h, std::hash<int64_t>{}(v));
+  h = combine(h, std::hash<int64_t>{}(spec.tensor_meta.storage_offset));
   return combine(h, std::hash<int>{}(static_cast<int>(spec.tensor_meta.dtype)));
 }
 

@@ -101,6 +101,10 @@ struct TensorMeta {
   std::vector<int64_t> shape;
   std::vector<int64_t> stride;
   at::ScalarType dtype = at::kFloat;
+  // Where a view starts in the storage of the tensor it views (0 for a tensor that owns its
+  // storage), as on a plain tensor. A DTensor has no storage, but autograd reads the offset
+  // of views (CopySlices: NOTE: [In-place writes through DTensor views] in dispatch.cpp).
+  int64_t storage_offset = 0;
 };
 
 bool operator==(const TensorMeta& a, const TensorMeta& b);

@@ -4,13 +4,30 @@
 // Autograd has already recorded the op when we get here (the key is below it). Steps:
 //   1. Read the schema's arguments off the stack; DTensors give specs, plain 0-dim tensors are
 //      scalars, any other plain tensor is an error naming the op (or Replicate inside an
-//      ImplicitReplicationGuard).
+//      ImplicitReplicationGuard). Lists: a Tensor[] holds DTensors only; the indices of a
+//      Tensor?[] (index, index_put) are arguments like any other (None entries stay None, and
+//      a plain index tensor is replicated only inside the guard).
 //   2. Propagate sharding (dtensor/ops): the cheapest strategy and the outputs' global metadata
 //      (from a run on meta tensors, cached with the strategy).
 //   3. Redistribute inputs to the strategy's placements and put the local tensors on the stack.
 //   4. Run the op on local tensors, below this key and below autograd; a random op runs on
-//      global stand-ins with the RNG tracker instead (NOTE: [Random ops on DTensors]).
+//      global stand-ins with the RNG tracker instead (NOTE: [Random ops on DTensors]). An
+//      in-place view (squeeze_, ...) or an in-place indexing op that re-laid out its target
+//      updates the spec of the DTensor it wrote (RuleOptions::inplace_view, relayout_written).
 //   5. Wrap outputs as DTensors; in-place/out= returns give back the DTensor that was written.
+//
+// NOTE: [In-place writes through DTensor views]
+// A view op on DTensors (slice, select, transpose, view...) runs on the local tensors, so its
+// output's local tensor views the input's local tensor and in-place writes through the view
+// reach the base, as on plain tensors: x.slice(1, 0, 2).fill_(0) on a row-sharded x works.
+// When the strategy had to redistribute the input first (slicing the sharded dim, a view that
+// merges a sharded dim behind another), the output views a redistributed COPY: it is marked
+// (DTensorImpl::is_detached_view, inherited by views of it) and an in-place op that writes
+// into it raises instead of losing the write. Autograd's CopySlices (in-place ops on views of
+// tensors that require grad) rebuilds such writes with new_empty_strided + as_strided on the
+// gradient, using the views' storage offsets: DTensors carry them (TensorMeta::storage_offset),
+// and both ops keep that buffer replicated so that as_strided aliases it (view_rules.cpp,
+// NOTE: [as_strided on DTensors]).
 #include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/tensor/dtensor_impl.h"
@@ -24,6 +41,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_set>
 
@@ -43,9 +61,31 @@ struct DTensorArg {
   at::Tensor dtensor;
 };
 
-at::Tensor meta_like(const DTensorSpec& s) {
-  return at::empty_strided(s.tensor_meta.shape, s.tensor_meta.stride,
-                           at::TensorOptions().dtype(s.tensor_meta.dtype).device(at::kMeta));
+// A stand-in with the DTensor's global shape, strides and storage offset, on the meta device
+// (nothing allocated) or as zeros on the CPU.
+at::Tensor stand_in_for(const DTensorSpec& s, bool meta) {
+  const TensorMeta& m = s.tensor_meta;
+  const auto options = at::TensorOptions().dtype(m.dtype).device(meta ? at::kMeta : at::kCPU);
+  int64_t extent = 1;  // storage elements the strides reach
+  for (size_t d = 0; d < m.shape.size(); ++d) {
+    if (m.shape[d] == 0) extent = 0;
+    if (extent > 0) extent += (m.shape[d] - 1) * m.stride[d];
+  }
+  const int64_t storage = m.storage_offset + extent;
+  return (meta ? at::empty({storage}, options) : at::zeros({storage}, options)).as_strided(m.shape, m.stride, m.storage_offset);
+}
+
+// Tensor[] or Tensor?[].
+bool is_tensor_list(const c10::IValue& v) { return v.isTensorList() || v.isOptionalTensorList(); }
+
+// A copy of the list `v` (same element type) with element `pos` replaced: the caller's list
+// must not change (it still holds the DTensors).
+c10::IValue with_list_element(const c10::IValue& v, size_t pos, const at::Tensor& t) {
+  c10::List<c10::IValue> in = v.toList();
+  c10::impl::GenericList out(in.elementType());
+  out.reserve(in.size());
+  for (size_t i = 0; i < in.size(); ++i) out.push_back(i == pos ? c10::IValue(t) : in.get(i));
+  return c10::IValue(std::move(out));
 }
 
 void collect_tensors(const c10::IValue& v, std::vector<at::Tensor>& out) {
@@ -75,6 +115,7 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return impl->spec();
   };
   std::vector<size_t> plain_args;
+  std::vector<std::pair<size_t, size_t>> plain_list_elements;  // (argument, position)
   for (size_t i = 0; i < n_args; ++i) {
     c10::IValue& v = (*stack)[begin + i];
     auto& a = call.args[i];
@@ -87,38 +128,74 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         a.value = v;
         if (t.defined() && t.dim() > 0) plain_args.push_back(i);
       }
-    } else if (v.isTensorList()) {
-      auto ts = v.toTensorVector();
-      bool any = false;
-      for (auto& t : ts) any = any || is_dtensor(t);
-      if (any) {
-        a.kind = ops::ArgInfo::Kind::kDTensorList;
-        for (size_t p = 0; p < ts.size(); ++p) {
-          TORCH_CHECK(is_dtensor(ts[p]), "DTensor: ", call.name, " got a list mixing DTensors and plain tensors (element ",
-                      p, "); distribute every tensor first");
-          a.list.push_back(adopt(ts[p], i, static_cast<int64_t>(p)));
-        }
-      } else {
+    } else if (is_tensor_list(v)) {
+      // Tensor[] (cat, stack) or Tensor?[] (index, index_put: None entries stand for ':').
+      const bool optional_list = v.isOptionalTensorList();
+      c10::List<c10::IValue> l = v.toList();
+      bool any_dtensor = false, any_plain = false;
+      for (size_t p = 0; p < l.size(); ++p) {
+        const c10::IValue e = l.get(p);
+        if (!e.isTensor() || !e.toTensor().defined()) continue;
+        (is_dtensor(e.toTensor()) ? any_dtensor : any_plain) = true;
+      }
+      if (!any_dtensor && !(optional_list && any_plain)) {
         a.value = v;
+        continue;
+      }
+      a.kind = ops::ArgInfo::Kind::kDTensorList;
+      a.list_size = static_cast<int64_t>(l.size());
+      for (size_t p = 0; p < l.size(); ++p) {
+        const c10::IValue e = l.get(p);
+        if (!e.isTensor() || !e.toTensor().defined()) continue;  // a None of a Tensor?[]
+        at::Tensor t = e.toTensor();
+        if (!is_dtensor(t)) {
+          // Indices of a Tensor?[] are arguments like any other: plain ones are replicated
+          // inside an ImplicitReplicationGuard (the check is below, once the mesh is known).
+          TORCH_CHECK(optional_list, "DTensor: ", call.name, " got a list mixing DTensors and plain tensors (element ",
+                      p, "); distribute every tensor first");
+          plain_list_elements.push_back({i, p});
+          continue;
+        }
+        a.list.push_back(adopt(t, i, static_cast<int64_t>(p)));
+        a.list_index.push_back(static_cast<int64_t>(p));
       }
     } else {
       a.value = v;
     }
   }
-  TORCH_INTERNAL_ASSERT(mesh.has_value(), "DTensor fallback reached without a DTensor argument for ", call.name);
-  for (size_t i : plain_args) {
-    const at::Tensor& t = call.args[i].value.toTensor();
+  // NOTE: [Factories and the DTensor key]
+  // A factory (zeros, arange, ...) has no tensor argument, so it reaches this fallback only when
+  // a caller put the DTensor key in the thread's included keys; there is no mesh to build on.
+  TORCH_CHECK(mesh.has_value(), "DTensor: ", call.name,
+              " reached the DTensor fallback without a DTensor argument, so there is no mesh to create it on "
+              "(was the DTensor dispatch key included with an IncludeDispatchKeyGuard?). Create sharded "
+              "tensors with dtensor::zeros/ones/empty/full/arange(size, mesh, placements) or distribute_tensor");
+  auto replicated = [&](const at::Tensor& t, size_t arg_index) {
     TORCH_CHECK(ImplicitReplicationGuard::enabled(), "DTensor: ", call.name, " got a plain tensor of shape ",
-                t.sizes(), " as argument '", schema.arguments()[i].name(), "' mixed with DTensors on ",
+                t.sizes(), " as argument '", schema.arguments()[arg_index].name(), "' mixed with DTensors on ",
                 mesh->to_string(),
                 ". Distribute it (distribute_tensor / from_local) or run inside a "
                 "dtensor::ImplicitReplicationGuard to treat it as replicated");
-    at::Tensor rep = make_dtensor(t, DTensorSpec(*mesh, std::vector<Placement>(mesh->ndim(), Replicate{}),
-                                                 TensorMeta{t.sizes().vec(), t.strides().vec(), t.scalar_type()}));
+    return make_dtensor(t, DTensorSpec(*mesh, std::vector<Placement>(mesh->ndim(), Replicate{}),
+                                       TensorMeta{t.sizes().vec(), t.strides().vec(), t.scalar_type()}));
+  };
+  for (size_t i : plain_args) {
+    at::Tensor rep = replicated(call.args[i].value.toTensor(), i);
     (*stack)[begin + i] = rep;
     call.args[i].kind = ops::ArgInfo::Kind::kDTensor;
     call.args[i].spec = adopt(rep, i, -1);
     call.args[i].value = c10::IValue();
+  }
+  for (const auto& [i, p] : plain_list_elements) {
+    c10::IValue& slot = (*stack)[begin + i];
+    at::Tensor rep = replicated(slot.toList().get(p).toTensor(), i);
+    slot = with_list_element(slot, p, rep);
+    auto& a = call.args[i];
+    // Keep list / list_index in list order.
+    const auto at = std::lower_bound(a.list_index.begin(), a.list_index.end(), static_cast<int64_t>(p));
+    const auto k = at - a.list_index.begin();
+    a.list.insert(a.list.begin() + k, adopt(rep, i, static_cast<int64_t>(p)));
+    a.list_index.insert(at, static_cast<int64_t>(p));
   }
   // Keep dargs in argument order (implicit replicas were appended last).
   std::stable_sort(dargs.begin(), dargs.end(), [](const DTensorArg& x, const DTensorArg& y) {
@@ -158,18 +235,13 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     // once on zero-filled CPU tensors of the global shapes instead (the result is cached).
     auto run_on = [&](bool meta) {
       torch::jit::Stack ms(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
-      auto stand_in = [&](const DTensorSpec& s) {
-        return meta ? meta_like(s)
-                    : at::zeros(s.tensor_meta.shape, at::TensorOptions().dtype(s.tensor_meta.dtype))
-                          .as_strided(s.tensor_meta.shape, s.tensor_meta.stride);
-      };
+      auto stand_in = [&](const DTensorSpec& s) { return stand_in_for(s, meta); };
       for (size_t i = 0; i < n_args; ++i) {
         auto& a = call.args[i];
         if (a.kind == ops::ArgInfo::Kind::kDTensor) ms[i] = stand_in(*a.spec);
         else if (a.kind == ops::ArgInfo::Kind::kDTensorList) {
-          std::vector<at::Tensor> l;
-          for (auto& s : a.list) l.push_back(stand_in(s));
-          ms[i] = l;
+          for (size_t k = 0; k < a.list.size(); ++k)
+            ms[i] = with_list_element(ms[i], static_cast<size_t>(a.list_index[k]), stand_in(a.list[k]));
         }
         // Inferring shapes must not draw from the caller's generator (or the default one).
         const auto& type = schema.arguments()[i].type();
@@ -219,28 +291,43 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::vector<at::Tensor> outs;
     for (auto& v : ms) collect_tensors(v, outs);
     for (auto& t : outs)
-      metas.push_back(t.defined() ? TensorMeta{t.sizes().vec(), t.strides().vec(), t.scalar_type()} : TensorMeta{});
+      metas.push_back(t.defined() ? TensorMeta{t.sizes().vec(), t.strides().vec(), t.scalar_type(), t.storage_offset()}
+                                  : TensorMeta{});
     return metas;
   };
   ops::OutputSharding sharding = ops::propagate(call, infer_meta);
   call.output_meta = sharding.output_meta;  // on a cache hit, propagate did not infer them
   if (sharding.replicate_fallback) ops::note_replicate_fallback_use();
 
+  // NOTE: [In-place writes through DTensor views] (checked before any communication: the
+  // flag and the strategy are the same on every rank).
+  if (call.written_input >= 0 && !sharding.inplace_view) {
+    const auto* w = unsafe_get_dtensor_impl(dargs[static_cast<size_t>(call.written_input)].dtensor);
+    TORCH_CHECK(!w->is_detached_view(), "DTensor: ", call.name, " writes into a view of a DTensor (placements ",
+                to_string(w->spec().placements), ", shape ", c10::IntArrayRef(w->spec().tensor_meta.shape),
+                ") that does not share memory with the tensor it was taken from: the view op had to redistribute "
+                "its input, so the write would not reach that tensor. Redistribute the tensor so that the view "
+                "keeps its layout (e.g. replicate the dim being sliced) before taking the view, or clone() the "
+                "view to write into a copy");
+  }
+
   // 3. Redistribute inputs; local tensors onto the stack.
-  std::vector<at::Tensor> written_dtensor;
+  at::Tensor relaid_written_local;  // NOTE: [In-place indexing may re-lay out what it writes]
+  std::vector<bool> redistributed_arg(n_args, false);
   for (size_t k = 0; k < dargs.size(); ++k) {
     auto* impl = unsafe_get_dtensor_impl(dargs[k].dtensor);
     at::Tensor local = impl->local();
     if (!(impl->spec().placements == sharding.inputs[k])) {
       local = detail::redistribute_local(local, impl->spec(), sharding.inputs[k]);
+      redistributed_arg[dargs[k].arg] = true;
+      if (static_cast<int>(k) == call.written_input) relaid_written_local = local;
     }
+    if (impl->is_detached_view()) redistributed_arg[dargs[k].arg] = true;  // views of it are detached too
     c10::IValue& slot = (*stack)[begin + dargs[k].arg];
     if (dargs[k].list_pos < 0) {
       slot = local;
     } else {
-      auto l = slot.toTensorVector();
-      l[static_cast<size_t>(dargs[k].list_pos)] = local;
-      slot = l;
+      slot = with_list_element(slot, static_cast<size_t>(dargs[k].list_pos), local);
     }
   }
   at::Tensor written;
@@ -267,34 +354,57 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       op.callBoxed(stack);
     }
   }
+  // An in-place view changed the shape of the local tensor it was given (the written DTensor's
+  // own local: in-place ops never redistribute what they write): the DTensor follows.
+  if (sharding.inplace_view && written.defined()) {
+    auto* impl = unsafe_get_dtensor_impl(written);
+    impl->set_local_and_spec(impl->local(), DTensorSpec(*mesh, sharding.outputs[0], sharding.output_meta[0]));
+  }
+  // The op wrote into a redistributed copy of the written DTensor's shard: the DTensor takes it.
+  if (relaid_written_local.defined()) {
+    TORCH_INTERNAL_ASSERT(sharding.relayout_written && written.defined(), call.name,
+                          ": redistributed the tensor it writes without RuleOptions::relayout_written");
+    unsafe_get_dtensor_impl(written)->set_local_and_spec(
+        relaid_written_local, DTensorSpec(*mesh, sharding.outputs[0], sharding.output_meta[0]));
+  }
 
   // 5. Wrap outputs.
   const size_t n_ret = schema.returns().size();
   const size_t rbegin = stack->size() - n_ret;
   size_t out_idx = 0;
-  auto wrap = [&](const at::Tensor& local) -> at::Tensor {
+  auto wrap = [&](const at::Tensor& local, bool detached_view) -> at::Tensor {
     TORCH_INTERNAL_ASSERT(out_idx < sharding.outputs.size(), call.name, ": rule gave ", sharding.outputs.size(),
                           " outputs but the op returned more");
     const size_t k = out_idx++;
     if (!local.defined()) return local;
-    if (sharding.output_shape_from_local)  // Replicate outputs: the local tensor is the global one
-      return make_dtensor(local, DTensorSpec(*mesh, sharding.outputs[k],
-                                             TensorMeta{local.sizes().vec(), local.strides().vec(), local.scalar_type()}));
-    return make_dtensor(local, DTensorSpec(*mesh, sharding.outputs[k], sharding.output_meta[k]));
+    at::Tensor out =
+        sharding.output_shape_from_local  // Replicate outputs: the local tensor is the global one
+            ? make_dtensor(local, DTensorSpec(*mesh, sharding.outputs[k],
+                                              TensorMeta{local.sizes().vec(), local.strides().vec(), local.scalar_type()}))
+            : make_dtensor(local, DTensorSpec(*mesh, sharding.outputs[k], sharding.output_meta[k]));
+    if (detached_view) unsafe_get_dtensor_impl(out)->set_detached_view(true);
+    return out;
   };
   for (size_t r = 0; r < n_ret; ++r) {
     c10::IValue& v = (*stack)[rbegin + r];
     const auto& ai = schema.returns()[r].alias_info();
+    // A view (the return aliases an argument without writing it) of a redistributed input.
+    bool detached_view = false;
+    if (ai && !ai->isWrite())
+      for (size_t i = 0; i < n_args; ++i) {
+        const auto& arg_ai = schema.arguments()[i].alias_info();
+        if (arg_ai && arg_ai->beforeSets() == ai->beforeSets() && redistributed_arg[i]) detached_view = true;
+      }
     if (v.isTensor()) {
       if (ai && ai->isWrite() && written.defined()) {
         ++out_idx;
         v = written;
       } else {
-        v = wrap(v.toTensor());
+        v = wrap(v.toTensor(), detached_view);
       }
     } else if (v.isTensorList()) {
       std::vector<at::Tensor> l;
-      for (auto& t : v.toTensorVector()) l.push_back(wrap(t));
+      for (auto& t : v.toTensorVector()) l.push_back(wrap(t, detached_view));
       v = l;
     }
   }

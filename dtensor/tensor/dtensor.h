@@ -18,6 +18,8 @@
 #include "dtensor/placement/placement.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Scalar.h>
+#include <c10/core/TensorOptions.h>
 
 #include <optional>
 #include <ostream>
@@ -65,6 +67,35 @@ at::Tensor full_tensor(const at::Tensor& dtensor);
 // "DTensor(local_tensor=..., device_mesh=..., placements=(Shard(dim=0),), shape=[8, 4])"
 std::string to_string(const at::Tensor& dtensor);
 void print(std::ostream& os, const at::Tensor& dtensor);
+
+// ---- Factories (torch.distributed.tensor.zeros / ones / empty / full) ---------------------
+//
+// A DTensor of global shape `size` laid out by `placements`, each rank creating only its own
+// shard: no communication, and nothing global is allocated (arange excepted, see below).
+// `options` gives dtype, device (default: the mesh's device type) and requires_grad (the
+// result is then a leaf). Placements are Shard or Replicate; zeros and empty also accept
+// Partial (zeros sum to zeros), the others reject it naming the placements.
+//
+//   auto w = dtensor::zeros({10, 4}, mesh, {dtensor::Shard{0}});  // rows 3,3,3,1 on 4 ranks
+//   auto r = dtensor::arange(0, 10, 1, mesh, {dtensor::Shard{0}}, at::kLong);
+//
+// NOTE: the aten factories (at::zeros, at::arange, ...) have no tensor argument, so they never
+// reach the DTensor dispatcher fallback and always give plain tensors (NOTE: [Factories and
+// the DTensor key] in dispatch.cpp); these functions are how a sharded factory tensor is made.
+at::Tensor zeros(c10::IntArrayRef size, const DeviceMesh& mesh, std::vector<Placement> placements,
+                 at::TensorOptions options = {});
+at::Tensor ones(c10::IntArrayRef size, const DeviceMesh& mesh, std::vector<Placement> placements,
+                at::TensorOptions options = {});
+// Values unspecified (as at::empty).
+at::Tensor empty(c10::IntArrayRef size, const DeviceMesh& mesh, std::vector<Placement> placements,
+                 at::TensorOptions options = {});
+at::Tensor full(c10::IntArrayRef size, const at::Scalar& fill_value, const DeviceMesh& mesh,
+                std::vector<Placement> placements, at::TensorOptions options = {});
+// The values of at::arange(start, end, step) (1-D). Each rank computes the whole range and
+// keeps its piece, so the values are bit-identical to at::arange's.
+at::Tensor arange(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step,
+                  const DeviceMesh& mesh, std::vector<Placement> placements,
+                  at::TensorOptions options = {});
 
 // PyTorch spelling: DTensor::from_local(...) etc.
 struct DTensor {

@@ -31,6 +31,7 @@ void DTensorImpl::refresh_global_metadata() {
                         " sizes and ", m.stride.size(), " strides");
   sizes_and_strides_.set_sizes(m.shape);
   for (size_t i = 0; i < m.stride.size(); ++i) sizes_and_strides_.stride_at_unchecked(i) = m.stride[i];
+  storage_offset_ = m.storage_offset;
   data_type_ = caffe2::TypeMeta::fromScalarType(m.dtype);
   refresh_numel();
   refresh_contiguous();
@@ -45,6 +46,7 @@ void DTensorImpl::set_local_and_spec(at::Tensor local, DTensorSpec spec) {
 c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
     const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
   auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_);
+  impl->detached_view_ = detached_view_;
   copy_tensor_metadata(this, impl.get(), version_counter, allow_tensor_metadata_change);
   impl->refresh_global_metadata();
   return impl;
@@ -53,6 +55,7 @@ c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
 c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
     c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const {
   auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_);
+  impl->detached_view_ = detached_view_;
   copy_tensor_metadata(this, impl.get(), std::move(version_counter), allow_tensor_metadata_change);
   impl->refresh_global_metadata();
   return impl;
@@ -66,6 +69,7 @@ void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& i
   copy_tensor_metadata(other, this, version_counter(), allow_tensor_metadata_change());
   local_ = other->local_;
   spec_ = other->spec_;
+  detached_view_ = other->detached_view_;
   refresh_global_metadata();
 }
 

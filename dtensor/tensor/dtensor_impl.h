@@ -35,6 +35,13 @@ class DTensorImpl : public c10::TensorImpl {
   // in-place ops that change the layout and by module surgery.
   void set_local_and_spec(at::Tensor local, DTensorSpec spec);
 
+  // This DTensor came out of a view op whose input had to be redistributed (or is a view of
+  // such a tensor): its local tensor views a redistributed copy, so it shares no memory with
+  // the DTensor it is a view of, and in-place writes into it raise (NOTE: [In-place writes
+  // through DTensor views] in dispatch.cpp).
+  bool is_detached_view() const { return detached_view_; }
+  void set_detached_view(bool detached) { detached_view_ = detached; }
+
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
       const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const override;
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
@@ -47,6 +54,7 @@ class DTensorImpl : public c10::TensorImpl {
 
   at::Tensor local_;
   DTensorSpec spec_;
+  bool detached_view_ = false;
 };
 
 DTensorImpl* maybe_get_dtensor_impl(const at::Tensor& t);

@@ -1,0 +1,72 @@
+// dtensor/ops/rule_helpers.cpp: see rule_helpers.h.
+#include "dtensor/ops/rule_helpers.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace dtensor {
+namespace ops {
+namespace detail {
+
+std::vector<comm::ReduceOp> partial_reduce_ops(PartialKind kind) {
+  using R = comm::ReduceOp;
+  switch (kind) {
+    case PartialKind::kNone: return {};
+    case PartialKind::kMoves: return {R::SUM, R::AVG, R::MIN, R::MAX};
+    case PartialKind::kLinear: return {R::SUM, R::AVG};
+    case PartialKind::kNotSum: return {R::AVG, R::MIN, R::MAX};
+  }
+  return {};
+}
+
+void add_partial_options(std::vector<DimOption>& options, PartialKind kind, size_t n_inputs, size_t n_outputs,
+                         const std::vector<size_t>& partial_inputs) {
+  for (comm::ReduceOp op : partial_reduce_ops(kind)) {
+    const Partial p(op);
+    DimOption o{std::vector<Placement>(n_outputs, p), std::vector<Placement>(n_inputs, Replicate{})};
+    for (size_t i : partial_inputs) o.inputs[i] = p;
+    options.push_back(std::move(o));
+  }
+}
+
+std::vector<DimOption> mapped_options(const std::vector<int64_t>& out_to_in, PartialKind kind, size_t n_outputs) {
+  std::vector<DimOption> o{{std::vector<Placement>(n_outputs, Replicate{}), {Replicate{}}}};
+  add_partial_options(o, kind, 1, n_outputs, {0});
+  for (int64_t d = 0; d < static_cast<int64_t>(out_to_in.size()); ++d)
+    if (out_to_in[d] >= 0) o.push_back({std::vector<Placement>(n_outputs, Shard{d}), {Shard{out_to_in[d]}}});
+  return o;
+}
+
+bool for_every_coordinate(const DeviceMesh& mesh, const std::function<bool(const std::vector<int64_t>&)>& fn) {
+  const std::vector<int64_t> shape = mesh.shape();
+  std::vector<int64_t> coord(shape.size(), 0);
+  for (;;) {
+    if (!fn(coord)) return false;
+    int64_t d = static_cast<int64_t>(shape.size()) - 1;
+    while (d >= 0 && ++coord[d] == shape[d]) coord[d--] = 0;
+    if (d < 0) return true;
+  }
+}
+
+std::vector<int64_t> sharded_dims(const std::vector<Placement>& placements, int64_t ndim) {
+  std::vector<int64_t> out;
+  for (const Placement& p : placements)
+    if (const auto* s = std::get_if<Shard>(&p)) {
+      const int64_t d = normalize_shard_dim(s->dim, ndim);
+      if (std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
+    }
+  return out;
+}
+
+bool whole_slice(int64_t size, const c10::IValue& start, const c10::IValue& end, int64_t step) {
+  if (step != 1) return false;
+  int64_t s = start.isInt() ? start.toInt() : 0;
+  int64_t e = end.isInt() ? end.toInt() : std::numeric_limits<int64_t>::max();
+  if (s < 0) s += size;
+  if (e < 0) e += size;
+  return s <= 0 && e >= size;
+}
+
+}  // namespace detail
+}  // namespace ops
+}  // namespace dtensor
