@@ -17,6 +17,7 @@ namespace {
 struct Entry {
   Rule rule;
   LocalArgRewrite rewrite;
+  LocalKernel kernel;
 };
 std::unordered_map<std::string, Entry>& rules() {
   static std::unordered_map<std::string, Entry> r;
@@ -70,8 +71,8 @@ std::string describe_inputs(const OpCall& c) {
 }
 }  // namespace
 
-void register_rule(const std::string& op, Rule rule, LocalArgRewrite rewrite) {
-  rules()[op] = Entry{std::move(rule), std::move(rewrite)};
+void register_rule(const std::string& op, Rule rule, LocalArgRewrite rewrite, LocalKernel kernel) {
+  rules()[op] = Entry{std::move(rule), std::move(rewrite), std::move(kernel)};
 }
 
 bool has_rule(const std::string& op) { return find_rule(op) != nullptr; }
@@ -175,6 +176,7 @@ OutputSharding propagate(OpCall& call, const std::function<std::vector<TensorMet
                            : "");
   best.cost = best_cost;
   best.rewrite = entry->rewrite;
+  best.kernel = entry->kernel;
   best.output_meta = call.output_meta;
   std::lock_guard<std::mutex> lk(g_cache_mu);
   g_cache.emplace(key, best);
@@ -219,6 +221,16 @@ bool arg_bool(const OpCall& c, size_t i, bool fallback) {
   if (i >= c.args.size() || c.args[i].kind != ArgInfo::Kind::kOther) return fallback;
   const auto& v = c.args[i].value;
   return v.isBool() ? v.toBool() : fallback;
+}
+
+std::vector<Placement> inputs_by_arg(const OpCall& c, const std::function<Placement(size_t arg)>& by_arg) {
+  std::vector<Placement> out;
+  for (size_t i = 0; i < c.args.size(); ++i) {
+    if (c.args[i].kind == ArgInfo::Kind::kDTensor) out.push_back(by_arg(i));
+    else if (c.args[i].kind == ArgInfo::Kind::kDTensorList)
+      for (size_t k = 0; k < c.args[i].list.size(); ++k) out.push_back(by_arg(i));
+  }
+  return out;
 }
 
 }  // namespace ops

@@ -24,6 +24,10 @@
 #include <string>
 #include <vector>
 
+namespace c10 {
+class OperatorHandle;
+}  // namespace c10
+
 namespace dtensor {
 namespace ops {
 
@@ -62,8 +66,21 @@ using Rule = std::function<std::vector<DimOption>(const OpCall&)>;
 using LocalArgRewrite = std::function<void(std::vector<c10::IValue>& args, const OpCall& call,
                                            const std::vector<std::vector<Placement>>& outputs)>;
 
+struct OutputSharding;
+
+// Replaces the local call (step 4 of NOTE: [DTensor fallback]) for a rule whose local
+// computation is not the op on the local shards, e.g. a row-sharded embedding that masks the
+// indices outside its rows (NOTE: [Row-sharded embedding]). `args` holds the op's arguments
+// with DTensors replaced by their redistributed local tensors (after the LocalArgRewrite, if
+// any); the kernel returns the op's returns (local tensors). It runs below the DTensor key and
+// below autograd, so it may call other aten ops on plain tensors, or op.callBoxed itself.
+using LocalKernel = std::function<std::vector<c10::IValue>(const c10::OperatorHandle& op,
+                                                           std::vector<c10::IValue>& args, const OpCall& call,
+                                                           const OutputSharding& sharding)>;
+
 // Registers a rule for "aten::name.overload" (or "aten::name" for the default overload).
-void register_rule(const std::string& op, Rule rule, LocalArgRewrite rewrite = nullptr);
+void register_rule(const std::string& op, Rule rule, LocalArgRewrite rewrite = nullptr,
+                   LocalKernel kernel = nullptr);
 bool has_rule(const std::string& op);
 std::vector<std::string> ops_with_rules();
 
@@ -73,6 +90,7 @@ struct OutputSharding {
   std::vector<TensorMeta> output_meta;          // global metadata of the outputs
   double cost = 0;
   LocalArgRewrite rewrite;
+  LocalKernel kernel;
 };
 
 // Chooses the strategy for `call` (cached). On a cache miss `infer_meta` fills
@@ -98,6 +116,9 @@ int64_t broadcast_input_dim(const std::vector<int64_t>& in_shape,
 int64_t arg_int(const OpCall& c, size_t i, int64_t fallback);
 std::vector<int64_t> arg_int_list(const OpCall& c, size_t i);
 bool arg_bool(const OpCall& c, size_t i, bool fallback);
+// One placement per DTensor input, in argument order: by_arg(i) for schema argument i (for
+// rules whose inputs include optional tensors, so that input positions vary).
+std::vector<Placement> inputs_by_arg(const OpCall& c, const std::function<Placement(size_t arg)>& by_arg);
 
 }  // namespace ops
 }  // namespace dtensor

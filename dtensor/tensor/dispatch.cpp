@@ -8,7 +8,8 @@
 //   2. Propagate sharding (dtensor/ops): the cheapest strategy and the outputs' global metadata
 //      (from a run on meta tensors, cached with the strategy).
 //   3. Redistribute inputs to the strategy's placements and put the local tensors on the stack.
-//   4. Run the op on local tensors, below this key and below autograd.
+//   4. Run the op on local tensors, below this key and below autograd (or the rule's local
+//      kernel, for rules whose local computation differs from the op: ops::LocalKernel).
 //   5. Wrap outputs as DTensors; in-place/out= returns give back the DTensor that was written.
 #include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
@@ -210,11 +211,20 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     for (size_t i = 0; i < n_args; ++i) (*stack)[begin + i] = std::move(args[i]);
   }
 
-  // 4. The local op.
+  // 4. The local op (or the rule's local kernel).
   {
     c10::impl::ExcludeDispatchKeyGuard no_dtensor(kDTensorKey);
     at::AutoDispatchBelowADInplaceOrView below;
-    op.callBoxed(stack);
+    if (sharding.kernel) {
+      std::vector<c10::IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
+      std::vector<c10::IValue> rets = sharding.kernel(op, args, call, sharding);
+      TORCH_INTERNAL_ASSERT(rets.size() == schema.returns().size(), "the local kernel of ", call.name, " returned ",
+                            rets.size(), " values; the op returns ", schema.returns().size());
+      stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
+      for (auto& r : rets) stack->push_back(std::move(r));
+    } else {
+      op.callBoxed(stack);
+    }
   }
 
   // 5. Wrap outputs.
