@@ -62,12 +62,20 @@ std::vector<int64_t> view_map(const OpCall& c) {
       }
     }
     // Input dims [i, i2) hold the same elements as output dims [j, j2).
+    // Size-1 dims carry no data order: the leading dim of a group is its first dim of size > 1
+    // (so [1, 1, 64] -> [64] keeps a shard of dim 2, as a bias gradient summed with keepdim does).
+    auto lead = [](const std::vector<int64_t>& shape, size_t from, size_t to) {
+      while (from + 1 < to && shape[from] == 1) ++from;
+      return from;
+    };
     if (i2 - i == 1 && j2 - j == 1) {
       map[j] = static_cast<int64_t>(i);
     } else if (j2 - j == 1) {  // flatten: the leading input dim keeps even shards
-      if (in[i] % shards == 0) map[j] = static_cast<int64_t>(i);
+      const size_t a = lead(in, i, i2);
+      if (in[a] % shards == 0) map[j] = static_cast<int64_t>(a);
     } else if (i2 - i == 1) {  // split: the leading output dim takes the shards
-      if (out[j] % shards == 0) map[j] = static_cast<int64_t>(i);
+      const size_t b = lead(out, j, j2);
+      if (out[b] % shards == 0) map[b] = static_cast<int64_t>(i);
     }
     i = i2;
     j = j2;

@@ -95,6 +95,9 @@ std::vector<Sample> samples() {
                    {reduction == 0 ? values({8}, 4) : values({}, 4), scores}});
     }
   }
+  // Views through size-1 dims (a bias gradient summed with keepdim, then viewed).
+  s.push_back({"view [1, 1, 8] -> [8]", "aten::view", "", {}, {values({1, 1, 8}), IL{8}}});
+  s.push_back({"view [8] -> [1, 8, 1]", "aten::view", "", {}, {values({8}), IL{1, 8, 1}}});
   // triu / tril (causal masks).
   for (const char* op : {"aten::triu", "aten::tril"})
     for (int64_t diagonal : {0, 1})
@@ -155,6 +158,10 @@ DTENSOR_TEST_F(TpOpRules, ChoosesCommunicationFreeLayouts) {
   y.sum().backward();
   EXPECT_EQ(placements(x.grad()), "(Shard(dim=1),)");
   EXPECT_EQ(placements(ln_w.grad()), "(Partial(sum),)");
+  // Viewing through size-1 dims keeps the shard.
+  at::Tensor b = distribute_tensor(values({1, 1, 8}), mesh, {Shard{2}});
+  EXPECT_EQ(placements(b.view({8})), "(Shard(dim=0),)");
+  EXPECT_EQ(placements(b.view({8}).view({1, 8, 1})), "(Shard(dim=1),)");
   // Softmax over the sharded dim gathers; over another dim it does not.
   at::Tensor s = distribute_tensor(values({4, 8}), mesh, {Shard{0}});
   EXPECT_EQ(placements(s.softmax(1)), "(Shard(dim=0),)");

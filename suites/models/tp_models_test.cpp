@@ -11,6 +11,8 @@
 #include "harness/harness.h"
 #include "models/models.h"
 #include "suites/parallel/parallel_testing.h"
+#include "suites/testing/counting_group.h"
+#include "suites/testing/tp_collectives.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/loss.h>
@@ -177,6 +179,37 @@ TP_MODEL_TEST(TransformerSequenceParallelMatchesSingleDevice, check_transformer(
 TP_MODEL_TEST(TransformerSequenceParallelUntiedMatchesSingleDevice, check_transformer(*this, {true, false}))
 TP_MODEL_TEST(TransformerLocalAttentionOutputMatchesSingleDevice, check_transformer(*this, {true, true, true}))
 TP_MODEL_TEST(TransformerCheckpointedMatchesSingleDevice, check_transformer(*this, {true, true, false, true}, 2))
+
+// One training step communicates exactly what the plan implies (NOTE: [Collectives of the
+// Transformer plan]): no hidden redistribution in forward, backward or the SGD step.
+void check_collectives(testing::MultiRankTest& t) {
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
+    auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
+    auto mesh = init_device_mesh("cpu", {t.group().size()}, {}, counting);
+    ModelArgs args;
+    args.dropout_p = 0.0;
+    models::Transformer model(args);
+    models::Transformer::parallelize(model, mesh, sp);
+    torch::optim::SGD opt(nn::parameters(*model), torch::optim::SGDOptions(0.05).momentum(0.9));
+    const at::Tensor tokens = tokens_for(args, 2, 8), targets = tokens.roll(1, 1).flatten();
+    const auto expected = testing::transformer_plan_collectives(args.n_layers, sp);
+    for (int step = 0; step < 2; ++step) {  // the first step creates the momentum buffers
+      SCOPED_TRACE("step " + std::to_string(step));
+      opt.zero_grad();
+      counting->reset();
+      at::Tensor logits = nn::call(model, tokens);
+      EXPECT_EQ(counting->counts(), expected.forward) << "forward";
+      counting->reset();
+      torch::nn::functional::cross_entropy(logits.view({-1, args.vocab_size}), targets).backward();
+      EXPECT_EQ(counting->counts(), expected.backward) << "backward";
+      counting->reset();
+      opt.step();
+      EXPECT_EQ(counting->counts(), expected.optimizer) << "SGD step";
+    }
+  }
+}
+TP_MODEL_TEST(TransformerCollectivesPerStepMatchThePlan, check_collectives(*this))
 
 DTENSOR_TEST_F(TpModelsGloo4, TransformerSequenceParallelMatchesSingleDevice) { check_transformer(*this, {true, true}); }
 DTENSOR_TEST_F(TpModelsGloo4, TransformerMatchesSingleDevice) { check_transformer(*this, {false, false}); }
