@@ -80,30 +80,26 @@ nn::ForwardHook output_hook(const DeviceMesh& mesh, Placement layout, bool use_l
 
 }  // namespace
 
-// ---- ColwiseParallel -------------------------------------------------------------------------
+// ---- ColwiseParallel / RowwiseParallel ---------------------------------------------------------
 
-ColwiseParallel& ColwiseParallel::input_layouts(Placement p) {
-  input_layouts_ = p;
-  return *this;
-}
-ColwiseParallel& ColwiseParallel::output_layouts(Placement p) {
-  output_layouts_ = p;
-  return *this;
-}
-ColwiseParallel& ColwiseParallel::use_local_output(bool v) {
-  use_local_output_ = v;
-  return *this;
-}
+namespace detail {
 
-std::string ColwiseParallel::to_string() const {
-  return "ColwiseParallel(input_layouts=" + dtensor::to_string(input_layouts_) +
+template <class Style>
+std::string LinearStyle<Style>::to_string() const {
+  return std::string(name_) + "(input_layouts=" + dtensor::to_string(input_layouts_) +
          ", output_layouts=" + dtensor::to_string(output_layouts_) +
          ", use_local_output=" + bool_string(use_local_output_) + ")";
 }
 
-void ColwiseParallel::check(torch::nn::Module& module, const std::string& path) const {
-  check_linear_or_embedding(module, path, "ColwiseParallel");
+template <class Style>
+void LinearStyle<Style>::check(torch::nn::Module& module, const std::string& path) const {
+  check_linear_or_embedding(module, path, name_);
 }
+
+template class LinearStyle<ColwiseParallel>;
+template class LinearStyle<RowwiseParallel>;
+
+}  // namespace detail
 
 void ColwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& mesh, const std::string& path) const {
   check(module, path);
@@ -116,31 +112,6 @@ void ColwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& mesh, c
   const std::string what = "ColwiseParallel at " + where(path);
   nn::register_forward_pre_hook(module, first_input_hook(mesh, input_layouts_, Replicate{}, what));
   nn::register_forward_hook(module, output_hook(mesh, output_layouts_, use_local_output_, what));
-}
-
-// ---- RowwiseParallel -------------------------------------------------------------------------
-
-RowwiseParallel& RowwiseParallel::input_layouts(Placement p) {
-  input_layouts_ = p;
-  return *this;
-}
-RowwiseParallel& RowwiseParallel::output_layouts(Placement p) {
-  output_layouts_ = p;
-  return *this;
-}
-RowwiseParallel& RowwiseParallel::use_local_output(bool v) {
-  use_local_output_ = v;
-  return *this;
-}
-
-std::string RowwiseParallel::to_string() const {
-  return "RowwiseParallel(input_layouts=" + dtensor::to_string(input_layouts_) +
-         ", output_layouts=" + dtensor::to_string(output_layouts_) +
-         ", use_local_output=" + bool_string(use_local_output_) + ")";
-}
-
-void RowwiseParallel::check(torch::nn::Module& module, const std::string& path) const {
-  check_linear_or_embedding(module, path, "RowwiseParallel");
 }
 
 void RowwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& mesh, const std::string& path) const {

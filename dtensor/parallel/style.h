@@ -51,53 +51,63 @@ class ParallelStyle {
   virtual std::string to_string() const = 0;
 };
 
-// Shards a Linear's weight (and bias) on the output features (Shard(0)), or an Embedding's
-// weight on the embedding dim (Shard(1)). The input is taken as `input_layouts` (a plain
-// tensor is wrapped with from_local) and brought to Replicate; the output, sharded on its
-// last dim, is brought to `output_layouts` and returned as a local tensor when
-// use_local_output.
-class ColwiseParallel : public ParallelStyle {
+namespace detail {
+// The options Colwise and Rowwise share (input_layouts, output_layouts, use_local_output),
+// with setters that return the concrete style so that they chain.
+template <class Style>
+class LinearStyle : public ParallelStyle {
  public:
-  ColwiseParallel& input_layouts(Placement p);   // default Replicate()
-  ColwiseParallel& output_layouts(Placement p);  // default Shard(-1)
-  ColwiseParallel& use_local_output(bool v);     // default true
+  Style& input_layouts(Placement p) {
+    input_layouts_ = p;
+    return static_cast<Style&>(*this);
+  }
+  Style& output_layouts(Placement p) {
+    output_layouts_ = p;
+    return static_cast<Style&>(*this);
+  }
+  Style& use_local_output(bool v) {
+    use_local_output_ = v;
+    return static_cast<Style&>(*this);
+  }
   const Placement& input_layouts() const { return input_layouts_; }
   const Placement& output_layouts() const { return output_layouts_; }
   bool use_local_output() const { return use_local_output_; }
 
   void check(torch::nn::Module& module, const std::string& path) const override;
-  void apply(torch::nn::Module& module, const DeviceMesh& mesh, const std::string& path) const override;
   bool distributes_parameters() const override { return true; }
   std::string to_string() const override;
 
- private:
-  Placement input_layouts_ = Replicate{};
-  Placement output_layouts_ = Shard{-1};
+ protected:
+  LinearStyle(const char* name, Placement input, Placement output)
+      : name_(name), input_layouts_(input), output_layouts_(output) {}
+
+  const char* name_;
+  Placement input_layouts_;
+  Placement output_layouts_;
   bool use_local_output_ = true;
+};
+}  // namespace detail
+
+// Shards a Linear's weight (and bias) on the output features (Shard(0)), or an Embedding's
+// weight on the embedding dim (Shard(1)). The input is taken as `input_layouts` (default
+// Replicate(); a plain tensor is wrapped with from_local) and brought to Replicate; the output,
+// sharded on its last dim, is brought to `output_layouts` (default Shard(-1)) and returned as
+// a local tensor when use_local_output (default true).
+class ColwiseParallel : public detail::LinearStyle<ColwiseParallel> {
+ public:
+  ColwiseParallel() : LinearStyle("ColwiseParallel", Replicate{}, Shard{-1}) {}
+  void apply(torch::nn::Module& module, const DeviceMesh& mesh, const std::string& path) const override;
 };
 
 // Shards a Linear's weight on the input features (Shard(1); the bias is replicated) or an
-// Embedding's weight on the vocabulary (Shard(0)). The input is taken as `input_layouts` and
-// brought to Shard(-1) (Linear) or Replicate (Embedding); the output, a Partial sum, is
-// reduced to `output_layouts` (all_reduce for Replicate, reduce_scatter for Shard).
-class RowwiseParallel : public ParallelStyle {
+// Embedding's weight on the vocabulary (Shard(0)). The input is taken as `input_layouts`
+// (default Shard(-1)) and brought to Shard(-1) (Linear) or Replicate (Embedding); the output,
+// a Partial sum, is reduced to `output_layouts` (default Replicate(): all_reduce; a Shard:
+// reduce_scatter), local when use_local_output (default true).
+class RowwiseParallel : public detail::LinearStyle<RowwiseParallel> {
  public:
-  RowwiseParallel& input_layouts(Placement p);   // default Shard(-1)
-  RowwiseParallel& output_layouts(Placement p);  // default Replicate()
-  RowwiseParallel& use_local_output(bool v);     // default true
-  const Placement& input_layouts() const { return input_layouts_; }
-  const Placement& output_layouts() const { return output_layouts_; }
-  bool use_local_output() const { return use_local_output_; }
-
-  void check(torch::nn::Module& module, const std::string& path) const override;
+  RowwiseParallel() : LinearStyle("RowwiseParallel", Shard{-1}, Replicate{}) {}
   void apply(torch::nn::Module& module, const DeviceMesh& mesh, const std::string& path) const override;
-  bool distributes_parameters() const override { return true; }
-  std::string to_string() const override;
-
- private:
-  Placement input_layouts_ = Shard{-1};
-  Placement output_layouts_ = Replicate{};
-  bool use_local_output_ = true;
 };
 
 // Replicates the parameters of a module that computes independently per position of the
