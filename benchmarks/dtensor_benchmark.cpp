@@ -6,18 +6,14 @@
 //     ranks as threads (ThreadGroup) and as processes (Gloo, forked by the harness).
 //
 //   build/benchmarks/dtensor_benchmark --benchmark_repetitions=5 --benchmark_report_aggregates_only
+#include "benchmarks/process_bench.h"
 #include "dtensor/comm/comm.h"
 #include "dtensor/tensor/dtensor.h"
-#include "harness/internal/launcher.h"
-#include "harness/main.h"
-#include "harness/multi_rank_test.h"
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 
-#include <algorithm>
 #include <condition_variable>
-#include <regex>
 #include <thread>
 
 namespace dtensor {
@@ -177,18 +173,7 @@ class BenchProcess : public testing::MultiProcessTest {};
 void process_body(testing::MultiRankTest& t, Case c, int64_t bytes) {
   auto mesh = init_device_mesh("cpu", {kWorld});
   Inputs in = make_inputs(mesh, bytes);
-  run_case(c, t.group(), in);  // warm-up
-  std::vector<double> ms;
-  for (int i = 0; i < kProcessIters; ++i) {
-    t.group().barrier();
-    auto t0 = std::chrono::steady_clock::now();
-    run_case(c, t.group(), in);
-    t.group().barrier();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  if (t.rank() == 0) std::printf("BENCH_MS %.4f\n", ms[ms.size() / 2]);
-  std::fflush(stdout);
+  bench::report_median_ms(t, kProcessIters, [&] { run_case(c, t.group(), in); });
 }
 #define BENCH_BODY(c, mib) \
   DTENSOR_TEST_F(BenchProcess, c##_##mib) { process_body(*this, c, int64_t{mib} << 20); }
@@ -209,18 +194,7 @@ const char* case_name(int c) {
 void BM_Processes(benchmark::State& state) {
   const std::string id = std::string("BenchProcess.") + case_name(static_cast<int>(state.range(0))) + "_" +
                          std::to_string(state.range(1) >> 20);
-  const std::chrono::milliseconds timeout(300000);
-  for (auto _ : state) {
-    std::string stacks;
-    auto outs = testing::internal::worker_pool(kWorld, "gloo", timeout).run(id, timeout, &stacks);
-    std::smatch m;
-    if (!outs[0].result || outs[0].result->failed() ||
-        !std::regex_search(outs[0].output, m, std::regex("BENCH_MS ([0-9.]+)"))) {
-      state.SkipWithError(("rank 0 failed: " + outs[0].output).c_str());
-      break;
-    }
-    state.SetIterationTime(std::stod(m[1]) / 1000.0);
-  }
+  bench::run_in_worker_pool(state, kWorld, id);
   state.SetBytesProcessed(state.iterations() * state.range(1));
 }
 
@@ -235,12 +209,4 @@ BENCHMARK(BM_Processes)->Apply(args)->UseManualTime()->Iterations(1);
 }  // namespace
 }  // namespace dtensor
 
-int main(int argc, char** argv) {
-  return dtensor::testing::main_with_harness(argc, argv, [](int& ac, char** av) {
-    benchmark::Initialize(&ac, av);
-    if (benchmark::ReportUnrecognizedArguments(ac, av)) return 1;
-    benchmark::RunSpecifiedBenchmarks();
-    benchmark::Shutdown();
-    return 0;
-  });
-}
+int main(int argc, char** argv) { return dtensor::bench::main(argc, argv); }

@@ -5,9 +5,7 @@
 //
 //   build/benchmarks/harness_overhead_benchmark --benchmark_repetitions=5
 #include "dtensor/comm/group.h"
-#include "harness/internal/launcher.h"
-#include "harness/main.h"
-#include "harness/multi_rank_test.h"
+#include "benchmarks/process_bench.h"
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -92,12 +90,4 @@ BENCHMARK(BM_Threads)->Arg(2)->Arg(4)->Unit(benchmark::kMicrosecond)->UseRealTim
 }  // namespace
 }  // namespace dtensor
 
-int main(int argc, char** argv) {
-  return dtensor::testing::main_with_harness(argc, argv, [](int& ac, char** av) {
-    benchmark::Initialize(&ac, av);
-    if (benchmark::ReportUnrecognizedArguments(ac, av)) return 1;
-    benchmark::RunSpecifiedBenchmarks();
-    benchmark::Shutdown();
-    return 0;
-  });
-}
+int main(int argc, char** argv) { return dtensor::bench::main(argc, argv); }

@@ -211,9 +211,17 @@ at::Tensor DTensorConverter::to_dist_tensor(const at::Tensor& t,
   return result;
 }
 
+int64_t DTensorConverter::num_visited() const {
+  const int64_t cap = options_.max_combinations;
+  return cap > 0 && cap < num_combinations_ ? cap : num_combinations_;
+}
+
 bool DTensorConverter::next(std::vector<c10::IValue>& converted) {
-  while (next_index_ < num_combinations_) {
-    const int64_t index = next_index_++;
+  const int64_t visited = num_visited();
+  while (next_index_ < visited) {
+    // k-th of `visited` evenly spaced indices (k * n / visited, exact in 128 bits).
+    const int64_t k = next_index_++;
+    const int64_t index = static_cast<int64_t>(static_cast<__int128>(k) * num_combinations_ / visited);
     current_index_ = index;
     const std::vector<std::vector<Placement>> placements = combination(index);
     std::string unsupported;  // names of the tensors left plain

@@ -61,6 +61,9 @@ struct DTensorConverterOptions {
   bool partial = false;
   // Also shard dims (size > 1) that do not divide evenly (NOTE: [Uneven shards]).
   bool uneven = false;
+  // When > 0 and there are more combinations than this, next() produces only this many,
+  // evenly spaced over the combination indices (the first, all-Replicate one, included).
+  int64_t max_combinations = 0;
 };
 
 // Not thread-safe; one converter per rank. The constructor and the accessors are local;
@@ -104,6 +107,8 @@ class DTensorConverter {
   const std::vector<std::vector<Placement>>& choices(int64_t i) const;
   // Product of the numbers of choices (1 when there is no tensor).
   int64_t num_combinations() const { return num_combinations_; }
+  // How many combinations next() produces (num_combinations() unless max_combinations cuts).
+  int64_t num_visited() const;
   // The placement list of every tensor in combination `index` (0 <= index <
   // num_combinations()).
   std::vector<std::vector<Placement>> combination(int64_t index) const;
@@ -112,6 +117,8 @@ class DTensorConverter {
   std::string combination_string(int64_t index) const;
   // combination_string of the combination the last next() produced ("" before the first).
   std::string current_placements_string() const;
+  // Index of the combination the last next() produced (-1 before the first).
+  int64_t current_index() const { return current_index_; }
 
   const DeviceMesh& mesh() const { return mesh_; }
   const Options& options() const { return options_; }

@@ -22,6 +22,7 @@
 #pragma once
 
 #include "converters/dtensor_converter.h"
+#include "converters/op_check.h"
 #include "dtensor/mesh/device_mesh.h"
 #include "harness/multi_rank_test.h"
 
@@ -41,8 +42,8 @@ namespace dtensor {
 namespace testing {
 
 // Default tolerances of test_op (float32 reductions over shards reorder additions).
-constexpr double kDefaultTestOpRtol = 1e-5;
-constexpr double kDefaultTestOpAtol = 1e-6;
+constexpr double kDefaultTestOpRtol = kDefaultCheckRtol;
+constexpr double kDefaultTestOpAtol = kDefaultCheckAtol;
 
 struct TestOpOptions {
   // Passes when |actual - expected| <= atol + rtol * |expected| (at::allclose) for floating
@@ -51,6 +52,9 @@ struct TestOpOptions {
   double atol = kDefaultTestOpAtol;
   // Which placements to try (Partial, uneven shards, per mesh dim).
   DTensorConverterOptions converter;
+  // Also check the gradients of the floating inputs (a fixed random output gradient flows
+  // back through full_tensor() and the op); not for ops that write an input.
+  bool backward = false;
   // Name used in failure messages for an op given as a function.
   std::string op_name = "op";
 };
@@ -61,8 +65,10 @@ using TensorOpFn = std::function<at::Tensor(const std::vector<c10::IValue>& args
 
 // Collective. Runs `op` on `args`, then for every DTensorConverter combination runs it on
 // the converted args and checks (EXPECT) each output tensor: it must be a DTensor, and its
-// full_tensor() must match the plain output's shape, dtype and values; a failure names the
-// op, the combination and the output. Finally EXPECTs converter.successful().
+// full_tensor() must match the plain output's shape, dtype and values (and, with `backward`,
+// the gradients must match); a failure names the op, the combination and the output.
+// Combinations the converter cannot build are failures too. The checking itself is
+// converters/op_check.h's check_op; this reports its result through gtest.
 //
 // An exception from the op on DTensors is reported as a failure and the next combination
 // runs; this relies on the op failing alike on every rank (sharding errors do). In-place

@@ -4,15 +4,32 @@
 #include "harness/internal/external.h"
 #include "harness/internal/launcher.h"
 
+#include <c10/util/Logging.h>
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 
 namespace dtensor {
 namespace testing {
 
+// NOTE: [C++ stack traces in test programs]
+// Every c10::Error records a symbolised backtrace of where it was thrown, which costs about a
+// millisecond here (dladdr over libtorch's ~285 shared libraries). Test programs throw and
+// catch many errors on purpose (every expected-error test, every op sample a sharding rule
+// rejects), so the harness records no backtrace unless DTENSOR_CPP_STACKTRACES=1. Crashes
+// and hangs are unaffected: their stacks come from the harness's own signal handlers.
+void install_stack_trace_policy() {
+  const char* v = std::getenv("DTENSOR_CPP_STACKTRACES");
+  if (v && std::string(v) == "1") return;
+  c10::SetStackTraceFetcher([] { return std::string("(C++ stack trace not recorded; set DTENSOR_CPP_STACKTRACES=1)"); });
+}
+
 int main_with_harness(int argc, char** argv, const std::function<int(int&, char**)>& body, bool fork_server) {
+  install_stack_trace_policy();
+  // NOTE: [No SIGPIPE from a peer that is gone] (internal/launcher.cpp).
+  std::signal(SIGPIPE, SIG_IGN);
   // 1. A rank started by spawn: become that rank (never returns).
   if (const char* req = std::getenv("DTENSOR_RANK_REQUEST")) {
     auto request = nlohmann::json::parse(req).get<internal::RankRequest>();

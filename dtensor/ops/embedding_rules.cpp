@@ -102,8 +102,11 @@ std::vector<c10::IValue> embedding_backward_kernel(const c10::OperatorHandle& op
 }
 
 const bool registered = [] {
-  register_rule("aten::embedding", embedding_options, nullptr, embedding_kernel);
-  register_rule("aten::embedding_dense_backward", embedding_backward_options, nullptr, embedding_backward_kernel);
+  RuleOptions forward, backward;
+  forward.kernel = embedding_kernel;
+  backward.kernel = embedding_backward_kernel;
+  register_rule("aten::embedding", embedding_options, nullptr, forward);
+  register_rule("aten::embedding_dense_backward", embedding_backward_options, nullptr, backward);
   return true;
 }();
 

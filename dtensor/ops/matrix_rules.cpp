@@ -1,38 +1,77 @@
-// dtensor/ops/matrix_rules.cpp: mm, addmm, bmm, baddbmm (DESIGN.md D5).
-// With out = a @ b on one mesh dim: rows of a sharded -> rows of out; columns of b sharded ->
-// columns of out; the contracted dim sharded on both -> Partial(sum) out; a Partial operand
-// against a replicated one -> Partial out.
+// dtensor/ops/matrix_rules.cpp: matrix products (mm, bmm, dot, vdot, mv, addmm, baddbmm,
+// addbmm, addmv, addr) and the fused attention forward (DESIGN.md D5). Composite ops (matmul,
+// linear, einsum, outer/ger, the attention math path) reach the dispatcher as these products
+// plus views and pointwise ops, and are covered by those rules.
+//
+// NOTE: [Matrix products as einsum]
+// Each product is described by an einsum equation over its two operands ("mk,kn->mn" for mm)
+// and gets the same options as PyTorch's einsum strategy, for one mesh dim:
+//   - everything Replicate;
+//   - a batch letter (in both operands and the output) sharded everywhere -> output Shard;
+//   - a contracted letter (in both operands, not in the output) sharded on both operands ->
+//     Partial(sum) output: each rank holds the product of its slices of the contraction;
+//   - a free letter (in one operand and the output) sharded on that operand, the other
+//     replicated -> output Shard of that letter;
+//   - one operand Partial(sum|avg), the other replicated -> output Partial of the same op
+//     (a product is linear in each operand, NOTE: [Partial and linearity]).
+// Uneven shards are fine: both operands of a contracted or batch letter have the same size
+// there and are cut the same way (NOTE: [Uneven shards]).
+// The add-variants (addmm: beta * self + alpha * (a @ b)) put `self` first: it broadcasts to
+// the output, so it follows the output's placement (Shard of the dim it lines up with,
+// Replicate where it broadcasts) and, for a Partial output, must be Partial of the same op:
+// then every rank adds its share of beta * self.
 #include "dtensor/ops/registry.h"
+
+#include <c10/util/Exception.h>
+
+#include <string>
 
 namespace dtensor {
 namespace ops {
 namespace {
 
 const Placement R = Replicate{};
-const Placement P = Partial{};
 
-// Options for a batched-or-not matmul whose operands are (.., m, k) and (.., k, n); `batch`
-// is the number of leading batch dims (0 for mm, 1 for bmm).
-std::vector<DimOption> matmul_options(int64_t batch) {
-  const int64_t m = batch, k_a = batch + 1, k_b = batch, n = batch + 1;
+// Options of "lhs,rhs->out" (NOTE: [Matrix products as einsum]).
+std::vector<DimOption> einsum_options(const std::string& equation) {
+  const auto comma = equation.find(',');
+  const auto arrow = equation.find("->");
+  TORCH_INTERNAL_ASSERT(comma != std::string::npos && arrow != std::string::npos, "bad equation ", equation);
+  const std::string lhs = equation.substr(0, comma);
+  const std::string rhs = equation.substr(comma + 1, arrow - comma - 1);
+  const std::string out = equation.substr(arrow + 2);
+  auto shard_of = [](const std::string& dims, char letter) -> Placement {
+    const auto p = dims.find(letter);
+    return p == std::string::npos ? R : Placement(Shard{static_cast<int64_t>(p)});
+  };
   std::vector<DimOption> o;
   o.push_back({{R}, {R, R}});
-  for (int64_t b = 0; b < batch; ++b) o.push_back({{Shard{b}}, {Shard{b}, Shard{b}}});
-  o.push_back({{Shard{m}}, {Shard{m}, R}});
-  o.push_back({{Shard{n}}, {R, Shard{n}}});
-  o.push_back({{P}, {Shard{k_a}, Shard{k_b}}});
-  o.push_back({{P}, {P, R}});
-  o.push_back({{P}, {R, P}});
+  std::string letters = lhs;
+  for (char c : rhs)
+    if (letters.find(c) == std::string::npos) letters += c;
+  for (char c : letters) {
+    const bool in_l = lhs.find(c) != std::string::npos, in_r = rhs.find(c) != std::string::npos;
+    const bool in_out = out.find(c) != std::string::npos;
+    if (in_out) {
+      // Batch letter (both operands) or free letter (one operand; the other replicated).
+      o.push_back({{shard_of(out, c)}, {shard_of(lhs, c), shard_of(rhs, c)}});
+    } else if (in_l && in_r) {
+      o.push_back({{Partial{}}, {shard_of(lhs, c), shard_of(rhs, c)}});
+    }
+  }
+  for (auto op : {comm::ReduceOp::SUM, comm::ReduceOp::AVG}) {
+    o.push_back({{Partial(op)}, {Partial(op), R}});
+    o.push_back({{Partial(op)}, {R, Partial(op)}});
+  }
   return o;
 }
 
-// addmm/baddbmm: self (broadcast to the output) is added: it follows the output placement;
-// a Partial output needs a Partial self.
-std::vector<DimOption> add_matmul_options(const OpCall& c, int64_t batch) {
+// The add-variant of a product: `self` first, following the output.
+std::vector<DimOption> add_product_options(const OpCall& c, const std::string& equation) {
   std::vector<DimOption> out;
   const auto& self_shape = c.inputs[0]->tensor_meta.shape;
   const auto& out_shape = c.output_meta[0].shape;
-  for (auto& mo : matmul_options(batch)) {
+  for (auto& mo : einsum_options(equation)) {
     DimOption o{mo.outputs, {}};
     const Placement& p = mo.outputs[0];
     if (is_shard(p)) {
@@ -47,19 +86,66 @@ std::vector<DimOption> add_matmul_options(const OpCall& c, int64_t batch) {
   return out;
 }
 
+// NOTE: [Attention forward]
+// aten::_scaled_dot_product_attention_forward(q, k, v, attn_mask, dropout_p, need_attn_weights,
+// is_causal) is the fused path _scaled_dot_product_attention takes when no input requires grad
+// (with grad it decomposes into matmul, _softmax and dropout, which have rules of their own).
+// q is (..., L, E), k (..., S, E), v (..., S, Ev); outputs (..., L, Ev) and the weights
+// (..., L, S) (undefined unless need_attn_weights). Per mesh dim:
+//   - a batch/head dim (any leading dim) sharded on q, k and v (and on the mask where it has
+//     that dim, else the mask is replicated) -> both outputs sharded there;
+//   - q's L dim sharded, k and v replicated -> both outputs sharded on L (not with is_causal:
+//     the causal mask is built from the local L);
+//   - v Partial, q and k replicated -> output Partial (the output is linear in v), weights
+//     Replicate (they do not depend on v).
+// dropout_p > 0 is refused: the fused kernel draws the dropout mask from each rank's default
+// generator, which DTensor's RNG tracker does not control.
+std::vector<DimOption> attention_options(const OpCall& c) {
+  const double dropout_p = c.args[4].value.isDouble() ? c.args[4].value.toDouble() : 0.0;
+  TORCH_CHECK(dropout_p == 0.0, "DTensor: ", c.name, " with dropout_p = ", dropout_p,
+              " would draw its dropout mask from each rank's default generator, so the values would not match "
+              "the single-device op; call it with dropout_p = 0 and apply at::dropout to the weights, or with "
+              "inputs that require grad (the decomposed path uses DTensor's RNG tracker)");
+  const bool is_causal = arg_bool(c, 6, false);
+  const bool has_mask = c.args[3].kind == ArgInfo::Kind::kDTensor;
+  const int64_t nd = c.inputs[0]->ndim();
+  const auto& out_shape = c.output_meta[0].shape;
+  auto mask_placement = [&](int64_t out_dim) -> Placement {
+    const int64_t a = broadcast_input_dim(c.inputs[3]->tensor_meta.shape, out_shape, out_dim);
+    return a < 0 ? R : Placement(Shard{a});
+  };
+  std::vector<DimOption> o;
+  auto add = [&](Placement out, Placement q, Placement k, Placement v, Placement w, Placement m) {
+    DimOption d{{out, w}, {q, k, v}};
+    if (has_mask) d.inputs.push_back(m);
+    o.push_back(std::move(d));
+  };
+  add(R, R, R, R, R, R);
+  for (int64_t b = 0; b + 2 < nd; ++b)
+    add(Shard{b}, Shard{b}, Shard{b}, Shard{b}, Shard{b}, has_mask ? mask_placement(b) : R);
+  if (!is_causal) add(Shard{nd - 2}, Shard{nd - 2}, R, R, Shard{nd - 2}, has_mask ? mask_placement(nd - 2) : R);
+  for (auto op : {comm::ReduceOp::SUM, comm::ReduceOp::AVG}) add(Partial(op), R, R, Partial(op), R, R);
+  return o;
+}
+
 const bool registered = [] {
-  register_rule("aten::mm", [](const OpCall&) { return matmul_options(0); });
-  register_rule("aten::bmm", [](const OpCall&) { return matmul_options(1); });
-  register_rule("aten::addmm", [](const OpCall& c) { return add_matmul_options(c, 0); });
-  register_rule("aten::baddbmm", [](const OpCall& c) { return add_matmul_options(c, 1); });
-  // dot / mv as mm without the free dims.
-  register_rule("aten::dot", [](const OpCall&) {
-    return std::vector<DimOption>{{{R}, {R, R}}, {{P}, {Shard{0}, Shard{0}}}, {{P}, {P, R}}, {{P}, {R, P}}};
-  });
-  register_rule("aten::mv", [](const OpCall&) {
-    return std::vector<DimOption>{{{R}, {R, R}}, {{Shard{0}}, {Shard{0}, R}}, {{P}, {Shard{1}, Shard{0}}},
-                                  {{P}, {P, R}}, {{P}, {R, P}}};
-  });
+  auto product = [](const char* op, const char* equation) {
+    register_rule(op, [eq = std::string(equation)](const OpCall&) { return einsum_options(eq); });
+  };
+  auto add_product = [](const char* op, const char* equation) {
+    register_rule(op, [eq = std::string(equation)](const OpCall& c) { return add_product_options(c, eq); });
+  };
+  product("aten::mm", "mk,kn->mn");
+  product("aten::bmm", "bmk,bkn->bmn");
+  product("aten::dot", "k,k->");
+  product("aten::vdot", "k,k->");  // conj(self) . other: conjugation is real-linear, sums stay sums
+  product("aten::mv", "mk,k->m");
+  add_product("aten::addmm", "mk,kn->mn");
+  add_product("aten::baddbmm", "bmk,bkn->bmn");
+  add_product("aten::addbmm", "bmk,bkn->mn");  // the batch is summed: a contracted letter
+  add_product("aten::addmv", "mk,k->m");
+  add_product("aten::addr", "m,n->mn");
+  register_rule("aten::_scaled_dot_product_attention_forward", attention_options);
   return true;
 }();
 

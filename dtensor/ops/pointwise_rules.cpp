@@ -4,11 +4,15 @@
 // A Partial tensor is a sum (or avg) of per-rank values. An op may keep it Partial only when
 // it is linear in that input: f(a1 + a2) = f(a1) + f(a2). add/sub are linear in all operands
 // together (every operand Partial); mul is linear in any ONE operand (the others replicated);
-// div, neg, clone, the *_backward ops are linear in their first operand. Adding a scalar, relu,
-// exp, comparisons... are not: a Partial input is reduced first.
+// div, neg, clone, the *_backward ops are linear in their first operand, and so is
+// masked_fill with the value 0 (the norm and std backward formulas use it in place). Adding a
+// scalar, relu, exp, comparisons... are not: a Partial input is reduced first.
 #include "dtensor/ops/registry.h"
 
+#include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
+
+#include <algorithm>
 
 namespace dtensor {
 namespace ops {
@@ -34,6 +38,7 @@ std::vector<DimOption> pointwise_options(const OpCall& c, Linear lin) {
     opts.push_back(std::move(o));
   }
   // Partial options (NOTE: [Partial and linearity]).
+  const std::vector<size_t> outs = out_inputs(c);
   bool all_tensor_args_are_dtensors = true;
   for (size_t i = 0; i < c.args.size(); ++i) {
     const auto& a = c.args[i];
@@ -52,6 +57,7 @@ std::vector<DimOption> pointwise_options(const OpCall& c, Linear lin) {
         break;
       case Linear::kAnyOne:
         for (size_t j = 0; j < n_in; ++j) {
+          if (std::find(outs.begin(), outs.end(), j) != outs.end()) continue;  // not an operand
           DimOption o{std::vector<Placement>(n_out, p), std::vector<Placement>(n_in, Replicate{})};
           o.inputs[j] = p;
           opts.push_back(std::move(o));
@@ -65,6 +71,9 @@ std::vector<DimOption> pointwise_options(const OpCall& c, Linear lin) {
       }
     }
   }
+  // An out= tensor is written with the result: it takes the output's placement.
+  for (auto& o : opts)
+    for (size_t k : outs) o.inputs[k] = o.outputs[0];
   return opts;
 }
 
@@ -83,16 +92,28 @@ std::vector<std::string> with_variants(const std::vector<std::string>& bases) {
 }
 
 const bool registered = [] {
-  reg(with_variants({"abs", "acos", "asin", "atan", "ceil", "cos", "cosh", "erf", "exp", "expm1", "floor",
+  reg(with_variants({"abs", "acos", "asin", "atan", "ceil", "cos", "cosh", "erf", "erfc", "exp", "expm1", "floor",
                      "frac", "log", "log1p", "log2", "log10", "reciprocal", "relu", "round", "rsqrt", "sigmoid",
                      "sign", "sgn", "sin", "sinh", "sqrt", "tan", "tanh", "trunc", "gelu", "silu", "hardtanh",
-                     "leaky_relu", "logical_not", "bitwise_not", "isnan", "nan_to_num", "clamp", "clamp_min",
-                     "clamp_max", "pow", "maximum", "minimum", "atan2", "eq", "ne", "lt", "le", "gt", "ge",
-                     "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
-                     "fmod", "remainder", "addcmul", "addcdiv", "masked_fill", "copysign", "hypot",
-                     "floor_divide", "fill", "where", "exp2", "erfinv", "digamma", "lgamma", "sinc",
-                     "logit", "softplus", "elu", "mish", "hardsigmoid", "hardswish", "rsub", "lerp"}),
+                     "leaky_relu", "logical_not", "bitwise_not", "isnan", "isinf", "isneginf", "isposinf", "signbit",
+                     "nan_to_num", "clamp", "clamp_min", "clamp_max", "pow", "maximum", "minimum", "fmax", "fmin",
+                     "atan2", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
+                     "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift",
+                     "__lshift__", "__rshift__", "fmod", "remainder", "addcmul", "addcdiv", "masked_fill",
+                     "copysign", "hypot", "floor_divide", "fill", "where", "exp2", "erfinv", "digamma", "lgamma",
+                     "polygamma", "mvlgamma", "sinc", "logit", "softplus", "elu", "mish", "hardsigmoid",
+                     "hardswish", "hardshrink", "softshrink", "rsub", "lerp", "asinh", "acosh", "atanh", "angle",
+                     "i0", "special_i0e", "special_i1", "special_i1e", "special_erfcx", "special_ndtr",
+                     "special_ndtri", "special_log_ndtr", "special_entr", "special_xlog1py", "xlogy", "nextafter",
+                     "logaddexp", "logaddexp2", "heaviside", "igamma", "igammac", "gcd", "lcm",
+                     "log_sigmoid_forward", "relu6", "celu", "selu", "rrelu", "rrelu_with_noise", "threshold"}),
       Linear::kNone);
+  // More *_backward ops: grad_output times a function of the forward input, so linear in
+  // grad_output (their first operand).
+  reg({"aten::log_sigmoid_backward", "aten::logit_backward", "aten::softplus_backward",
+       "aten::hardsigmoid_backward", "aten::hardswish_backward", "aten::mish_backward",
+       "aten::hardshrink_backward", "aten::softshrink_backward", "aten::rrelu_with_noise_backward"},
+      Linear::kFirst);
   // add/sub with a Scalar "other" add a constant: not linear (all_tensor_args check covers
   // Tensor "other"; the .Scalar overloads are registered explicitly as non-linear).
   reg({"aten::add.Tensor", "aten::add_.Tensor", "aten::sub.Tensor", "aten::sub_.Tensor", "aten::add.out",
@@ -101,12 +122,31 @@ const bool registered = [] {
   reg({"aten::add.Scalar", "aten::add_.Scalar", "aten::sub.Scalar", "aten::sub_.Scalar"}, Linear::kNone);
   reg({"aten::mul.Tensor", "aten::mul_.Tensor", "aten::mul.out"}, Linear::kAnyOne);
   reg({"aten::mul.Scalar", "aten::mul_.Scalar", "aten::div.Tensor", "aten::div_.Tensor", "aten::div.Scalar",
-       "aten::div_.Scalar", "aten::neg", "aten::neg_", "aten::clone", "aten::detach",
-       "aten::alias", "aten::_to_copy", "aten::positive", "aten::zero_", "aten::threshold_backward",
-       "aten::gelu_backward", "aten::tanh_backward", "aten::sigmoid_backward", "aten::silu_backward",
-       "aten::hardtanh_backward", "aten::leaky_relu_backward", "aten::elu_backward", "aten::lift_fresh",
-       "aten::_conj", "aten::conj_physical", "aten::real", "aten::imag"},
+       "aten::div_.Scalar", "aten::neg", "aten::neg_", "aten::clone", "aten::detach", "aten::deg2rad",
+       "aten::deg2rad_", "aten::rad2deg", "aten::rad2deg_", "aten::alias", "aten::positive", "aten::zero_",
+       "aten::threshold_backward", "aten::gelu_backward", "aten::tanh_backward", "aten::sigmoid_backward",
+       "aten::silu_backward", "aten::hardtanh_backward", "aten::leaky_relu_backward", "aten::elu_backward",
+       "aten::lift_fresh", "aten::_conj", "aten::conj_physical", "aten::conj_physical_", "aten::real",
+       "aten::imag"},
       Linear::kFirst);
+  // div with a rounding mode rounds: not linear.
+  reg({"aten::div.Tensor_mode", "aten::div_.Tensor_mode", "aten::div.Scalar_mode", "aten::div_.Scalar_mode"},
+      Linear::kNone);
+  // masked_fill(self, mask, 0) zeroes positions: linear in self (a non-zero value is not).
+  for (const char* n : {"aten::masked_fill.Scalar", "aten::masked_fill_.Scalar"}) {
+    register_rule(n, [](const OpCall& c) {
+      const c10::IValue& v = c.args.size() > 2 ? c.args[2].value : c10::IValue();
+      const bool zero = (v.isDouble() && v.toDouble() == 0) || (v.isInt() && v.toInt() == 0) ||
+                        (v.isBool() && !v.toBool());
+      return pointwise_options(c, zero ? Linear::kFirst : Linear::kNone);
+    });
+  }
+  // A cast is linear between floating dtypes; rounding to an integer dtype is not.
+  register_rule("aten::_to_copy", [](const OpCall& c) {
+    const bool floating = c.output_meta.empty() || at::isFloatingType(c.output_meta[0].dtype) ||
+                          at::isComplexType(c.output_meta[0].dtype);
+    return pointwise_options(c, floating ? Linear::kFirst : Linear::kNone);
+  });
   return true;
 }();
 

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/hash.h>
 
+#include <algorithm>
 #include <limits>
 #include <mutex>
 #include <sstream>
@@ -17,12 +18,14 @@ namespace {
 struct Entry {
   Rule rule;
   LocalArgRewrite rewrite;
-  LocalKernel kernel;
+  RuleOptions options;
 };
 std::unordered_map<std::string, Entry>& rules() {
   static std::unordered_map<std::string, Entry> r;
   return r;
 }
+thread_local bool t_replicate_fallback = false;
+thread_local int64_t t_replicate_fallback_uses = 0;
 std::mutex g_cache_mu;
 std::unordered_map<size_t, OutputSharding> g_cache;
 CacheStats g_stats;
@@ -34,6 +37,9 @@ size_t ivalue_hash(const c10::IValue& v) {
   if (v.isInt()) return std::hash<int64_t>()(v.toInt());
   if (v.isBool()) return std::hash<bool>()(v.toBool()) + 7;
   if (v.isDouble()) return std::hash<double>()(v.toDouble());
+  // Which generator an op draws from does not change its sharding (and printing one would
+  // make every generator object a new cache entry).
+  if (v.isGenerator()) return 0x6e6e;
   if (v.isIntList()) {
     size_t h = 0x1234;
     for (auto x : v.toIntVector()) h = combine(h, std::hash<int64_t>()(x));
@@ -71,8 +77,8 @@ std::string describe_inputs(const OpCall& c) {
 }
 }  // namespace
 
-void register_rule(const std::string& op, Rule rule, LocalArgRewrite rewrite, LocalKernel kernel) {
-  rules()[op] = Entry{std::move(rule), std::move(rewrite), std::move(kernel)};
+void register_rule(const std::string& op, Rule rule, LocalArgRewrite rewrite, RuleOptions options) {
+  rules()[op] = Entry{std::move(rule), std::move(rewrite), options};
 }
 
 bool has_rule(const std::string& op) { return find_rule(op) != nullptr; }
@@ -112,6 +118,8 @@ OutputSharding propagate(OpCall& call, const std::function<std::vector<TensorMet
   for (auto* s : call.inputs) key = combine(key, hash_value(*s));
   for (auto& a : call.args)
     if (a.kind == ArgInfo::Kind::kOther) key = combine(key, ivalue_hash(a.value));
+  const Entry* entry = find_rule(call.name);
+  if (entry == nullptr) key = combine(key, t_replicate_fallback ? 0x5eed : 0x0ff);
   {
     std::lock_guard<std::mutex> lk(g_cache_mu);
     auto it = g_cache.find(key);
@@ -121,13 +129,31 @@ OutputSharding propagate(OpCall& call, const std::function<std::vector<TensorMet
     }
     ++g_stats.misses;
   }
-  // 2. The rule's single-dim options.
-  const Entry* entry = find_rule(call.name);
-  TORCH_CHECK(entry != nullptr, "DTensor: operator ", call.name,
+  // 2. The rule's single-dim options (or NOTE: [Replicate fallback]).
+  TORCH_CHECK(entry != nullptr || t_replicate_fallback, "DTensor: operator ", call.name,
               " has no sharding rule (inputs: ", describe_inputs(call), " on ",
               call.mesh->to_string(),
-              "). Call full_tensor() and run it on plain tensors, or add a rule in dtensor/ops");
+              "). Call full_tensor() and run it on plain tensors, add a rule in dtensor/ops, or run it "
+              "inside a dtensor::ops::ReplicateFallbackGuard");
   call.output_meta = infer_meta();
+  if (entry == nullptr) {
+    OutputSharding fb;
+    const std::vector<Placement> rep(static_cast<size_t>(call.mesh->ndim()), Replicate{});
+    fb.inputs.assign(call.inputs.size(), rep);
+    fb.outputs.assign(call.output_meta.size(), rep);
+    fb.output_meta = call.output_meta;
+    fb.replicate_fallback = true;
+    if (call.written_input >= 0) {
+      const DTensorSpec& w = *call.inputs[static_cast<size_t>(call.written_input)];
+      TORCH_CHECK(w.placements == rep, "DTensor: operator ", call.name,
+                  " has no sharding rule, and the replicate fallback cannot write into a DTensor with placements ",
+                  to_string(w.placements), "; redistribute it to Replicate first");
+    }
+    for (size_t j = 0; j < call.inputs.size(); ++j) fb.cost += redistribute_cost(*call.inputs[j], rep);
+    std::lock_guard<std::mutex> lk(g_cache_mu);
+    g_cache.emplace(key, fb);
+    return fb;
+  }
   std::vector<DimOption> options = entry->rule(call);
   TORCH_CHECK(!options.empty(), "DTensor: the rule of ", call.name, " gave no strategy for inputs ",
               describe_inputs(call));
@@ -135,10 +161,33 @@ OutputSharding propagate(OpCall& call, const std::function<std::vector<TensorMet
   const int64_t m = call.mesh->ndim();
   const size_t n_in = call.inputs.size();
   const size_t n_out = options[0].outputs.size();
+  // NOTE: [Rules of functional ops serve their out= overloads]
+  // A rule registered as "aten::x" also serves "aten::x.out" and the like, whose out= tensors
+  // are extra DTensor inputs its options do not list: each takes the placement of the output
+  // it receives (the k-th out= argument is the k-th output).
+  const std::vector<size_t> outs = out_inputs(call);
+  for (auto& o : options) {
+    if (outs.empty() || o.inputs.size() + outs.size() != n_in) continue;
+    std::vector<Placement> full;
+    size_t operand = 0;
+    for (size_t j = 0; j < n_in; ++j) {
+      const auto it = std::find(outs.begin(), outs.end(), j);
+      if (it == outs.end()) {
+        full.push_back(o.inputs[operand++]);
+      } else {
+        const auto k = static_cast<size_t>(it - outs.begin());
+        TORCH_CHECK(k < o.outputs.size(), "DTensor: ", call.name, " writes ", outs.size(),
+                    " out= tensors but its rule describes ", o.outputs.size(), " outputs");
+        full.push_back(o.outputs[k]);
+      }
+    }
+    o.inputs = std::move(full);
+  }
   for (auto& o : options)
-    TORCH_INTERNAL_ASSERT(o.inputs.size() == n_in && o.outputs.size() == n_out, "rule of ", call.name,
-                          " gave an option with ", o.inputs.size(), " inputs and ", o.outputs.size(),
-                          " outputs; expected ", n_in, " and ", n_out);
+    TORCH_CHECK(o.inputs.size() == n_in && o.outputs.size() == n_out, "DTensor: the sharding rule of ", call.name,
+                " gave an option for ", o.inputs.size(), " DTensor inputs and ", o.outputs.size(),
+                " outputs, but the call has ", n_in, " and ", n_out,
+                " (a rule registered for the functional op does not fit this overload; register one for it)");
   std::vector<size_t> idx(static_cast<size_t>(m), 0);
   OutputSharding best;
   double best_cost = std::numeric_limits<double>::infinity();
@@ -176,12 +225,25 @@ OutputSharding propagate(OpCall& call, const std::function<std::vector<TensorMet
                            : "");
   best.cost = best_cost;
   best.rewrite = entry->rewrite;
-  best.kernel = entry->kernel;
+  best.output_shape_from_local = entry->options.output_shape_from_local;
+  best.random = entry->options.random;
+  best.kernel = entry->options.kernel;
+  if (best.output_shape_from_local)
+    for (const auto& out : best.outputs)
+      for (const auto& p : out)
+        TORCH_INTERNAL_ASSERT(is_replicate(p), "rule of ", call.name,
+                              " has data-dependent output shapes but chose a non-Replicate output");
   best.output_meta = call.output_meta;
   std::lock_guard<std::mutex> lk(g_cache_mu);
   g_cache.emplace(key, best);
   return best;
 }
+
+ReplicateFallbackGuard::ReplicateFallbackGuard() : prev_(t_replicate_fallback) { t_replicate_fallback = true; }
+ReplicateFallbackGuard::~ReplicateFallbackGuard() { t_replicate_fallback = prev_; }
+bool replicate_fallback_enabled() { return t_replicate_fallback; }
+int64_t replicate_fallback_uses() { return t_replicate_fallback_uses; }
+void note_replicate_fallback_use() { ++t_replicate_fallback_uses; }
 
 CacheStats propagation_cache_stats() {
   std::lock_guard<std::mutex> lk(g_cache_mu);
@@ -201,6 +263,20 @@ int64_t broadcast_input_dim(const std::vector<int64_t>& in_shape, const std::vec
   if (a < 0) return -1;
   if (in_shape[a] == 1 && out_shape[out_dim] != 1) return -1;
   return a;
+}
+
+std::vector<size_t> out_inputs(const OpCall& c) {
+  std::vector<size_t> out;
+  size_t pos = 0;
+  for (size_t i = 0; i < c.args.size(); ++i) {
+    const auto& a = c.args[i];
+    const size_t n = a.kind == ArgInfo::Kind::kDTensor ? 1 : a.kind == ArgInfo::Kind::kDTensorList ? a.list.size() : 0;
+    const auto& formal = c.schema->arguments()[i];
+    if (formal.kwarg_only() && formal.alias_info() && formal.alias_info()->isWrite())
+      for (size_t k = 0; k < n; ++k) out.push_back(pos + k);
+    pos += n;
+  }
+  return out;
 }
 
 int64_t arg_int(const OpCall& c, size_t i, int64_t fallback) {

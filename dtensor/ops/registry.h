@@ -78,9 +78,25 @@ using LocalKernel = std::function<std::vector<c10::IValue>(const c10::OperatorHa
                                                            std::vector<c10::IValue>& args, const OpCall& call,
                                                            const OutputSharding& sharding)>;
 
-// Registers a rule for "aten::name.overload" (or "aten::name" for the default overload).
+// How the engine treats an op beyond its placements.
+struct RuleOptions {
+  // The outputs' shapes depend on the input VALUES (masked_select, nonzero, ...): metadata
+  // inferred from stand-in tensors would be wrong, so each call takes the global metadata
+  // from the local result. Only valid when every output is Replicate (the rule must say so).
+  bool output_shape_from_local = false;
+  // The op draws random numbers (NOTE: [Random ops on DTensors], dtensor/tensor/random.h): the
+  // dispatcher runs it on global stand-ins with the mesh's RNG tracker so that every placement
+  // gives the single-device values, instead of on the local tensors. The rule's options must
+  // place no output Partial unless it is linear in a Partial input (dropout).
+  bool random = false;
+  // Runs instead of the op on the local shards (see LocalKernel); empty: the op itself.
+  LocalKernel kernel;
+};
+
+// Registers a rule for "aten::name.overload" (or "aten::name" for every overload without a
+// rule of its own).
 void register_rule(const std::string& op, Rule rule, LocalArgRewrite rewrite = nullptr,
-                   LocalKernel kernel = nullptr);
+                   RuleOptions options = {});
 bool has_rule(const std::string& op);
 std::vector<std::string> ops_with_rules();
 
@@ -90,8 +106,34 @@ struct OutputSharding {
   std::vector<TensorMeta> output_meta;          // global metadata of the outputs
   double cost = 0;
   LocalArgRewrite rewrite;
-  LocalKernel kernel;
+  bool replicate_fallback = false;  // NOTE: [Replicate fallback]
+  bool output_shape_from_local = false;  // RuleOptions
+  bool random = false;                   // RuleOptions
+  LocalKernel kernel;                    // RuleOptions
 };
+
+// NOTE: [Replicate fallback]
+// An op without a rule raises (naming the op). While a ReplicateFallbackGuard is alive on the
+// calling thread it runs instead on replicated inputs (every input is gathered in full) and
+// its outputs are Replicate: correct for deterministic ops, at the price of whole-tensor
+// communication, and hiding the missing rule; hence opt-in. A random op under the fallback
+// gives each rank different values. An op that writes into a non-replicated DTensor still
+// raises. replicate_fallback_uses() counts the op calls that used it (this thread), so that
+// tests and reports can tell "covered by a rule" from "works through the fallback".
+class ReplicateFallbackGuard {
+ public:
+  ReplicateFallbackGuard();
+  ~ReplicateFallbackGuard();
+  ReplicateFallbackGuard(const ReplicateFallbackGuard&) = delete;
+  ReplicateFallbackGuard& operator=(const ReplicateFallbackGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+bool replicate_fallback_enabled();
+int64_t replicate_fallback_uses();
+// Called by the dispatcher fallback each time an op runs through the replicate fallback.
+void note_replicate_fallback_use();
 
 // Chooses the strategy for `call` (cached). On a cache miss `infer_meta` fills
 // call.output_meta before the rule runs. Throws c10::Error naming op and placements when no
@@ -113,6 +155,9 @@ void clear_propagation_cache();
 // -1 when the input has no such dim or broadcasts it (size 1 vs > 1).
 int64_t broadcast_input_dim(const std::vector<int64_t>& in_shape,
                             const std::vector<int64_t>& out_shape, int64_t out_dim);
+// Positions (in OpCall::inputs) of the out= arguments: keyword-only arguments the op writes.
+// They are not operands: rules give them the output's placement.
+std::vector<size_t> out_inputs(const OpCall& c);
 int64_t arg_int(const OpCall& c, size_t i, int64_t fallback);
 std::vector<int64_t> arg_int_list(const OpCall& c, size_t i);
 bool arg_bool(const OpCall& c, size_t i, bool fallback);

@@ -2,6 +2,8 @@
 // values (item, equal) (DESIGN.md D5).
 #include "dtensor/ops/registry.h"
 
+#include <algorithm>
+
 namespace dtensor {
 namespace ops {
 namespace {
@@ -16,8 +18,8 @@ const bool registered = [] {
       o.push_back({{Replicate{}}, {Partial(op)}});
     return o;
   };
-  for (const char* n : {"aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like",
-                        "aten::rand_like", "aten::randn_like", "aten::empty_strided"})
+  // (rand_like / randn_like: random_rules.cpp.)
+  for (const char* n : {"aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like"})
     register_rule(n, like);
   // copy_(self, src): src takes self's layout (the engine keeps self's placements).
   register_rule("aten::copy_", [](const OpCall& c) {
@@ -44,6 +46,22 @@ const bool registered = [] {
   auto replicated_scalar = [](const OpCall& c) {
     return std::vector<DimOption>{{{}, std::vector<Placement>(c.inputs.size(), Replicate{})}};
   };
+  // Output shapes that depend on the values: computed on replicated inputs, replicated.
+  auto replicated_data_dependent = [](const OpCall& c) {
+    return std::vector<DimOption>{{std::vector<Placement>(std::max<size_t>(c.output_meta.size(), 1), Replicate{}),
+                                   std::vector<Placement>(c.inputs.size(), Replicate{})}};
+  };
+  RuleOptions from_local;
+  from_local.output_shape_from_local = true;
+  for (const char* n : {"aten::masked_select", "aten::nonzero"})
+    register_rule(n, replicated_data_dependent, nullptr, from_local);
+  // masked_scatter fills the masked positions in row-major order from `source`: which source
+  // element lands where depends on the mask everywhere before it, so everything is replicated.
+  auto all_replicated = [](const OpCall& c) {
+    return std::vector<DimOption>{{std::vector<Placement>(std::max<size_t>(c.output_meta.size(), 1), Replicate{}),
+                                   std::vector<Placement>(c.inputs.size(), Replicate{})}};
+  };
+  for (const char* n : {"aten::masked_scatter", "aten::masked_scatter_"}) register_rule(n, all_replicated);
   register_rule("aten::_local_scalar_dense", replicated_scalar);
   register_rule("aten::equal", replicated_scalar);
   register_rule("aten::is_nonzero", replicated_scalar);

@@ -21,6 +21,17 @@ std::vector<DimOption> mapped_options(const std::vector<int64_t>& out_to_in) {
   return o;
 }
 
+// Whether splitting a dim of `n` over some mesh dim (or the whole mesh) can give a shard of
+// size exactly 1 (NOTE: [Uneven shards]).
+bool may_have_size1_shard(int64_t n, const DeviceMesh& mesh) {
+  std::vector<int64_t> ways{mesh.size()};
+  for (int64_t d = 0; d < mesh.ndim(); ++d) ways.push_back(mesh.size(d));
+  for (int64_t k : ways)
+    for (int64_t r = 0; r < k; ++r)
+      if (shard_size_and_offset(n, k, r).first == 1) return true;
+  return false;
+}
+
 const std::vector<int64_t>& in_shape(const OpCall& c) { return c.inputs[0]->tensor_meta.shape; }
 const std::vector<int64_t>& out_shape(const OpCall& c) { return c.output_meta[0].shape; }
 
@@ -115,8 +126,11 @@ const bool registered = [] {
       if (d != at) map[d] = d < at ? d : d - 1;
     return mapped_options(map);
   });
-  auto squeeze_rule = [](const OpCall& c) {
-    // Output dims are the input dims that survive, in order; match them greedily by size.
+  // squeeze: output dims are the input dims that survive, in order; match them greedily by
+  // size. NOTE: squeeze() without a dim runs on the local shard and drops every dim of size
+  // 1 THERE: a sharded dim must never have a size-1 shard (e.g. 4 split 4 ways), or the
+  // local result would lose it. squeeze.dim names its dim, so only that one goes.
+  auto squeeze_rule = [](const OpCall& c, bool all_dims) {
     const auto& in = in_shape(c);
     const auto& out = out_shape(c);
     std::vector<int64_t> map(out.size(), -1);
@@ -125,10 +139,13 @@ const bool registered = [] {
       if (in[i] == out[j] && (in[i] != 1 || in.size() - i == out.size() - j)) map[j++] = static_cast<int64_t>(i);
       else if (in[i] != 1) return mapped_options(std::vector<int64_t>(out.size(), -1));
     }
+    if (all_dims)
+      for (auto& m : map)
+        if (m >= 0 && may_have_size1_shard(in[m], *c.mesh)) m = -1;
     return mapped_options(map);
   };
-  register_rule("aten::squeeze", squeeze_rule);
-  register_rule("aten::squeeze.dim", squeeze_rule);
+  register_rule("aten::squeeze", [squeeze_rule](const OpCall& c) { return squeeze_rule(c, true); });
+  register_rule("aten::squeeze.dim", [squeeze_rule](const OpCall& c) { return squeeze_rule(c, false); });
   register_rule(
       "aten::expand",
       [](const OpCall& c) {
@@ -139,6 +156,18 @@ const bool registered = [] {
         return mapped_options(map);
       },
       rewrite_size);
+  // Complex <-> real views: the complex dims keep their shards; the trailing (re, im) dim of
+  // size 2 is never sharded.
+  register_rule("aten::view_as_real", [](const OpCall& c) {
+    std::vector<int64_t> map(out_shape(c).size(), -1);
+    for (size_t d = 0; d + 1 < map.size(); ++d) map[d] = static_cast<int64_t>(d);
+    return mapped_options(map);
+  });
+  register_rule("aten::view_as_complex", [](const OpCall& c) {
+    std::vector<int64_t> map(out_shape(c).size(), -1);
+    for (size_t d = 0; d < map.size(); ++d) map[d] = static_cast<int64_t>(d);
+    return mapped_options(map);
+  });
   auto view_rule = [](const OpCall& c) { return mapped_options(view_map(c)); };
   register_rule("aten::view", view_rule, rewrite_size);
   register_rule("aten::_unsafe_view", view_rule, rewrite_size);

@@ -8,19 +8,25 @@
 //   2. Propagate sharding (dtensor/ops): the cheapest strategy and the outputs' global metadata
 //      (from a run on meta tensors, cached with the strategy).
 //   3. Redistribute inputs to the strategy's placements and put the local tensors on the stack.
-//   4. Run the op on local tensors, below this key and below autograd (or the rule's local
-//      kernel, for rules whose local computation differs from the op: ops::LocalKernel).
+//   4. Run the op on local tensors, below this key and below autograd; a random op runs on
+//      global stand-ins with the RNG tracker instead (NOTE: [Random ops on DTensors]), and a
+//      rule with a local kernel runs that kernel instead (ops::LocalKernel).
 //   5. Wrap outputs as DTensors; in-place/out= returns give back the DTensor that was written.
 #include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/tensor/dtensor_impl.h"
+#include "dtensor/tensor/random.h"
 #include "dtensor/tensor/redistribute.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
+
+#include <mutex>
+#include <unordered_set>
 
 namespace dtensor {
 
@@ -123,12 +129,21 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   call.mesh = &*mesh;
   // The written argument of in-place / out= ops.
   int written_arg = -1;
+  int written_dtensors = 0;
   for (const auto& r : schema.returns())
     if (r.alias_info() && r.alias_info()->isWrite())
       for (size_t i = 0; i < n_args; ++i) {
         const auto& ai = schema.arguments()[i].alias_info();
-        if (ai && ai->isWrite() && ai->beforeSets() == r.alias_info()->beforeSets()) written_arg = static_cast<int>(i);
+        if (ai && ai->isWrite() && ai->beforeSets() == r.alias_info()->beforeSets()) {
+          written_arg = static_cast<int>(i);
+          written_dtensors += call.args[i].kind == ops::ArgInfo::Kind::kDTensor ? 1 : 0;
+        }
       }
+  // One written DTensor is kept in place (its placements fixed, returned as is); several
+  // (max.dim_max, sort.values, ...) would need that for each, which propagation does not do.
+  TORCH_CHECK(written_dtensors <= 1, "DTensor: ", call.name, " writes ", written_dtensors,
+              " DTensor outputs; out= overloads with several outputs are not supported. Call the functional "
+              "overload and copy_ its results into the outputs");
   for (size_t k = 0; k < dargs.size(); ++k)
     if (static_cast<int>(dargs[k].arg) == written_arg && dargs[k].list_pos < 0) call.written_input = static_cast<int>(k);
 
@@ -157,16 +172,44 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
           for (auto& s : a.list) l.push_back(stand_in(s));
           ms[i] = l;
         }
+        // Inferring shapes must not draw from the caller's generator (or the default one).
+        const auto& type = schema.arguments()[i].type();
+        if (ms[i].isGenerator() || (ms[i].isNone() && type->kind() == c10::TypeKind::OptionalType &&
+                                    type->expectRef<c10::OptionalType>().getElementType()->kind() ==
+                                        c10::TypeKind::GeneratorType))
+          ms[i] = at::detail::createCPUGenerator();
       }
       c10::impl::ExcludeDispatchKeyGuard no_dtensor(kDTensorKey);
       at::AutoDispatchBelowADInplaceOrView below;
-      op.callBoxed(ms);
+      // Random ops without a Generator argument (native_dropout has no meta kernel either) are
+      // inferred through their re-expression, which takes one.
+      if (detail::has_random_reexpression(call.name))
+        detail::run_random_reexpression(call.name, &ms, 0, at::detail::createCPUGenerator());
+      else
+        op.callBoxed(ms);
       return ms;
     };
+    // NOTE: a c10::Error records a symbolised backtrace (~1 ms with libtorch's ~285 shared
+    // libraries), so an op whose meta run failed once goes straight to the CPU run after that.
+    static std::mutex no_meta_mu;
+    static std::unordered_set<std::string> no_meta;
+    bool try_meta;
+    {
+      std::lock_guard<std::mutex> lk(no_meta_mu);
+      try_meta = no_meta.count(call.name) == 0;
+    }
     torch::jit::Stack ms;
-    try {
-      ms = run_on(/*meta=*/true);
-    } catch (const c10::Error&) {
+    bool have_meta = false;
+    if (try_meta) {
+      try {
+        ms = run_on(/*meta=*/true);
+        have_meta = true;
+      } catch (const c10::Error&) {
+        std::lock_guard<std::mutex> lk(no_meta_mu);
+        no_meta.insert(call.name);
+      }
+    }
+    if (!have_meta) {
       try {
         ms = run_on(/*meta=*/false);
       } catch (const c10::Error& e) {
@@ -182,6 +225,7 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   };
   ops::OutputSharding sharding = ops::propagate(call, infer_meta);
   call.output_meta = sharding.output_meta;  // on a cache hit, propagate did not infer them
+  if (sharding.replicate_fallback) ops::note_replicate_fallback_use();
 
   // 3. Redistribute inputs; local tensors onto the stack.
   std::vector<at::Tensor> written_dtensor;
@@ -211,11 +255,16 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     for (size_t i = 0; i < n_args; ++i) (*stack)[begin + i] = std::move(args[i]);
   }
 
-  // 4. The local op (or the rule's local kernel).
+  // 4. The local op (a random op: NOTE: [Random ops on DTensors]; a rule's local kernel).
   {
     c10::impl::ExcludeDispatchKeyGuard no_dtensor(kDTensorKey);
     at::AutoDispatchBelowADInplaceOrView below;
-    if (sharding.kernel) {
+    if (sharding.random) {
+      std::vector<detail::RandomOpInput> random_inputs;
+      for (size_t k = 0; k < dargs.size(); ++k)
+        random_inputs.push_back({dargs[k].arg, dargs[k].list_pos, sharding.inputs[k], &call.inputs[k]->tensor_meta});
+      detail::run_random_op(op, stack, begin, *mesh, random_inputs, sharding.outputs, written_arg);
+    } else if (sharding.kernel) {
       std::vector<c10::IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
       std::vector<c10::IValue> rets = sharding.kernel(op, args, call, sharding);
       TORCH_INTERNAL_ASSERT(rets.size() == schema.returns().size(), "the local kernel of ", call.name, " returned ",
@@ -236,6 +285,9 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                           " outputs but the op returned more");
     const size_t k = out_idx++;
     if (!local.defined()) return local;
+    if (sharding.output_shape_from_local)  // Replicate outputs: the local tensor is the global one
+      return make_dtensor(local, DTensorSpec(*mesh, sharding.outputs[k],
+                                             TensorMeta{local.sizes().vec(), local.strides().vec(), local.scalar_type()}));
     return make_dtensor(local, DTensorSpec(*mesh, sharding.outputs[k], sharding.output_meta[k]));
   };
   for (size_t r = 0; r < n_ret; ++r) {

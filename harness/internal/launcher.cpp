@@ -67,10 +67,21 @@ void from_json(const json& j, RankRequest& r) {
 
 namespace {
 
+// NOTE: [No SIGPIPE from a peer that is gone]
+// A rank can exit between the orchestrator's last read and its next write (the "exit" line
+// of ~RankSet, a pool's next "run"): a plain write() to that socket raises SIGPIPE, which
+// kills the test program without a word. Sockets are written with MSG_NOSIGNAL (EPIPE is then
+// an ordinary error), and main_with_harness ignores SIGPIPE for the pipes.
 bool write_all(int fd, const std::string& s) {
   size_t off = 0;
+  bool socket = true;
   while (off < s.size()) {
-    ssize_t w = ::write(fd, s.data() + off, s.size() - off);
+    ssize_t w = socket ? ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL) : -1;
+    if (w < 0 && socket && errno == ENOTSOCK) {
+      socket = false;
+      continue;
+    }
+    if (!socket) w = ::write(fd, s.data() + off, s.size() - off);
     if (w < 0) {
       if (errno == EINTR) continue;
       return false;

@@ -245,7 +245,11 @@ TEST(HarnessReports, ShardingSplitsTestsNotRanks) {
   const std::string filter = "--gtest_filter=FourRanks.*:TwoRanks.*:ThreadRanks.*";
   std::vector<std::string> all;
   for (int shard = 0; shard < 2; ++shard) {
-    auto run = testing::run_self({filter}, {{"GTEST_TOTAL_SHARDS", "2"}, {"GTEST_SHARD_INDEX", std::to_string(shard)}});
+    // The fixtures' own settings (a CI job's DTENSOR_* overrides would change what runs).
+    auto run = testing::run_self({filter}, {{"GTEST_TOTAL_SHARDS", "2"},
+                                            {"GTEST_SHARD_INDEX", std::to_string(shard)},
+                                            {"DTENSOR_WORLD_SIZE", ""},
+                                            {"DTENSOR_BACKEND", ""}});
     EXPECT_EQ(run.exit_code, 0) << run.output;
     auto names = tests_run(run.output);
     EXPECT_FALSE(names.empty()) << "shard " << shard << " ran nothing";
@@ -276,7 +280,8 @@ TEST(HarnessReports, ExternalLauncherRunsInLockstepAndOnlyRankZeroPrints) {
     ts.emplace_back([&, r] {
       runs[r] = testing::run_self({"--gtest_filter=TwoRanks.WorldSizeOverride:FourRanks.RunSubtestsCoversTheProduct"},
                                   {{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", std::to_string(r)},
-                                   {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}},
+                                   {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}, {"DTENSOR_WORLD_SIZE", ""},
+                                   {"DTENSOR_BACKEND", ""}},
                                   std::chrono::seconds(60));
     });
   }

@@ -20,6 +20,11 @@ namespace testing {
 
 ChildRun run_self(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
                   std::chrono::seconds limit) {
+  return run_program("/proc/self/exe", args, env, limit);
+}
+
+ChildRun run_program(const std::string& exe, const std::vector<std::string>& args,
+                     const std::map<std::string, std::string>& env, std::chrono::seconds limit) {
   TempDir out_dir;
   const std::string out_path = out_dir.path() + "/out.txt";
   auto e = boost::this_process::environment();
@@ -27,7 +32,7 @@ ChildRun run_self(const std::vector<std::string>& args, const std::map<std::stri
   for (auto& kv : env) child_env[kv.first] = kv.second;
   const auto t0 = std::chrono::steady_clock::now();
   // Output goes to a file: a pipe over 64 KiB would block the child (DESIGN.md D3).
-  bp::child c(bp::exe = "/proc/self/exe", bp::args = args, child_env,
+  bp::child c(bp::exe = exe, bp::args = args, child_env,
               (bp::std_out & bp::std_err) > out_path, bp::std_in < bp::null);
   ChildRun run;
   std::error_code ec;

@@ -16,7 +16,11 @@ struct ChildRun {
   double seconds = 0;
 };
 
-// Runs /proc/self/exe with `args` and extra `env`, killing it after `limit`.
+// Runs `exe` with `args` and extra `env`, killing it after `limit`.
+ChildRun run_program(const std::string& exe, const std::vector<std::string>& args,
+                     const std::map<std::string, std::string>& env = {},
+                     std::chrono::seconds limit = std::chrono::seconds(120));
+// The same for this test program (/proc/self/exe).
 ChildRun run_self(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {},
                   std::chrono::seconds limit = std::chrono::seconds(120));
 

@@ -1,0 +1,301 @@
+// converters/op_db.cpp: see op_db.h.
+#include "converters/op_db.h"
+
+#include "converters/samples/samples.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <tuple>
+
+namespace dtensor {
+namespace testing {
+
+// ---- SampleGen ---------------------------------------------------------------------------------
+
+SampleGen::SampleGen(uint64_t seed) : seed_(seed) {}
+
+at::Tensor SampleGen::tensor(std::vector<int64_t> shape, at::ScalarType dtype, double low,
+                             double high) {
+  at::Generator gen = at::detail::createCPUGenerator(seed_ * 1000003 + counter_++);
+  if (dtype == at::kBool) return at::rand(shape, gen) < 0.5;
+  at::Tensor u = at::rand(shape, gen, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor v = u * (high - low) + low;
+  if (at::isFloatingType(dtype) || at::isComplexType(dtype)) return v.to(dtype);
+  return v.floor().to(dtype);
+}
+
+at::Tensor SampleGen::positive(std::vector<int64_t> shape, at::ScalarType dtype) {
+  return tensor(std::move(shape), dtype, 0.5, 2.0);
+}
+
+at::Tensor SampleGen::index(std::vector<int64_t> shape, int64_t high) {
+  return tensor(std::move(shape), at::kLong, 0.0, static_cast<double>(high));
+}
+
+at::Tensor SampleGen::boolean(std::vector<int64_t> shape) { return tensor(std::move(shape), at::kBool); }
+
+// ---- OpInfo / OpDb -----------------------------------------------------------------------------
+
+namespace {
+
+std::pair<std::string, std::string> split_op(const std::string& op) {
+  const auto sep = op.find("::");
+  const auto dot = op.find('.', sep == std::string::npos ? 0 : sep + 2);
+  if (dot == std::string::npos) return {op, ""};
+  return {op.substr(0, dot), op.substr(dot + 1)};
+}
+
+uint64_t name_seed(const std::string& op) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a: stable across runs and platforms
+  for (unsigned char c : op) h = (h ^ c) * 1099511628211ull;
+  return h % 1000000007ull;
+}
+
+}  // namespace
+
+std::string OpInfo::name() const { return split_op(op).first; }
+std::string OpInfo::overload() const { return split_op(op).second; }
+
+std::vector<OpSample> OpInfo::make_samples() const {
+  SampleGen g(name_seed(op));
+  return samples(g);
+}
+
+void OpDb::add(const std::string& op, const std::string& family, SampleFn samples, bool generated) {
+  auto parts = split_op(op);
+  TORCH_CHECK(c10::Dispatcher::singleton().findSchema({parts.first, parts.second}).has_value(),
+              "OpDb::add: ", op, " is not an operator in the dispatcher (write \"aten::name\" or "
+              "\"aten::name.overload\")");
+  TORCH_CHECK(find(op) == nullptr, "OpDb::add: ", op, " already has samples (family ",
+              find(op)->family, ")");
+  index_.emplace(op, ops_.size());
+  ops_.push_back(OpInfo{op, family, std::move(samples), generated});
+}
+
+const OpInfo* OpDb::find(const std::string& op) const {
+  auto it = index_.find(op);
+  return it == index_.end() ? nullptr : &ops_[it->second];
+}
+
+std::vector<std::string> OpDb::families() const {
+  std::vector<std::string> out;
+  for (const OpInfo& info : ops_)
+    if (std::find(out.begin(), out.end(), info.family) == out.end()) out.push_back(info.family);
+  return out;
+}
+
+const OpDb& op_db() {
+  static const OpDb db = [] {
+    OpDb d;
+    samples::add_pointwise_samples(d);
+    samples::add_reduction_samples(d);
+    samples::add_matrix_samples(d);
+    samples::add_view_samples(d);
+    samples::add_tensor_samples(d);
+    samples::add_conv_samples(d);
+    samples::add_random_samples(d);
+    samples::add_embedding_samples(d);
+    samples::add_norm_samples(d);
+    samples::add_softmax_loss_samples(d);
+    return d;
+  }();
+  return db;
+}
+
+// ---- boxed arguments ---------------------------------------------------------------------------
+
+std::string op_key(const c10::FunctionSchema& schema) {
+  return schema.overload_name().empty() ? schema.name() : schema.name() + "." + schema.overload_name();
+}
+
+namespace {
+
+// Coerces `v` to what a boxed kernel reads for an argument of type `type`.
+c10::IValue coerce(const c10::IValue& v, const c10::TypePtr& type) {
+  c10::TypePtr t = type;
+  if (t->kind() == c10::TypeKind::OptionalType) {
+    if (v.isNone()) return v;
+    t = t->expectRef<c10::OptionalType>().getElementType();
+  }
+  if (t->kind() == c10::TypeKind::FloatType && v.isInt()) return c10::IValue(static_cast<double>(v.toInt()));
+  if (t->kind() == c10::TypeKind::ListType && v.isInt()) {
+    const auto elem = t->expectRef<c10::ListType>().getElementType()->kind();
+    if (elem == c10::TypeKind::IntType || elem == c10::TypeKind::SymIntType)
+      return c10::IValue(std::vector<int64_t>{v.toInt()});
+  }
+  return v;
+}
+
+}  // namespace
+
+std::vector<c10::IValue> boxed_args(const c10::FunctionSchema& schema,
+                                    const std::vector<c10::IValue>& args,
+                                    const std::vector<std::pair<std::string, c10::IValue>>& kwargs) {
+  const auto& formals = schema.arguments();
+  const std::string op = op_key(schema);
+  TORCH_CHECK(args.size() <= formals.size(), op, " takes ", formals.size(), " arguments but the sample gives ",
+              args.size(), " positionally");
+  for (const auto& kv : kwargs) {
+    const bool known = std::any_of(formals.begin(), formals.end(),
+                                   [&](const c10::Argument& a) { return a.name() == kv.first; });
+    TORCH_CHECK(known, op, " has no argument named '", kv.first, "' (schema: ", schema, ")");
+  }
+  std::vector<c10::IValue> out;
+  out.reserve(formals.size());
+  for (size_t i = 0; i < formals.size(); ++i) {
+    const c10::Argument& a = formals[i];
+    auto kw = std::find_if(kwargs.begin(), kwargs.end(), [&](const auto& kv) { return kv.first == a.name(); });
+    if (i < args.size()) {
+      TORCH_CHECK(!a.kwarg_only(), op, ": argument '", a.name(), "' is keyword-only; pass it with kw()");
+      TORCH_CHECK(kw == kwargs.end(), op, ": argument '", a.name(), "' given both positionally and by keyword");
+      out.push_back(coerce(args[i], a.type()));
+    } else if (kw != kwargs.end()) {
+      out.push_back(coerce(kw->second, a.type()));
+    } else if (a.default_value().has_value()) {
+      out.push_back(*a.default_value());
+    } else {
+      TORCH_CHECK(false, op, ": the sample gives no value for argument '", a.name(), "' (schema: ", schema, ")");
+    }
+  }
+  return out;
+}
+
+// ---- generated samples -------------------------------------------------------------------------
+
+namespace {
+
+// Operators that never take dense CPU tensors of a plain dtype, or whose arguments cannot be
+// guessed from the schema: left to hand-written samples (or to nobody).
+bool excluded_by_name(const std::string& name) {
+  static const char* kParts[] = {"cudnn", "miopen", "mkldnn", "mps", "vulkan", "_foreach", "quantiz", "fbgemm",
+                                 "sparse", "nested", "_cufft", "xnnpack", "qint", "_fused", "_mkl", "lstm",
+                                 "gru_", "rnn_", "_thnn", "coalesce", "_nnpack", "_cuda", "cuda_", "_cslt",
+                                 "_nnz", "to_padded", "_pin_memory", "is_pinned", "record_stream", "_fake_",
+                                 "fake_quantize", "_make_per", "_values", "_indices", "crow_", "col_indices",
+                                 "ccol_", "row_indices", "_standard_gamma", "_sample_dirichlet", "_ctc",
+                                 "_compute_linear_combination", "_test", "_debug", "_convert_indices", "_assert",
+                                 "_new_zeros_with_same_feature_meta", "_has_same_storage", "_version",
+                                 "_autocast", "_use_", "set_", "resize", "_resize", "storage_offset",
+                                 "_segment_reduce", "_linalg_check", "_weight_norm_interface", "_cummax",
+                                 "_cummin", "_empty_affine", "_empty_per", "_local_scalar", "_pack_padded",
+                                 "_pad_packed", "_triton", "_flash", "_efficient", "_transformer",
+                                 "_native_multi_head", "_masked_softmax", "_nested", "_to_dense", "_cdist",
+                                 "_embedding_bag", "_histogramdd", "_neg_view", "_conj", "_reshape_from",
+                                 "_unsafe_index", "lift", "alias_copy", "_addmm_activation", "_autograd",
+                                 "_functional", "data", "requires_grad_", "retain_grad", "retains_grad",
+                                 "output_nr", "_fw_primal", "_make_dual", "_unpack_dual", "_is_", "is_leaf",
+                                 "_backward", "backward", "detach_", "copy_sparse", "_saturate", "swap"};
+  for (const char* p : kParts)
+    if (name.find(p) != std::string::npos) return true;
+  return false;
+}
+
+// The kind of a (non-optional) argument type.
+c10::TypeKind kind_of(const c10::TypePtr& t) { return t->kind(); }
+
+bool returns_tensors(const c10::FunctionSchema& schema) {
+  if (schema.returns().empty()) return false;
+  for (const auto& r : schema.returns()) {
+    const auto k = r.type()->kind();
+    if (k == c10::TypeKind::TensorType) continue;
+    if (k == c10::TypeKind::ListType &&
+        r.type()->expectRef<c10::ListType>().getElementType()->kind() == c10::TypeKind::TensorType)
+      continue;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// One sample: every Tensor an [8, 8] float32 tensor (square, so that matrix ops are valid, and
+// divisible by 4 and by 2x2), a Tensor[] two of them, Scalar 2, int 1, int[] [8, 8] for
+// sizes / [1, 0] for dims / [1] otherwise, bool false, float 0.5; optional and defaulted
+// arguments keep their defaults. Not generated: out= variants, ops writing an argument other
+// than self, ops without a tensor input or returning non-tensors, and ops with an argument
+// of another kind without a default (Generator, str, Dimname, Tensor?[], ...).
+std::optional<OpSample> generated_sample(const c10::FunctionSchema& schema, SampleGen& g) {
+  if (schema.name().rfind("aten::", 0) != 0) return std::nullopt;
+  if (excluded_by_name(schema.name().substr(6)) || schema.overload_name().find("out") != std::string::npos)
+    return std::nullopt;
+  if (!returns_tensors(schema)) return std::nullopt;
+  OpSample s;
+  s.variant = "generated";
+  bool any_tensor = false;
+  const auto& formals = schema.arguments();
+  for (size_t i = 0; i < formals.size(); ++i) {
+    const c10::Argument& a = formals[i];
+    if (a.alias_info() && a.alias_info()->isWrite() && i != 0) return std::nullopt;
+    const c10::TypePtr& t = a.type();
+    const std::string& n = a.name();
+    if (t->kind() == c10::TypeKind::OptionalType || a.default_value().has_value()) {
+      if (!a.default_value().has_value()) s.kw(n, c10::IValue());  // optional without default: None
+      continue;
+    }
+    switch (kind_of(t)) {
+      case c10::TypeKind::TensorType:
+        s.kw(n, g.tensor({8, 8}));
+        any_tensor = true;
+        break;
+      case c10::TypeKind::ListType: {
+        const auto elem = t->expectRef<c10::ListType>().getElementType()->kind();
+        if (elem == c10::TypeKind::TensorType) {
+          s.kw(n, std::vector<at::Tensor>{g.tensor({8, 8}), g.tensor({8, 8})});
+          any_tensor = true;
+        } else if (elem == c10::TypeKind::IntType || elem == c10::TypeKind::SymIntType) {
+          if (n.find("size") != std::string::npos || n == "shape") s.kw(n, std::vector<int64_t>{8, 8});
+          else if (n == "dims" || n == "perm") s.kw(n, std::vector<int64_t>{1, 0});
+          else s.kw(n, std::vector<int64_t>{1});
+        } else {
+          return std::nullopt;
+        }
+        break;
+      }
+      case c10::TypeKind::NumberType: s.kw(n, 2); break;
+      case c10::TypeKind::IntType:
+      case c10::TypeKind::SymIntType: s.kw(n, 1); break;
+      case c10::TypeKind::BoolType: s.kw(n, false); break;
+      case c10::TypeKind::FloatType: s.kw(n, 0.5); break;
+      default: return std::nullopt;
+    }
+  }
+  if (!any_tensor) return std::nullopt;
+  return s;
+}
+
+const OpDb& generated_op_db() {
+  static const OpDb db = [] {
+    OpDb d;
+    const OpDb& written = op_db();
+    std::vector<c10::OperatorName> names = c10::Dispatcher::singleton().getAllOpNames();
+    std::sort(names.begin(), names.end(), [](const c10::OperatorName& a, const c10::OperatorName& b) {
+      return std::tie(a.name, a.overload_name) < std::tie(b.name, b.overload_name);
+    });
+    for (const auto& name : names) {
+      auto handle = c10::Dispatcher::singleton().findSchema(name);
+      if (!handle || !handle->hasSchema()) continue;
+      const c10::FunctionSchema& schema = handle->schema();
+      const std::string key = op_key(schema);
+      if (written.find(key) != nullptr) continue;
+      SampleGen probe(0);
+      if (!generated_sample(schema, probe)) continue;
+      d.add(
+          key, "generated",
+          [schema](SampleGen& gen) {
+            std::vector<OpSample> out;
+            if (auto s = generated_sample(schema, gen)) out.push_back(std::move(*s));
+            return out;
+          },
+          /*generated=*/true);
+    }
+    return d;
+  }();
+  return db;
+}
+
+}  // namespace testing
+}  // namespace dtensor

@@ -1,0 +1,168 @@
+// converters/op_db.h
+//
+// The op sample database: for every aten operator overload we test, its family and a few
+// sample argument lists (shapes that divide the mesh and shapes that do not, several dtypes,
+// non-tensor arguments). The op-check driver (op_check.h) runs each sample on plain tensors
+// and on every sharding of its tensors; suites/ops and tools/opcov iterate the database.
+// The counterpart of PyTorch's OpInfo database as used by test_dtensor_ops.py.
+//
+//   // converters/samples/pointwise_samples.cpp
+//   void add_pointwise_samples(OpDb& db) {
+//     db.add("aten::add.Tensor", "pointwise", [](SampleGen& g) {
+//       return std::vector<OpSample>{
+//           OpSample("even", {g.tensor({8, 4}), g.tensor({8, 4})}).kw("alpha", 2),
+//           OpSample("broadcast", {g.tensor({8, 4}), g.tensor({4})}),
+//       };
+//     });
+//   }
+//
+// Samples are deterministic: SampleGen is seeded from the op's name, so every rank (and
+// every run) builds the same values. Arguments not given take the schema's defaults
+// (boxed_args), so a sample names only what it sets.
+//
+// Besides the hand-written samples, generated_samples() derives one sample from an op's
+// schema when the signature is simple (tensors, scalars, ints, int lists, bools, floats):
+// ops nobody wrote samples for are still exercised (tools/opcov).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/function_schema.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace dtensor {
+namespace testing {
+
+// Deterministic sample tensors. Floating tensors are uniform in [low, high); integer
+// tensors uniform in [low, high) rounded down; bool tensors random.
+class SampleGen {
+ public:
+  explicit SampleGen(uint64_t seed);
+
+  at::Tensor tensor(std::vector<int64_t> shape, at::ScalarType dtype = at::kFloat,
+                    double low = -2.0, double high = 2.0);
+  // Floating values in [0.5, 2): for log, sqrt, reciprocal, division.
+  at::Tensor positive(std::vector<int64_t> shape, at::ScalarType dtype = at::kFloat);
+  // Integer values in [0, high): indices.
+  at::Tensor index(std::vector<int64_t> shape, int64_t high);
+  at::Tensor boolean(std::vector<int64_t> shape);
+  uint64_t seed() const { return seed_; }
+
+ private:
+  uint64_t seed_;
+  uint64_t counter_ = 0;
+};
+
+// One argument list for an op.
+struct OpSample {
+  OpSample() = default;
+  OpSample(std::string variant, std::vector<c10::IValue> args)
+      : variant(std::move(variant)), args(std::move(args)) {}
+
+  // Sets a keyword argument (any argument, by its schema name). Chainable.
+  OpSample& kw(const std::string& name, c10::IValue value) {
+    kwargs.emplace_back(name, std::move(value));
+    return *this;
+  }
+  OpSample& tol(double rtol_, double atol_) {
+    rtol = rtol_;
+    atol = atol_;
+    return *this;
+  }
+  OpSample& no_backward() {
+    backward = false;
+    return *this;
+  }
+  // Only shapes and dtypes are compared (empty_like and other ops with unspecified values).
+  OpSample& shape_only() {
+    compare_values = false;
+    backward = false;
+    return *this;
+  }
+  // A random op: the driver seeds every generator the op may draw from with `seed` before the
+  // plain call and before each DTensor call, so that both start from the same state and the
+  // values are compared exactly (NOTE: [Seeded random samples] in op_check.h). A Generator
+  // argument must be made inside the sample function (each rank gets its own object).
+  OpSample& seeded(uint64_t seed) {
+    rng_seed = seed;
+    return *this;
+  }
+
+  // Short name, unique within the op: "even", "uneven", "broadcast", "dim1_keepdim", "f64".
+  std::string variant;
+  // Positional arguments in schema order; the rest come from `kwargs` or the defaults.
+  std::vector<c10::IValue> args;
+  std::vector<std::pair<std::string, c10::IValue>> kwargs;
+  // Tolerances for floating results (std::nullopt: the driver's defaults).
+  std::optional<double> rtol, atol;
+  // Check gradients too (when the op is differentiable in a floating input).
+  bool backward = true;
+  bool compare_values = true;
+  // seeded(): the seed of every generator (std::nullopt: not a random op).
+  std::optional<uint64_t> rng_seed;
+};
+
+using SampleFn = std::function<std::vector<OpSample>(SampleGen&)>;
+
+struct OpInfo {
+  std::string op;      // "aten::add.Tensor"; "aten::relu" for the overload-less one
+  std::string family;  // pointwise, reduction, matrix, view, tensor, embedding, norm, loss,
+                       // random, conv, generated
+  SampleFn samples;
+  bool generated = false;  // samples come from generated_samples()
+
+  // "aten::add" and "Tensor" ("" for the default overload).
+  std::string name() const;
+  std::string overload() const;
+  // The samples, with a generator seeded from the op name.
+  std::vector<OpSample> make_samples() const;
+};
+
+class OpDb {
+ public:
+  // Registers samples for `op` ("aten::name" or "aten::name.overload"). Throws if the op is
+  // not in the dispatcher or is already registered.
+  void add(const std::string& op, const std::string& family, SampleFn samples,
+           bool generated = false);
+  const std::vector<OpInfo>& ops() const { return ops_; }
+  const OpInfo* find(const std::string& op) const;
+  std::vector<std::string> families() const;
+
+ private:
+  std::vector<OpInfo> ops_;
+  std::unordered_map<std::string, size_t> index_;
+};
+
+// The hand-written database (built once; thread-safe).
+const OpDb& op_db();
+
+// Every aten operator in the dispatcher with samples generated from its schema, except
+// those in op_db() (built once; thread-safe). Ops whose schema is not simple enough (see
+// generated_samples) are not in it.
+const OpDb& generated_op_db();
+
+// One sample from `schema`, or nullopt when its signature is not simple: see the .cpp for
+// the argument kinds handled. The sample may still be invalid for the op (the driver then
+// reports "invalid sample").
+std::optional<OpSample> generated_sample(const c10::FunctionSchema& schema, SampleGen& g);
+
+// The full boxed stack for `schema`: `args` positionally, then `kwargs` by name, then the
+// schema defaults. Ints given for float arguments become doubles. Throws naming the op and
+// the argument for a missing argument, an unknown keyword or too many positional ones.
+std::vector<c10::IValue> boxed_args(const c10::FunctionSchema& schema,
+                                    const std::vector<c10::IValue>& args,
+                                    const std::vector<std::pair<std::string, c10::IValue>>& kwargs);
+
+// "aten::add.Tensor" for a schema (the name tools and files use).
+std::string op_key(const c10::FunctionSchema& schema);
+
+}  // namespace testing
+}  // namespace dtensor

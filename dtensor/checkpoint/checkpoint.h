@@ -1,0 +1,7 @@
+// dtensor/checkpoint/checkpoint.h: umbrella header of the checkpoint utilities.
+#pragma once
+#include "dtensor/checkpoint/api.h"
+#include "dtensor/checkpoint/dist_wrapper.h"
+#include "dtensor/checkpoint/file_view.h"
+#include "dtensor/checkpoint/metadata.h"
+#include "dtensor/checkpoint/utils.h"

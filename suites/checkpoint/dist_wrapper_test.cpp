@@ -1,0 +1,319 @@
+// dtensor/checkpoint (torch.distributed.checkpoint.utils): DistWrapper's object collectives and
+// exception-robust steps, without a group and as 4 ranks (gloo processes and threads), the
+// MetadataIndex and the file view.
+#include "dtensor/checkpoint/checkpoint.h"
+#include "dtensor/comm/comm.h"
+#include "harness/harness.h"
+#include "suites/testing/errors.h"
+#include "suites/testing/rank_modes.h"
+
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+#include <stdexcept>
+
+namespace dtensor {
+namespace {
+
+using checkpoint::CheckpointException;
+using checkpoint::DistWrapper;
+using testing::contains;
+using testing::error_of;
+
+// The CheckpointException `f` throws; fails the test when it throws nothing or something else.
+std::optional<CheckpointException> checkpoint_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const CheckpointException& e) {
+    return e;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected a CheckpointException, got: " << e.what();
+    return std::nullopt;
+  }
+  ADD_FAILURE() << "expected a CheckpointException, nothing was thrown";
+  return std::nullopt;
+}
+
+std::vector<int> failing_ranks(const CheckpointException& e) {
+  std::vector<int> ranks;
+  for (const auto& kv : e.failures()) ranks.push_back(kv.first);
+  return ranks;
+}
+
+// ---- without a group (use_dist = false) ----------------------------------------------------------
+
+TEST(DistWrapper, WithoutDistIsAWorldOfOne) {
+  DistWrapper dist(nullptr, /*use_dist=*/false, /*coordinator_rank=*/0);
+  EXPECT_EQ(dist.get_rank(), 0);
+  EXPECT_EQ(dist.get_world_size(), 1);
+  EXPECT_TRUE(dist.is_coordinator());
+  EXPECT_EQ(dist.group(), nullptr);
+  EXPECT_EQ(dist.broadcast_object(std::optional<std::string>("x")), "x");
+  EXPECT_EQ(*dist.gather_object(7), std::vector<int>{7});
+  EXPECT_EQ(dist.all_gather_object(7), std::vector<int>{7});
+  EXPECT_EQ(dist.scatter_object(std::optional<std::vector<int>>(std::vector<int>{5})), 5);
+  EXPECT_EQ(dist.reduce_scatter(
+                "plan", [] { return 3; }, [](std::vector<int> all) { return std::vector<int>{all[0] * 2}; }),
+            6);
+  EXPECT_EQ(dist.all_reduce(
+                "sum", [] { return 3; }, [](std::vector<int> all) { return std::string(all.size(), '+'); }),
+            "+");
+  EXPECT_EQ(dist.all_gather("gather", [] { return 1.5; }), std::vector<double>{1.5});
+  EXPECT_EQ(dist.broadcast("meta", [] { return std::string("m"); }), "m");
+}
+
+TEST(DistWrapper, WithoutDistStillReportsFailures) {
+  DistWrapper dist(nullptr, false, 0);
+  auto e =
+      checkpoint_error_of([&] { dist.all_gather("write", []() -> int { throw std::out_of_range("disk full"); }); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->step(), "write");
+  EXPECT_EQ(failing_ranks(*e), std::vector<int>{0});
+  EXPECT_EQ(e->failures().at(0).type, "std::out_of_range");
+  EXPECT_EQ(e->failures().at(0).message, "disk full");
+  EXPECT_PRED2(contains, e->what_without_backtrace(),
+               "CheckpointException ranks:[0] step: 'write'\n(RANK 0) std::out_of_range: disk full");
+  EXPECT_PRED2(contains, error_of([&] { dist.scatter_object<int>(std::nullopt); }),
+               "DistWrapper.scatter_object: the coordinator (rank 0) passed no object list");
+  EXPECT_PRED2(contains, error_of([&] { dist.broadcast_object<int>(std::nullopt); }),
+               "DistWrapper.broadcast_object: the coordinator (rank 0) passed no object");
+}
+
+// ---- 4 ranks ---------------------------------------------------------------------------------------
+
+DTENSOR_RANK_FIXTURES(DistWrapperGloo, DistWrapperThreads);
+
+DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, ObjectCollectives) {
+  const int r = t.rank();
+  DistWrapper dist(t.group_ptr(), /*use_dist=*/true, /*coordinator_rank=*/1);
+  EXPECT_EQ(dist.get_rank(), r);
+  EXPECT_EQ(dist.get_world_size(), 4);
+  EXPECT_EQ(dist.is_coordinator(), r == 1);
+  // Only the coordinator's object counts.
+  EXPECT_EQ(dist.broadcast_object(std::optional<int>(100 + r)), 101);
+  auto gathered = dist.gather_object(std::string(r + 1, 'a'));
+  EXPECT_EQ(gathered.has_value(), r == 1);
+  if (gathered) EXPECT_EQ(*gathered, (std::vector<std::string>{"a", "aa", "aaa", "aaaa"}));
+  EXPECT_EQ(dist.all_gather_object(r * r), (std::vector<int>{0, 1, 4, 9}));
+  std::optional<std::vector<int>> list;
+  if (r == 1) list = std::vector<int>{10, 11, 12, 13};
+  EXPECT_EQ(dist.scatter_object(list), 10 + r);
+  // A group of nullptr is the default group.
+  EXPECT_EQ(DistWrapper(nullptr, true, 0).all_gather_object(r).size(), 4u);
+}
+
+DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, CoordinatorMistakesRaiseOnEveryRank) {
+  const int r = t.rank();
+  DistWrapper dist(t.group_ptr(), true, 2);
+  std::optional<std::vector<int>> three;
+  if (r == 2) three = std::vector<int>{1, 2, 3};
+  EXPECT_PRED2(contains, error_of([&] { dist.scatter_object(three); }),
+               "DistWrapper.scatter_object: the coordinator (rank 2) passed 3 objects for 4 ranks");
+  EXPECT_PRED2(contains, error_of([&] { dist.scatter_object<int>(std::nullopt); }),
+               "the coordinator (rank 2) passed no object list");
+  EXPECT_PRED2(contains, error_of([&] { dist.broadcast_object<int>(std::nullopt); }),
+               "DistWrapper.broadcast_object: the coordinator (rank 2) passed no object");
+  EXPECT_PRED2(contains, error_of([&] { DistWrapper(t.group_ptr(), true, 4); }),
+               "DistWrapper: coordinator_rank=4 is not a rank of the");
+  // The group is still usable.
+  EXPECT_EQ(dist.all_gather_object(1).size(), 4u);
+}
+
+DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, ReduceScatterGivesEachRankItsResult) {
+  const int r = t.rank();
+  DistWrapper dist(t.group_ptr(), true, 0);
+  int calls = 0;
+  int mine = dist.reduce_scatter(
+      "plan", [&] { return r * 10; },
+      [&](std::vector<int> all) {
+        ++calls;
+        const int total = std::accumulate(all.begin(), all.end(), 0);  // 60
+        std::vector<int> out;
+        for (size_t i = 0; i < all.size(); ++i) out.push_back(total + static_cast<int>(i));
+        return out;
+      });
+  EXPECT_EQ(mine, 60 + r);
+  EXPECT_EQ(calls, r == 0 ? 1 : 0);  // reduce runs on the coordinator only
+}
+
+DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, ReduceScatterMapFailuresReachEveryRank) {
+  const int r = t.rank();
+  DistWrapper dist(t.group_ptr(), true, 0);
+  bool reduced = false;
+  auto e = checkpoint_error_of([&] {
+    dist.reduce_scatter(
+        "plan",
+        [&] {
+          if (r == 1) TORCH_CHECK(false, "no space on rank 1");
+          if (r == 3) throw std::runtime_error("bad plan on rank 3");
+          return r;
+        },
+        [&](std::vector<int> all) {
+          reduced = true;
+          return all;
+        });
+  });
+  ASSERT_TRUE(e);
+  EXPECT_FALSE(reduced);  // reduce does not run when a map failed
+  EXPECT_EQ(e->step(), "plan");
+  EXPECT_EQ(failing_ranks(*e), (std::vector<int>{1, 3}));
+  EXPECT_EQ(e->failures().at(1).type, "c10::Error");
+  EXPECT_PRED2(contains, e->failures().at(1).message, "no space on rank 1");
+  EXPECT_EQ(e->failures().at(3).type, "std::runtime_error");
+  EXPECT_PRED2(contains, e->what_without_backtrace(), "CheckpointException ranks:[1, 3] step: 'plan'");
+  EXPECT_PRED2(contains, e->what_without_backtrace(), "(RANK 3) std::runtime_error: bad plan on rank 3");
+  // The next step works: no rank was left behind in a collective.
+  EXPECT_EQ(dist.all_gather("after", [&] { return r; }), (std::vector<int>{0, 1, 2, 3}));
+}
+
+DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, ReduceScatterReduceFailuresReachEveryRank) {
+  DistWrapper dist(t.group_ptr(), true, 2);
+  auto thrown = checkpoint_error_of([&] {
+    dist.reduce_scatter(
+        "plan", [] { return 1; },
+        [](std::vector<int>) -> std::vector<int> { throw std::logic_error("cannot merge plans"); });
+  });
+  ASSERT_TRUE(thrown);
+  EXPECT_EQ(failing_ranks(*thrown), std::vector<int>{2});
+  EXPECT_EQ(thrown->failures().at(2).message, "cannot merge plans");
+  // One result per rank is required.
+  auto short_result = checkpoint_error_of([&] {
+    dist.reduce_scatter(
+        "plan", [] { return 1; }, [](std::vector<int> all) { return std::vector<int>(all.size() - 1, 0); });
+  });
+  ASSERT_TRUE(short_result);
+  EXPECT_PRED2(contains, short_result->failures().at(2).message,
+               "reduce_fun of step 'plan' returned 3 results for 4 ranks");
+}
+
+DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllReduce) {
+  const int r = t.rank();
+  DistWrapper dist(t.group_ptr(), true, 3);
+  auto joined = dist.all_reduce(
+      "metadata", [&] { return std::to_string(r); },
+      [](std::vector<std::string> all) {
+        std::string s;
+        for (auto& a : all) s += a;
+        return s;
+      });
+  EXPECT_EQ(joined, "0123");
+  auto map_failed = checkpoint_error_of([&] {
+    dist.all_reduce(
+        "metadata",
+        [&]() -> int {
+          if (r == 0) throw std::invalid_argument("rank 0 has no metadata");
+          return r;
+        },
+        [](std::vector<int> all) { return all.size(); });
+  });
+  ASSERT_TRUE(map_failed);
+  EXPECT_EQ(failing_ranks(*map_failed), std::vector<int>{0});
+  EXPECT_EQ(map_failed->failures().at(0).type, "std::invalid_argument");
+  auto reduce_failed = checkpoint_error_of([&] {
+    dist.all_reduce(
+        "finish", [] { return 1; }, [](std::vector<int>) -> int { TORCH_CHECK(false, "finish failed"); });
+  });
+  ASSERT_TRUE(reduce_failed);
+  EXPECT_EQ(reduce_failed->step(), "finish");
+  EXPECT_EQ(failing_ranks(*reduce_failed), std::vector<int>{3});
+}
+
+DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllGatherAndBroadcast) {
+  const int r = t.rank();
+  DistWrapper dist(t.group_ptr(), true, 1);
+  EXPECT_EQ(dist.all_gather("sizes", [&] { return std::vector<int>(r, r); }),
+            (std::vector<std::vector<int>>{{}, {1}, {2, 2}, {3, 3, 3}}));
+  auto e = checkpoint_error_of([&] {
+    dist.all_gather("write", [&]() -> int {
+      if (r % 2 == 0) throw std::runtime_error("write failed on " + std::to_string(r));
+      return r;
+    });
+  });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(failing_ranks(*e), (std::vector<int>{0, 2}));
+  EXPECT_EQ(e->failures().at(2).message, "write failed on 2");
+  int map_calls = 0;
+  EXPECT_EQ(dist.broadcast("read_metadata",
+                           [&] {
+                             ++map_calls;
+                             return std::string("meta of ") + std::to_string(r);
+                           }),
+            "meta of 1");
+  EXPECT_EQ(map_calls, r == 1 ? 1 : 0);  // only the coordinator runs it
+  auto b = checkpoint_error_of([&] {
+    dist.broadcast("read_metadata", []() -> int { throw std::runtime_error("no .metadata file"); });
+  });
+  ASSERT_TRUE(b);
+  EXPECT_EQ(failing_ranks(*b), std::vector<int>{1});
+  EXPECT_EQ(b->failures().at(1).message, "no .metadata file");
+}
+
+DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllGatherKeysIsTheSortedUnion) {
+  std::map<std::string, int> local{{"shared", 0}, {"only_" + std::to_string(t.rank()), 1}};
+  if (t.rank() == 2) local["a_first"] = 2;
+  EXPECT_EQ(checkpoint::all_gather_keys(local, t.group_ptr()),
+            (std::vector<std::string>{"a_first", "only_0", "only_1", "only_2", "only_3", "shared"}));
+}
+
+// ---- MetadataIndex, file view, device info -------------------------------------------------------
+
+TEST(MetadataIndex, EqualityAndHashIgnoreTheIndexHint) {
+  using checkpoint::MetadataIndex;
+  MetadataIndex a("fc.weight", {{4, 0}}, 1), b("fc.weight", {{4, 0}}), c("fc.weight"), d("fc.weight", {{0, 0}});
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a.hash(), b.hash());
+  EXPECT_NE(a, c);
+  EXPECT_NE(a, d);
+  EXPECT_EQ(std::unordered_set<MetadataIndex>({a, b, c, d}).size(), 3u);
+  EXPECT_EQ(a.to_string(), "MetadataIndex(fqn='fc.weight', offset=[4, 0], index=1)");
+  EXPECT_EQ(c.to_string(), "MetadataIndex(fqn='fc.weight', offset=None, index=None)");
+}
+
+TEST(FileView, ReadsAndSeeksInsideItsRange) {
+  std::string data;
+  for (int i = 0; i < 200; ++i) data.push_back(static_cast<char>(i));
+  std::istringstream file(data);
+  auto view = checkpoint::create_file_view(file, 50, 100);
+  std::string got(10, '\0');
+  view->read(got.data(), 10);
+  EXPECT_EQ(got, data.substr(50, 10));
+  EXPECT_EQ(view->tellg(), 10);
+  view->seekg(-5, std::ios::end);  // 5 bytes before the end of the range
+  EXPECT_EQ(view->tellg(), 95);
+  std::string rest(20, '\0');
+  view->read(rest.data(), 20);  // stops at the end of the range
+  EXPECT_EQ(view->gcount(), 5);
+  EXPECT_EQ(rest.substr(0, 5), data.substr(145, 5));
+  EXPECT_TRUE(view->eof());
+  view->clear();
+  view->seekg(20);
+  EXPECT_EQ(view->get(), 70);
+  view->seekg(5, std::ios::cur);
+  EXPECT_EQ(view->get(), 76);
+  view->seekg(101);  // outside the range
+  EXPECT_TRUE(view->fail());
+  EXPECT_PRED2(contains, error_of([&] { checkpoint::create_file_view(file, -1, 3); }),
+               "offset and length must be >= 0, got offset -1");
+}
+
+TEST(FileView, WorksOnAFileWhoseEndComesFirst) {
+  const std::string path = ::testing::TempDir() + "dtensor_file_view_test.bin";
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "0123456789";
+  }
+  std::ifstream file(path, std::ios::binary);
+  auto view = checkpoint::create_file_view(file, 6, 100);  // the file ends after 4 bytes
+  std::string all((std::istreambuf_iterator<char>(*view)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(all, "6789");
+  std::remove(path.c_str());
+}
+
+TEST(NormalizeDeviceInfo, CpuHasNoIndex) {
+  EXPECT_EQ(checkpoint::normalize_device_info("cpu", 3), "cpu");
+  EXPECT_EQ(checkpoint::normalize_device_info("cuda", 1), "cuda:1");
+}
+
+}  // namespace
+}  // namespace dtensor

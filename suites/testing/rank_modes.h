@@ -1,0 +1,20 @@
+// suites/testing/rank_modes.h: one test body run both as gloo processes and as threads.
+//
+//   DTENSOR_RANK_FIXTURES(FooGloo, FooThreads);             // or fixtures of your own
+//   DTENSOR_TEST_BOTH(FooGloo, FooThreads, Behaviour) {   // `t` is the rank's fixture
+//     t.group().barrier();
+//   }
+#pragma once
+
+#include "harness/multi_rank_test.h"
+
+#define DTENSOR_TEST_BOTH(process_fixture, thread_fixture, name)                \
+  static void process_fixture##_##name##_body(::dtensor::testing::MultiRankTest& t); \
+  DTENSOR_TEST_F(process_fixture, name) { process_fixture##_##name##_body(*this); } \
+  DTENSOR_TEST_F(thread_fixture, name) { process_fixture##_##name##_body(*this); }  \
+  static void process_fixture##_##name##_body(::dtensor::testing::MultiRankTest& t)
+
+// The two plain fixtures DTENSOR_TEST_BOTH needs.
+#define DTENSOR_RANK_FIXTURES(process_fixture, thread_fixture)             \
+  class process_fixture : public ::dtensor::testing::MultiProcessTest {}; \
+  class thread_fixture : public ::dtensor::testing::MultiThreadedTest {}

@@ -1,0 +1,439 @@
+// tools/opcov/opcov.cpp: the op-coverage tool (issue: op coverage; DESIGN.md D6).
+//
+//   build/tools/opcov --out reports                      # run everything, write the report
+//   build/tools/opcov --results DIR --out reports        # the op suite's records + generated ops
+//   build/tools/opcov --ops '^aten::cumsum$' --print-failures
+//
+// It runs the op suite (converters/op_suite.h) over the hand-written samples (op_db) and the
+// samples generated from schemas (generated_op_db), on a 1-D mesh of all ranks and a 2-D mesh,
+// with ranks as threads, and writes coverage.json, summary.md and report.html (coverage.h).
+// With --results it reads the records dtensor_ops_tests wrote (DTENSOR_OPS_RESULTS_DIR) for
+// the hand-written samples instead of running them again.
+//
+// NOTE: [opcov child processes]
+// Generated samples call every operator of the dispatcher with guessed arguments; some
+// crash or hang. So the cases run in child processes forked from this (single-threaded)
+// process, each with its own rank threads, streaming one JSON line per record. When a child
+// dies or goes silent for --timeout seconds, the op it was on is recorded as crashed or timed
+// out, and a new child resumes at the next op.
+#include "converters/op_db.h"
+#include "converters/op_suite.h"
+#include "dtensor/comm/thread_group.h"
+#include "harness/main.h"
+#include "tools/opcov/coverage.h"
+
+#include <c10/util/Exception.h>
+#include <torch/version.h>
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+namespace dtensor {
+namespace opcov {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CaseRecord;
+using testing::OpInfo;
+
+constexpr std::chrono::seconds kDefaultOpTimeout{120};
+// The threads' collectives give up a little before the parent would kill the child.
+constexpr std::chrono::seconds kCollectiveTimeoutMargin{10};
+
+const char* kUsage = R"(usage: opcov [options]
+Runs every sample of every op on DTensors (1-D and 2-D meshes, ranks as threads) and writes
+coverage.json, summary.md and report.html.
+  --out DIR               output directory (default: reports)
+  --results DIR           read the records dtensor_ops_tests wrote there (DTENSOR_OPS_RESULTS_DIR)
+                          for the hand-written samples instead of running them
+  --ops REGEX             only ops whose key (aten::name.overload) matches
+  --families LIST         only these families, comma-separated ("generated": schema samples)
+  --no-generated          only ops with hand-written samples
+  --meshes LIST           1d,2d (default: both)
+  --world-size N          ranks (default: DTENSOR_WORLD_SIZE or 4)
+  --timeout SECONDS       an op taking longer is recorded as a timeout (default: 120)
+  --expected-failures F   default: suites/ops/expected_failures.txt of the source tree
+  --print-failures        print every case that did not pass
+  --quiet                 no progress line
+)";
+
+struct Options {
+  std::string out = "reports";
+  std::string results;
+  std::optional<std::regex> ops;
+  std::string ops_pattern;
+  std::vector<std::string> families;
+  bool generated = true;
+  std::vector<std::string> meshes{"1d", "2d"};
+  int world_size = 4;
+  std::chrono::seconds timeout = kDefaultOpTimeout;
+  std::string expected_failures;
+  bool print_failures = false;
+  bool quiet = false;
+};
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string part;
+  while (std::getline(ss, part, sep))
+    if (!part.empty()) out.push_back(part);
+  return out;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  if (const char* ws = std::getenv("DTENSOR_WORLD_SIZE")) o.world_size = std::atoi(ws);
+  o.expected_failures = testing::default_expected_failures_path();
+  auto value = [&](int& i) -> std::string {
+    TORCH_CHECK(i + 1 < argc, "opcov: ", argv[i], " needs a value\n", kUsage);
+    return argv[++i];
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--out") o.out = value(i);
+    else if (a == "--results") o.results = value(i);
+    else if (a == "--ops") {
+      o.ops_pattern = value(i);
+      try {
+        o.ops = std::regex(o.ops_pattern);
+      } catch (const std::regex_error& e) {
+        TORCH_CHECK(false, "opcov: --ops '", o.ops_pattern, "' is not a valid regular expression: ", e.what());
+      }
+    } else if (a == "--families") o.families = split(value(i), ',');
+    else if (a == "--no-generated") o.generated = false;
+    else if (a == "--meshes") o.meshes = split(value(i), ',');
+    else if (a == "--world-size") o.world_size = std::atoi(value(i).c_str());
+    else if (a == "--timeout") o.timeout = std::chrono::seconds(std::atoi(value(i).c_str()));
+    else if (a == "--expected-failures") o.expected_failures = value(i);
+    else if (a == "--print-failures") o.print_failures = true;
+    else if (a == "--quiet") o.quiet = true;
+    else if (a == "--help" || a == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else TORCH_CHECK(false, "opcov: unknown argument '", a, "'\n", kUsage);
+  }
+  TORCH_CHECK(o.results.empty() || fs::is_directory(o.results), "opcov: --results ", o.results, " is not a directory");
+  TORCH_CHECK(o.world_size >= 1, "opcov: --world-size must be >= 1");
+  TORCH_CHECK(o.timeout.count() > 0, "opcov: --timeout must be > 0 seconds");
+  for (const auto& m : o.meshes)
+    TORCH_CHECK(m == "1d" || m == "2d", "opcov: --meshes takes 1d and/or 2d, got '", m, "'");
+  return o;
+}
+
+struct Task {
+  const OpInfo* op;
+  std::string mesh;
+};
+
+bool selected(const Options& o, const OpInfo& info) {
+  if (o.ops && !std::regex_search(info.op, *o.ops)) return false;
+  if (!o.families.empty() && std::find(o.families.begin(), o.families.end(), info.family) == o.families.end())
+    return false;
+  return true;
+}
+
+std::vector<Task> make_tasks(const Options& o) {
+  std::vector<const OpInfo*> ops;
+  if (o.results.empty())
+    for (const OpInfo& info : testing::op_db().ops())
+      if (selected(o, info)) ops.push_back(&info);
+  if (o.generated)
+    for (const OpInfo& info : testing::generated_op_db().ops())
+      if (selected(o, info)) ops.push_back(&info);
+  std::vector<Task> tasks;
+  for (const OpInfo* op : ops)
+    for (const auto& m : o.meshes) tasks.push_back({op, m});
+  return tasks;
+}
+
+// ---- the child (NOTE: [opcov child processes]) ------------------------------------------------
+
+void write_line(int fd, const nlohmann::json& j) {
+  const std::string line = j.dump() + "\n";
+  size_t off = 0;
+  while (off < line.size()) {
+    ssize_t n = ::write(fd, line.data() + off, line.size() - off);
+    if (n <= 0) ::_exit(4);  // the parent is gone
+    off += static_cast<size_t>(n);
+  }
+}
+
+[[noreturn]] void child_main(const Options& o, const std::vector<Task>& tasks, size_t start, int fd) {
+  auto world = comm::ThreadWorld::create(o.world_size, o.timeout - kCollectiveTimeoutMargin);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < o.world_size; ++r) {
+    threads.emplace_back([&, r] {
+      auto group = std::make_shared<comm::ThreadGroup>(world, r);
+      comm::set_thread_default_group(group);
+      size_t i = start;
+      try {
+        std::map<std::string, std::optional<DeviceMesh>> meshes;
+        for (const auto& m : o.meshes) meshes[m] = testing::suite_mesh(m, group);
+        for (; i < tasks.size(); ++i) {
+          const Task& t = tasks[i];
+          std::vector<CaseRecord> records;
+          if (meshes.at(t.mesh)) {
+            testing::OpCheckOptions opts = testing::suite_options(t.mesh);
+            opts.stop_on_missing_rule = t.op->generated;
+            testing::SuiteRunOptions run;
+            run.retry_with_fallback = true;
+            records = testing::run_op_suite(*meshes.at(t.mesh), t.mesh, {t.op}, opts, run);
+          }
+          if (r == 0) {
+            for (const auto& rec : records) write_line(fd, {{"record", rec}});
+            write_line(fd, {{"done", i}});
+          }
+        }
+      } catch (const std::exception& e) {
+        // A collective broke (ranks diverged or timed out): every rank lands here.
+        world->abort(std::string("rank ") + std::to_string(r) + " failed");
+        if (r == 0) {
+          const auto* ce = dynamic_cast<const c10::Error*>(&e);
+          write_line(fd, {{"fatal", ce ? ce->what_without_backtrace() : e.what()}, {"task", i}});
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ::_exit(0);
+}
+
+// ---- the parent ---------------------------------------------------------------------------------
+
+std::string clock_string(double seconds) {
+  const int s = static_cast<int>(seconds + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
+  return buf;
+}
+
+class Progress {
+ public:
+  Progress(size_t total, bool enabled)
+      : total_(total), tty_(enabled && ::isatty(2)), enabled_(enabled), t0_(std::chrono::steady_clock::now()) {}
+  void update(size_t done, const std::string& op) {
+    if (!enabled_ || total_ == 0) return;
+    const double elapsed = seconds();
+    const double left = done ? elapsed / static_cast<double>(done) * static_cast<double>(total_ - done) : 0;
+    const int percent = static_cast<int>(100 * done / total_);
+    if (tty_) {
+      std::fprintf(stderr, "\r[opcov] %zu/%zu (op, mesh) checks (%d%%), %s elapsed, ~%s left  %-40.40s", done, total_,
+                   percent, clock_string(elapsed).c_str(), clock_string(left).c_str(), op.c_str());
+      if (done == total_) std::fprintf(stderr, "\n");
+    } else if (percent / 10 != last_decile_ || done == total_) {
+      last_decile_ = percent / 10;
+      std::fprintf(stderr, "[opcov] %zu/%zu (%d%%), %s elapsed, ~%s left\n", done, total_, percent,
+                   clock_string(elapsed).c_str(), clock_string(left).c_str());
+    }
+  }
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  size_t total_;
+  bool tty_, enabled_;
+  int last_decile_ = -1;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// Records for a task whose child crashed or hung: every sample, both directions.
+void add_broken_task(const Task& t, const std::string& status, const std::string& reason,
+                     std::vector<CaseRecord>& out) {
+  for (const auto& s : t.op->make_samples()) {
+    for (const char* dir : {"fwd", "bwd"}) {
+      CaseRecord r;
+      r.op = t.op->op;
+      r.family = t.op->family;
+      r.variant = s.variant;
+      r.mesh = t.mesh;
+      r.direction = dir;
+      r.status = status;
+      r.reason = reason;
+      r.generated = t.op->generated;
+      out.push_back(std::move(r));
+    }
+  }
+}
+
+std::vector<CaseRecord> run_tasks(const Options& o, const std::vector<Task>& tasks) {
+  std::vector<CaseRecord> records;
+  Progress progress(tasks.size(), !o.quiet);
+  size_t next = 0;
+  while (next < tasks.size()) {
+    int fds[2];
+    TORCH_CHECK(::pipe(fds) == 0, "opcov: pipe failed: ", std::strerror(errno));
+    std::cout.flush();
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    TORCH_CHECK(pid >= 0, "opcov: fork failed: ", std::strerror(errno));
+    if (pid == 0) {
+      ::close(fds[0]);
+      child_main(o, tasks, next, fds[1]);
+    }
+    ::close(fds[1]);
+    std::string buf;
+    std::string fatal;
+    bool timed_out = false;
+    auto last = std::chrono::steady_clock::now();
+    for (;;) {
+      pollfd p{fds[0], POLLIN, 0};
+      const int rc = ::poll(&p, 1, 1000);
+      if (rc > 0) {
+        char chunk[65536];
+        const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
+        if (n <= 0) break;  // the child closed the pipe (exited)
+        buf.append(chunk, static_cast<size_t>(n));
+        last = std::chrono::steady_clock::now();
+        size_t nl;
+        while ((nl = buf.find('\n')) != std::string::npos) {
+          const nlohmann::json j = nlohmann::json::parse(buf.substr(0, nl));
+          buf.erase(0, nl + 1);
+          if (j.contains("record")) records.push_back(j.at("record").get<CaseRecord>());
+          else if (j.contains("done")) {
+            next = j.at("done").get<size_t>() + 1;
+            progress.update(next, next < tasks.size() ? tasks[next].op->op : "");
+          } else if (j.contains("fatal")) {
+            fatal = j.at("fatal").get<std::string>();
+          }
+        }
+      } else if (std::chrono::steady_clock::now() - last > o.timeout) {
+        ::kill(pid, SIGKILL);
+        timed_out = true;
+        break;
+      }
+    }
+    ::close(fds[0]);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (next >= tasks.size()) break;
+    // The child stopped before the end: the task it was on is the culprit.
+    const Task& t = tasks[next];
+    if (timed_out) {
+      add_broken_task(t, "timeout", "no progress for " + std::to_string(o.timeout.count()) + " s", records);
+    } else if (!fatal.empty()) {
+      add_broken_task(t, "error", "the ranks broke off: " + fatal, records);
+    } else if (WIFSIGNALED(status)) {
+      add_broken_task(t, "error", std::string("crashed: killed by signal ") + strsignal(WTERMSIG(status)), records);
+    } else {
+      add_broken_task(t, "error", "crashed: the process exited with code " + std::to_string(WEXITSTATUS(status)),
+                      records);
+    }
+    ++next;
+    progress.update(next, next < tasks.size() ? tasks[next].op->op : "");
+  }
+  return records;
+}
+
+std::vector<CaseRecord> read_results(const std::string& dir) {
+  std::vector<CaseRecord> out;
+  TORCH_CHECK(fs::is_directory(dir), "opcov: --results ", dir, " is not a directory");
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".json") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  TORCH_CHECK(!files.empty(), "opcov: no .json results in ", dir,
+              " (run dtensor_ops_tests with DTENSOR_OPS_RESULTS_DIR=", dir, ")");
+  for (const auto& f : files) {
+    std::ifstream in(f);
+    nlohmann::json j;
+    try {
+      in >> j;
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "opcov: ", f.string(), " is not valid JSON: ", e.what());
+    }
+    TORCH_CHECK(j.value("schema_version", 0) == 1, "opcov: ", f.string(), " has schema_version ",
+                j.value("schema_version", 0), "; this opcov reads 1");
+    for (const auto& r : j.at("records")) out.push_back(r.get<CaseRecord>());
+  }
+  return out;
+}
+
+std::string now_iso() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+void write_file(const fs::path& p, const std::string& text) {
+  std::ofstream out(p);
+  TORCH_CHECK(out.good(), "opcov: cannot write ", p.string());
+  out << text;
+}
+
+int run(int argc, char** argv) {
+  Progress clock(0, false);  // measures the whole run
+  const Options o = parse(argc, argv);
+  RunInfo info;
+  info.started = now_iso();
+  info.world_size = o.world_size;
+  info.libtorch = TORCH_VERSION;
+  for (int i = 0; i < argc; ++i) info.command += (i ? " " : "") + std::string(argv[i]);
+  info.source = o.results.empty() ? "every sample run by opcov"
+                                  : "hand-written samples from " + o.results + ", generated ones run by opcov";
+  const auto xf = testing::ExpectedFailures::load(o.expected_failures);
+  const std::vector<Task> tasks = make_tasks(o);
+  std::cerr << "[opcov] " << tasks.size() << " (op, mesh) tasks, world size " << o.world_size << "\n";
+  std::vector<CaseRecord> records = run_tasks(o, tasks);
+  if (!o.results.empty()) {
+    std::vector<CaseRecord> suite = read_results(o.results);
+    for (auto& r : suite)
+      if (!o.ops || std::regex_search(r.op, *o.ops)) records.push_back(std::move(r));
+  }
+  testing::apply_expected_failures(records, xf);
+  info.duration_s = clock.seconds();
+  const std::vector<OpRow> rows = classify_ops(records);
+  const Summary s = summarize(records, rows);
+  fs::create_directories(o.out);
+  write_file(fs::path(o.out) / "coverage.json", coverage_json(info, records, rows, s).dump(1) + "\n");
+  write_file(fs::path(o.out) / "summary.md", summary_markdown(info, records, rows, s));
+  write_file(fs::path(o.out) / "report.html", report_html(info, records, rows, s));
+  if (o.print_failures)
+    for (const auto& r : records)
+      if (r.status != "pass" && r.status != "skip")
+        std::cout << r.op << " [" << r.variant << ", " << r.mesh << ", " << r.direction << "] " << r.status
+                  << (r.failing_placements.empty() ? "" : " with " + r.failing_placements) << ": " << r.reason << "\n";
+  std::cout << "[opcov] " << s.op_names_covered << " of " << s.op_names << " ops covered (" << s.overloads_covered
+            << " of " << s.overloads << " overloads); cases:";
+  for (const auto& kv : s.cases_by_status) std::cout << " " << kv.first << " " << kv.second;
+  std::cout << "\n[opcov] wrote " << (fs::path(o.out) / "coverage.json").string() << ", summary.md, report.html in "
+            << std::fixed << std::setprecision(1) << info.duration_s << " s\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace opcov
+}  // namespace dtensor
+
+int main(int argc, char** argv) {
+  return dtensor::testing::main_with_harness(
+      argc, argv,
+      [](int& ac, char** av) {
+        try {
+          return dtensor::opcov::run(ac, av);
+        } catch (const c10::Error& e) {
+          std::cerr << e.what_without_backtrace() << "\n";
+          return 2;
+        }
+      },
+      /*fork_server=*/false);
+}
