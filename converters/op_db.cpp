@@ -99,6 +99,9 @@ const OpDb& op_db() {
     samples::add_index_samples(d);
     samples::add_conv_samples(d);
     samples::add_random_samples(d);
+    samples::add_embedding_samples(d);
+    samples::add_norm_samples(d);
+    samples::add_softmax_loss_samples(d);
     return d;
   }();
   return db;

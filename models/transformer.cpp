@@ -5,9 +5,12 @@
 #include "dtensor/nn/functional.h"
 #include "dtensor/nn/hooks.h"
 #include "dtensor/nn/module_surgery.h"
+#include "dtensor/parallel/parallel.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+
+#include <algorithm>
 
 namespace dtensor {
 namespace models {
@@ -101,6 +104,56 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
   }
   h = nn::call(norm, h);
   return nn::call(output, h).to(at::kFloat);
+}
+
+
+// The plan of PyTorch's Transformer.parallelize (seeds/README.md).
+Transformer Transformer::parallelize(Transformer module, const DeviceMesh& mesh, bool use_seq_parallel,
+                                     bool local_output_for_attn) {
+  const ModelArgs& args = module->model_args;
+  TORCH_CHECK(!local_output_for_attn || args.n_heads % mesh.size() == 0, "Transformer::parallelize: ",
+              "local_output_for_attn needs n_heads (", args.n_heads, ") divisible by the mesh size (", mesh.size(),
+              ")");
+  ParallelizePlan plan;
+  if (use_seq_parallel) {
+    plan = {
+        {"tok_embeddings", RowwiseParallel().input_layouts(Replicate{}).output_layouts(Shard{1})},
+        {"pos_embeddings", RowwiseParallel().input_layouts(Replicate{}).output_layouts(Shard{0})},
+        {"norm", SequenceParallel()},
+        {"layers.*.attention", PrepareModuleInput().input_layouts({Shard{1}}).desired_input_layouts({Replicate{}})},
+        {"layers.*.attention_norm", SequenceParallel()},
+        {"layers.*.ffn_norm", SequenceParallel()},
+    };
+  } else {
+    plan = {
+        {"tok_embeddings", RowwiseParallel().input_layouts(Replicate{}).output_layouts(Replicate{})},
+        {"pos_embeddings", RowwiseParallel().input_layouts(Replicate{}).output_layouts(Replicate{})},
+    };
+  }
+  for (const char* w : {"layers.*.attention.wq", "layers.*.attention.wk", "layers.*.attention.wv"})
+    plan.emplace_back(w, ColwiseParallel().use_local_output(local_output_for_attn));
+  if (use_seq_parallel) {
+    plan.emplace_back("layers.*.attention.wo", RowwiseParallel().output_layouts(Shard{1}));
+    plan.emplace_back("layers.*.feed_forward.w1", ColwiseParallel().input_layouts(Shard{1}));
+    plan.emplace_back("layers.*.feed_forward.w2", RowwiseParallel().output_layouts(Shard{1}));
+    plan.emplace_back("output", ColwiseParallel().input_layouts(Shard{1}).output_layouts(Replicate{}));
+  } else {
+    plan.emplace_back("layers.*.attention.wo", RowwiseParallel());
+    plan.emplace_back("layers.*.feed_forward.w1", ColwiseParallel());
+    plan.emplace_back("layers.*.feed_forward.w2", RowwiseParallel());
+    plan.emplace_back("output", ColwiseParallel().output_layouts(Replicate{}));
+  }
+  if (args.n_layers == 0) {  // no "layers.*" entries can match
+    plan.erase(std::remove_if(plan.begin(), plan.end(), [](const PlanEntry& e) { return e.path.rfind("layers.", 0) == 0; }),
+               plan.end());
+  }
+  parallelize_module(*module, mesh, plan);
+  if (local_output_for_attn)
+    for (size_t i = 0; i < module->layers->size(); ++i)
+      module->layers->ptr<TransformerBlockImpl>(i)->attention->n_heads = args.n_heads / mesh.size();
+  // Both layers were sharded the same way (Shard(0) of [vocab, dim]); share one tensor again.
+  if (args.weight_tying) nn::swap_parameter(*module->output, "weight", module->tok_embeddings->weight);
+  return module;
 }
 
 }  // namespace models

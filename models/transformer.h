@@ -7,6 +7,7 @@
 //
 //   dtensor::models::ModelArgs args;                        // n_layers 2, vocab 8, dim 16, ...
 //   dtensor::models::Transformer model(args);
+//   dtensor::models::Transformer::parallelize(model, tp_mesh, /*use_seq_parallel=*/true);
 //   at::Tensor logits = dtensor::nn::call(model, tokens);   // [batch, seq, vocab], float
 //
 // Collective: parallelize (every rank, same model structure; parameters come from the mesh's
@@ -103,7 +104,22 @@ class TransformerImpl : public torch::nn::Module {
   bool checkpoint_activations;
 };
 
-TORCH_MODULE(Transformer);
+class Transformer : public torch::nn::ModuleHolder<TransformerImpl> {
+ public:
+  using torch::nn::ModuleHolder<TransformerImpl>::ModuleHolder;
+  using Impl = TransformerImpl;
+
+  // Applies PyTorch's tensor-parallel plan (seeds/README.md) on the 1-D mesh `mesh` and, with
+  // weight tying, ties output.weight to tok_embeddings.weight again. Without sequence
+  // parallelism the embeddings are row-sharded with replicated outputs, attention and
+  // feed-forward projections are Colwise/Rowwise pairs, and the output layer is column-sharded
+  // with a replicated output. With it, activations between the blocks stay sharded on the
+  // sequence dim (norms as SequenceParallel, PrepareModuleInput before attention).
+  // local_output_for_attn: wq/wk/wv return local shards and each rank's attention computes
+  // n_heads / mesh size heads on plain tensors. Collective. Returns `module`.
+  static Transformer parallelize(Transformer module, const DeviceMesh& mesh, bool use_seq_parallel,
+                                 bool local_output_for_attn = false);
+};
 
 }  // namespace models
 }  // namespace dtensor

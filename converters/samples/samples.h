@@ -21,6 +21,9 @@ void add_tensor_samples(OpDb& db);
 void add_index_samples(OpDb& db);
 void add_conv_samples(OpDb& db);
 void add_random_samples(OpDb& db);
+void add_embedding_samples(OpDb& db);
+void add_norm_samples(OpDb& db);
+void add_softmax_loss_samples(OpDb& db);
 
 // ---- helpers shared by the sample files -------------------------------------------------------
 using Samples = std::vector<OpSample>;

@@ -1,5 +1,5 @@
 // converters/samples/tensor_samples.cpp: samples of the tensor-creating, joining and copying
-// ops (*_like, new_*, cat, stack, roll, contiguous, copy_) and the ops that
+// ops (*_like, new_*, cat, stack, roll, contiguous, copy_), triu/tril, and the ops that
 // return plain values (equal, is_nonzero, item). The indexing ops are in index_samples.cpp.
 #include "converters/samples/samples.h"
 
@@ -103,6 +103,12 @@ void add_tensor_samples(OpDb& db) {
   db.add("aten::nonzero", "tensor", [](SampleGen& g) {
     return Samples{OpSample("even", {g.boolean({8, 4})}), OpSample("int", {g.index({5, 6}, 3)})};
   });
+  // Causal masks: the last two dims are position-dependent.
+  for (const char* op : {"aten::triu", "aten::tril", "aten::triu_", "aten::tril_"})
+    db.add(op, "tensor", [](SampleGen& g) {
+      return Samples{OpSample("batched", {g.tensor({2, 4, 4})}), OpSample("diagonal1", {g.tensor({4, 4}), 1}),
+                     OpSample("uneven_below", {g.tensor({3, 5, 6}, at::kDouble), -1})};
+    });
   db.add("aten::_local_scalar_dense", "tensor", [](SampleGen& g) {
     return Samples{OpSample("one", {g.tensor({1})}).no_backward()};
   });

@@ -90,7 +90,10 @@ void add_view_samples(OpDb& db) {
                    OpSample("flatten_uneven_f64", {g.tensor({5, 6}, at::kDouble), IL{30}}),
                    OpSample("regroup", {g.tensor({4, 6}), IL{2, 12}}),
                    OpSample("size1_dims", {g.tensor({8, 1, 4}), IL{1, 8, 4, 1}}),
-                   OpSample("split_lead", {g.tensor({12, 2}), IL{6, 2, 2}})};
+                   OpSample("split_lead", {g.tensor({12, 2}), IL{6, 2, 2}}),
+                   // Through size-1 dims (a bias gradient summed with keepdim, then viewed).
+                   OpSample("drop_ones", {g.tensor({1, 1, 8}), IL{8}}),
+                   OpSample("add_ones", {g.tensor({8}), IL{1, 8, 1}})};
   };
   db.add("aten::view", "view", view_like);
   db.add("aten::reshape", "view", view_like);

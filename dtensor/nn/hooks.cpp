@@ -37,8 +37,19 @@ Entry* live_entry(const torch::nn::Module* module) {
   return &it->second;
 }
 
+// Drops every entry whose module died, releasing what its hooks hold (a hook of a parallel
+// style holds the DeviceMesh, hence its groups). Holds g_mu.
+void sweep_dead_entries() {
+  for (auto it = g_entries.begin(); it != g_entries.end();) {
+    if (it->second.owner.expired()) it = g_entries.erase(it);
+    else ++it;
+  }
+  g_num_entries.store(g_entries.size());
+}
+
 // Holds g_mu.
 Entry& entry_for(torch::nn::Module& module, const char* what) {
+  sweep_dead_entries();
   std::weak_ptr<torch::nn::Module> owner = module.weak_from_this();
   TORCH_CHECK(!owner.expired(), what, ": the ", module.name(),
               " is not owned by a std::shared_ptr; hooks are keyed by module and must be able to tell when it "

@@ -26,10 +26,11 @@
 // NOTE: [Hook registry]
 // Hooks are kept in one process-wide registry keyed by module address, with a weak reference
 // to the module: an entry whose module has died is dropped (a new module at the same address
-// does not inherit it). So a hooked module must be owned by a std::shared_ptr (a ModuleHolder
-// such as torch::nn::Linear, or std::make_shared). The registry is thread-safe, and hooks run
-// outside its lock, so hooks may run collectives (ranks as threads call them concurrently).
-// call() costs one atomic load when no module has hooks.
+// does not inherit it), and every registration drops the entries of dead modules (releasing
+// what their hooks captured). So a hooked module must be owned by a std::shared_ptr (a
+// ModuleHolder such as torch::nn::Linear, or std::make_shared). The registry is thread-safe,
+// and hooks run outside its lock, so hooks may run collectives (ranks as threads call them
+// concurrently). call() costs one atomic load when no module has hooks.
 //
 // Hooks themselves are not collective; a hook that redistributes a DTensor is, so every rank
 // must call the hooked module the same number of times.

@@ -240,6 +240,7 @@ OutputSharding propagate(OpCall& call, const std::function<std::vector<TensorMet
   best.inplace_view = entry->options.inplace_view;
   best.relayout_written = entry->options.relayout_written;
   best.random = entry->options.random;
+  best.kernel = entry->options.kernel;
   if (best.output_shape_from_local)
     for (const auto& out : best.outputs)
       for (const auto& p : out)
@@ -309,6 +310,16 @@ bool arg_bool(const OpCall& c, size_t i, bool fallback) {
   if (i >= c.args.size() || c.args[i].kind != ArgInfo::Kind::kOther) return fallback;
   const auto& v = c.args[i].value;
   return v.isBool() ? v.toBool() : fallback;
+}
+
+std::vector<Placement> inputs_by_arg(const OpCall& c, const std::function<Placement(size_t arg)>& by_arg) {
+  std::vector<Placement> out;
+  for (size_t i = 0; i < c.args.size(); ++i) {
+    if (c.args[i].kind == ArgInfo::Kind::kDTensor) out.push_back(by_arg(i));
+    else if (c.args[i].kind == ArgInfo::Kind::kDTensorList)
+      for (size_t k = 0; k < c.args[i].list.size(); ++k) out.push_back(by_arg(i));
+  }
+  return out;
 }
 
 }  // namespace ops

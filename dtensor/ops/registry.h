@@ -24,6 +24,10 @@
 #include <string>
 #include <vector>
 
+namespace c10 {
+class OperatorHandle;
+}  // namespace c10
+
 namespace dtensor {
 namespace ops {
 
@@ -69,6 +73,18 @@ using LocalArgRewrite = std::function<void(std::vector<c10::IValue>& args, const
 // Placements on every mesh dim of one full strategy (one list per input / output).
 using FullPlacements = std::vector<std::vector<Placement>>;
 
+struct OutputSharding;
+
+// Replaces the local call (step 4 of NOTE: [DTensor fallback]) for a rule whose local
+// computation is not the op on the local shards, e.g. a row-sharded embedding that masks the
+// indices outside its rows (NOTE: [Row-sharded embedding]). `args` holds the op's arguments
+// with DTensors replaced by their redistributed local tensors (after the LocalArgRewrite, if
+// any); the kernel returns the op's returns (local tensors). It runs below the DTensor key and
+// below autograd, so it may call other aten ops on plain tensors, or op.callBoxed itself.
+using LocalKernel = std::function<std::vector<c10::IValue>(const c10::OperatorHandle& op,
+                                                           std::vector<c10::IValue>& args, const OpCall& call,
+                                                           const OutputSharding& sharding)>;
+
 // How the engine treats an op beyond its placements.
 struct RuleOptions {
   // The outputs' shapes depend on the input VALUES (masked_select, nonzero, ...): metadata
@@ -100,6 +116,8 @@ struct RuleOptions {
   // gives the single-device values, instead of on the local tensors. The rule's options must
   // place no output Partial unless it is linear in a Partial input (dropout).
   bool random = false;
+  // Runs instead of the op on the local shards (see LocalKernel); empty: the op itself.
+  LocalKernel kernel;
 };
 
 // Registers a rule for "aten::name.overload" (or "aten::name" for every overload without a
@@ -120,6 +138,7 @@ struct OutputSharding {
   bool inplace_view = false;             // RuleOptions
   bool relayout_written = false;         // RuleOptions
   bool random = false;                   // RuleOptions
+  LocalKernel kernel;                    // RuleOptions
 };
 
 // NOTE: [Replicate fallback]
@@ -171,6 +190,9 @@ std::vector<size_t> out_inputs(const OpCall& c);
 int64_t arg_int(const OpCall& c, size_t i, int64_t fallback);
 std::vector<int64_t> arg_int_list(const OpCall& c, size_t i);
 bool arg_bool(const OpCall& c, size_t i, bool fallback);
+// One placement per DTensor input, in argument order: by_arg(i) for schema argument i (for
+// rules whose inputs include optional tensors, so that input positions vary).
+std::vector<Placement> inputs_by_arg(const OpCall& c, const std::function<Placement(size_t arg)>& by_arg);
 
 }  // namespace ops
 }  // namespace dtensor

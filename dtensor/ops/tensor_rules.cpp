@@ -1,5 +1,5 @@
 // dtensor/ops/tensor_rules.cpp: ops that build, join, reorder or copy whole tensors
-// (DESIGN.md D5): *_like and new_* factories, cat, stack, roll, copy_, and the
+// (DESIGN.md D5): *_like and new_* factories, cat, stack, roll, copy_, triu/tril, and the
 // ops that return plain values (item, equal) or data-dependent shapes (masked_select,
 // nonzero). The indexing ops (index_select, gather, scatter, index, index_put, index_add)
 // live in index_rules.cpp; the factories without a tensor input in dtensor/tensor/factory.cpp.
@@ -135,6 +135,15 @@ const bool registered = [] {
       o.push_back({{Partial(op)}, {Partial(op), Partial(op)}});
     return o;
   });
+  // triu/tril (causal masks): position-dependent in the last two dims, so only the leading
+  // dims may be sharded; linear, so Partial stays Partial.
+  auto triangle = [](const OpCall& c) {
+    std::vector<DimOption> o{{{Replicate{}}, {Replicate{}}}};
+    for (int64_t d = 0; d + 2 < c.inputs[0]->ndim(); ++d) o.push_back({{Shard{d}}, {Shard{d}}});
+    for (auto op : {comm::ReduceOp::SUM, comm::ReduceOp::AVG}) o.push_back({{Partial(op)}, {Partial(op)}});
+    return o;
+  };
+  for (const char* n : {"aten::triu", "aten::tril", "aten::triu_", "aten::tril_"}) register_rule(n, triangle);
   // Plain results must agree on every rank: compute them from replicated inputs.
   auto replicated_scalar = [](const OpCall& c) {
     return std::vector<DimOption>{{{}, std::vector<Placement>(c.inputs.size(), Replicate{})}};

@@ -158,7 +158,10 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, std::vect
   TORCH_CHECK(expected == local.sizes().vec(), "from_local: a local tensor of shape ", local.sizes(),
               " is not this rank's shard of ", c10::IntArrayRef(global), " under ", to_string(placements),
               " (expected ", c10::IntArrayRef(expected), ")");
-  at::Tensor out = make_dtensor(local, spec);
+  // The spec's strides are contiguous, so the DTensor holds a contiguous local tensor (views of
+  // the DTensor rewrite sizes for contiguous locals; a transposed local, e.g. a gradient coming
+  // back through to_local, would otherwise fail to view). The autograd edge stays on `local`.
+  at::Tensor out = make_dtensor(local.is_contiguous() ? local : local.contiguous(), spec);
   auto node = new_node<FromLocalBackward>();
   node->spec = spec;
   connect(local, out, node);

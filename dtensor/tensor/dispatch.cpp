@@ -11,9 +11,10 @@
 //      (from a run on meta tensors, cached with the strategy).
 //   3. Redistribute inputs to the strategy's placements and put the local tensors on the stack.
 //   4. Run the op on local tensors, below this key and below autograd; a random op runs on
-//      global stand-ins with the RNG tracker instead (NOTE: [Random ops on DTensors]). An
-//      in-place view (squeeze_, ...) or an in-place indexing op that re-laid out its target
-//      updates the spec of the DTensor it wrote (RuleOptions::inplace_view, relayout_written).
+//      global stand-ins with the RNG tracker instead (NOTE: [Random ops on DTensors]), and a
+//      rule with a local kernel runs that kernel instead (ops::LocalKernel). An in-place view
+//      (squeeze_, ...) or an in-place indexing op that re-laid out its target updates the spec
+//      of the DTensor it wrote (RuleOptions::inplace_view, relayout_written).
 //   5. Wrap outputs as DTensors; in-place/out= returns give back the DTensor that was written.
 //
 // NOTE: [In-place writes through DTensor views]
@@ -341,7 +342,7 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     for (size_t i = 0; i < n_args; ++i) (*stack)[begin + i] = std::move(args[i]);
   }
 
-  // 4. The local op (a random op: NOTE: [Random ops on DTensors]).
+  // 4. The local op (a random op: NOTE: [Random ops on DTensors]; a rule's local kernel).
   {
     c10::impl::ExcludeDispatchKeyGuard no_dtensor(kDTensorKey);
     at::AutoDispatchBelowADInplaceOrView below;
@@ -350,6 +351,13 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       for (size_t k = 0; k < dargs.size(); ++k)
         random_inputs.push_back({dargs[k].arg, dargs[k].list_pos, sharding.inputs[k], &call.inputs[k]->tensor_meta});
       detail::run_random_op(op, stack, begin, *mesh, random_inputs, sharding.outputs, written_arg);
+    } else if (sharding.kernel) {
+      std::vector<c10::IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
+      std::vector<c10::IValue> rets = sharding.kernel(op, args, call, sharding);
+      TORCH_INTERNAL_ASSERT(rets.size() == schema.returns().size(), "the local kernel of ", call.name, " returned ",
+                            rets.size(), " values; the op returns ", schema.returns().size());
+      stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
+      for (auto& r : rets) stack->push_back(std::move(r));
     } else {
       op.callBoxed(stack);
     }

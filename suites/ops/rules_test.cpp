@@ -1,7 +1,8 @@
 // suites/ops/rules_test.cpp: the placements the matrix and convolution rules choose where the
 // op suite only checks values: products keep Partial(avg), a batch-sharded convolution runs
 // without communication and gives the data-parallel gradients, channel sharding is taken
-// when it is free; and the fused attention's refusal of dropout.
+// when it is free; the fused attention's refusal of dropout; and the communication-free layouts
+// the tensor-parallel rules (embedding, layer norm, softmax, views) keep.
 #include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
 #include "harness/dtensor_test_base.h"
@@ -19,6 +20,7 @@ using testing::error_of;
 
 class MatrixRules : public testing::DTensorOpTestBase {};
 class ConvRules : public testing::DTensorOpTestBase {};
+class TensorParallelRules : public testing::DTensorOpTestBase {};
 
 at::Tensor values(std::vector<int64_t> shape, double seed) {
   int64_t n = 1;
@@ -102,6 +104,38 @@ DTENSOR_TEST_F(ConvRules, ChannelShardingOnlyWhenEveryRankHasChannels) {
     EXPECT_EQ(get_spec(out).placements, std::vector<Placement>{c_out == 8 ? Placement(Shard{1}) : Replicate{}});
     EXPECT_TRUE(at::allclose(full_tensor(out), at::conv2d(x, w)));
   }
+}
+
+// The strategies that avoid communication are the ones chosen.
+DTENSOR_TEST_F(TensorParallelRules, ChooseCommunicationFreeLayouts) {
+  auto mesh = build_device_mesh();
+  const at::Tensor w = values({10, 4}, 1), idx = (at::arange(6, at::kLong) * 3 + 1).remainder(10).view({2, 3});
+  auto placements = [](const at::Tensor& t) { return to_string(get_spec(t).placements); };
+  at::Tensor rep_idx = distribute_tensor(idx, mesh, {Replicate{}});
+  // Row-sharded table: Partial output; its gradient comes back Shard(0).
+  at::Tensor row_w = distribute_tensor(w, mesh, {Shard{0}}).requires_grad_(true);
+  at::Tensor out = at::embedding(row_w, rep_idx);
+  EXPECT_EQ(placements(out), "(Partial(sum),)");
+  redistribute(out, {Replicate{}}).sum().backward();
+  EXPECT_EQ(placements(row_w.grad()), "(Shard(dim=0),)");
+  // Column-sharded table: output sharded on its last dim.
+  EXPECT_EQ(placements(at::embedding(distribute_tensor(w, mesh, {Shard{1}}), rep_idx)), "(Shard(dim=2),)");
+  // Sequence-sharded LayerNorm input keeps its layout; weight gradients are Partial.
+  at::Tensor x = distribute_tensor(values({2, 8, 6}, 2), mesh, {Shard{1}}).requires_grad_(true);
+  at::Tensor ln_w = distribute_tensor(values({6}, 3), mesh, {Replicate{}}).requires_grad_(true);
+  at::Tensor y = at::layer_norm(x, {6}, ln_w, {});
+  EXPECT_EQ(placements(y), "(Shard(dim=1),)");
+  y.sum().backward();
+  EXPECT_EQ(placements(x.grad()), "(Shard(dim=1),)");
+  EXPECT_EQ(placements(ln_w.grad()), "(Partial(sum),)");
+  // Viewing through size-1 dims keeps the shard.
+  at::Tensor b = distribute_tensor(values({1, 1, 8}, 5), mesh, {Shard{2}});
+  EXPECT_EQ(placements(b.view({8})), "(Shard(dim=0),)");
+  EXPECT_EQ(placements(b.view({8}).view({1, 8, 1})), "(Shard(dim=1),)");
+  // Softmax over the sharded dim gathers; over another dim it does not.
+  at::Tensor s = distribute_tensor(values({4, 8}, 4), mesh, {Shard{0}});
+  EXPECT_EQ(placements(s.softmax(1)), "(Shard(dim=0),)");
+  EXPECT_EQ(placements(s.softmax(0)), "(Replicate(),)");
 }
 
 }  // namespace

@@ -185,12 +185,20 @@ TEST(ForwardHooks, Errors) {
 
 TEST(ForwardHooks, DieWithTheirModule) {
   const torch::nn::Module* address = nullptr;
+  auto captured = std::make_shared<int>(0);  // stands for what a style's hook holds (a mesh)
   {
     torch::nn::Linear lin(4, 3);
     address = lin.ptr().get();
-    nn::register_forward_pre_hook(*lin, [](torch::nn::Module&, nn::ForwardInputs& in) { in[0] = in[0].toTensor() * 0; });
+    nn::register_forward_pre_hook(*lin, [captured](torch::nn::Module&, nn::ForwardInputs& in) {
+      in[0] = in[0].toTensor() * 0;
+    });
     EXPECT_EQ(nn::num_forward_hooks(*lin), 1u);
+    EXPECT_EQ(captured.use_count(), 2);
   }
+  // The next registration releases the dead module's hooks.
+  torch::nn::Linear other(2, 2);
+  nn::register_forward_hook(*other, [](torch::nn::Module&, const nn::ForwardInputs&, c10::IValue&) {});
+  EXPECT_EQ(captured.use_count(), 1);
   // Allocations of the same size often reuse the address: the new module has no hooks either way.
   torch::nn::Linear next(4, 3);
   SCOPED_TRACE(next.ptr().get() == address ? "same address" : "other address");

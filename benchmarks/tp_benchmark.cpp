@@ -1,0 +1,357 @@
+// Tensor-parallel figures (issue: tensor parallel and the reference models):
+//  1. one training step (forward, cross-entropy loss, backward, SGD step) of the Transformer on
+//     one rank versus tensor-parallel on 4 ranks, with and without sequence parallelism, ranks
+//     as threads (ThreadGroup) and as processes (Gloo, the harness's worker pool);
+//  2. per rank: parameter bytes and the peak of allocated CPU memory during a step (a tracking
+//     allocator attributes every allocation to the rank that made it), TP versus the full model;
+//  3. collectives per step, counted (CountingGroup) and derived from PyTorch's plan
+//     (NOTE: [Collectives of the Transformer plan] in suites/testing/tp_collectives.h).
+// `wide` 0 is the default ModelArgs; 1 a wider model (dim 256, 8 heads, vocab 1024, seq 64)
+// where the sharded layers dominate. dropout_p is 0 (dropout on sharded activations is the
+// random-ops issue's).
+//
+//   build/benchmarks/tp_benchmark --benchmark_repetitions=5 --benchmark_report_aggregates_only
+#include "dtensor/comm/comm.h"
+#include "dtensor/nn/nn.h"
+#include "dtensor/parallel/parallel.h"
+#include "dtensor/tensor/dtensor.h"
+#include "harness/internal/launcher.h"
+#include "harness/main.h"
+#include "harness/multi_rank_test.h"
+#include "models/models.h"
+#include "suites/testing/counting_group.h"
+#include "suites/testing/tp_collectives.h"
+
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+#include <c10/core/CPUAllocator.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/sgd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <regex>
+#include <thread>
+
+namespace dtensor {
+namespace {
+
+constexpr int kWorld = 4;
+constexpr int64_t kBatch = 8;
+
+// ---- memory accounting -----------------------------------------------------------------------
+// NOTE: [Per-rank memory accounting]
+// Wraps libtorch's CPU allocator. Each allocation is charged to the slot of the thread that
+// makes it (slot 0 by default; rank threads set rank + 1) and refunded to the same slot when
+// freed, whichever thread frees it; each slot keeps its current and peak bytes. The size and
+// slot live in a 64-byte header before the block (libtorch's alignment is kept, and data ==
+// context as raw_allocate requires), so there is no lock.
+class TrackingAllocator final : public c10::Allocator {
+ public:
+  static constexpr int kSlots = kWorld + 1;
+
+  static TrackingAllocator& install() {
+    static TrackingAllocator* a = [] {
+      auto* t = new TrackingAllocator(c10::GetCPUAllocator());
+      instance() = t;
+      c10::SetCPUAllocator(t, /*priority=*/100);
+      return t;
+    }();
+    return *a;
+  }
+  static void set_slot(int s) { slot() = s; }
+  int64_t current(int s) const { return current_[s].load(); }
+  int64_t peak(int s) const { return peak_[s].load(); }
+  void reset_peak(int s) { peak_[s].store(current_[s].load()); }
+
+  c10::DataPtr allocate(size_t n) const override {
+    auto* raw = static_cast<char*>(inner_->raw_allocate(n + kHeader));
+    auto* h = reinterpret_cast<Header*>(raw);
+    h->bytes = static_cast<int64_t>(n);
+    h->slot = slot();
+    const int64_t now = current_[h->slot].fetch_add(h->bytes) + h->bytes;
+    int64_t p = peak_[h->slot].load();
+    while (now > p && !peak_[h->slot].compare_exchange_weak(p, now)) {
+    }
+    void* data = raw + kHeader;
+    return c10::DataPtr(data, data, &TrackingAllocator::release, c10::Device(c10::kCPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &TrackingAllocator::release; }
+
+ private:
+  static constexpr size_t kHeader = 64;
+  struct Header {
+    int64_t bytes;
+    int slot;
+  };
+  explicit TrackingAllocator(c10::Allocator* inner) : inner_(inner) {}
+  static TrackingAllocator*& instance() {
+    static TrackingAllocator* t = nullptr;
+    return t;
+  }
+  static int& slot() {
+    thread_local int s = 0;
+    return s;
+  }
+  static void release(void* data) {
+    if (data == nullptr) return;
+    char* raw = static_cast<char*>(data) - kHeader;
+    auto* h = reinterpret_cast<Header*>(raw);
+    TrackingAllocator* self = instance();
+    self->current_[h->slot].fetch_sub(h->bytes);
+    self->inner_->raw_deallocate(raw);
+  }
+
+  c10::Allocator* inner_;
+  mutable std::array<std::atomic<int64_t>, kSlots> current_{};
+  mutable std::array<std::atomic<int64_t>, kSlots> peak_{};
+};
+
+// ---- one rank's training step -------------------------------------------------------------------
+
+models::ModelArgs bench_args(bool wide) {
+  models::ModelArgs a;
+  a.dropout_p = 0.0;
+  if (wide) {
+    a.dim = 256;
+    a.n_heads = 8;
+    a.vocab_size = 1024;
+    a.max_seq_len = 64;
+  }
+  return a;
+}
+
+int64_t local_bytes(const at::Tensor& t) {
+  const at::Tensor& l = is_dtensor(t) ? local_tensor(t) : t;
+  return l.numel() * static_cast<int64_t>(l.element_size());
+}
+
+// A model (parallelized on `mesh` when given), its SGD optimizer and a batch.
+struct Trainer {
+  Trainer(bool wide, const std::optional<DeviceMesh>& mesh, bool seq_parallel) : args(bench_args(wide)) {
+    model = models::Transformer(args);
+    if (mesh) models::Transformer::parallelize(model, *mesh, seq_parallel);
+    opt = std::make_unique<torch::optim::SGD>(nn::parameters(*model), torch::optim::SGDOptions(0.01).momentum(0.9));
+    const int64_t seq = args.max_seq_len;
+    tokens = (at::arange(kBatch * seq, at::kLong) * 7 + 1).remainder(args.vocab_size).view({kBatch, seq});
+    targets = tokens.roll(1, 1).flatten();
+  }
+  void step() {
+    opt->zero_grad();
+    at::Tensor logits = nn::call(model, tokens);
+    torch::nn::functional::cross_entropy(logits.view({-1, args.vocab_size}), targets).backward();
+    opt->step();
+  }
+  int64_t parameter_bytes() const {
+    int64_t n = 0;
+    for (const auto& p : nn::parameters(*model)) n += local_bytes(p);
+    return n;
+  }
+
+  models::ModelArgs args;
+  models::Transformer model{nullptr};
+  std::unique_ptr<torch::optim::SGD> opt;
+  at::Tensor tokens, targets;
+};
+
+// Peak bytes of `slot` during one step (after a warm-up step created the optimizer state).
+int64_t step_peak(Trainer& t, int slot) {
+  auto& mem = TrackingAllocator::install();
+  t.step();
+  mem.reset_peak(slot);
+  t.step();
+  return mem.peak(slot);
+}
+
+void BM_StepSingleRank(benchmark::State& state) {
+  TrackingAllocator::install();
+  Trainer t(state.range(0) != 0, std::nullopt, false);
+  state.counters["param_bytes"] = static_cast<double>(t.parameter_bytes());
+  state.counters["peak_bytes"] = static_cast<double>(step_peak(t, 0));
+  for (auto _ : state) t.step();
+}
+
+// ---- ranks as threads --------------------------------------------------------------------------
+
+// kWorld persistent rank threads; each builds its Trainer once, then runs one step per
+// generation. Each rank measures collectives and memory before the timed loop.
+class ThreadTrainers {
+ public:
+  ThreadTrainers(bool wide, bool seq_parallel) {
+    TrackingAllocator::install();
+    auto world = comm::ThreadWorld::create(kWorld);
+    for (int r = 0; r < kWorld; ++r)
+      threads_.emplace_back([this, world, r, wide, seq_parallel] { rank_main(world, r, wide, seq_parallel); });
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return ready_ == kWorld; });
+  }
+  ~ThreadTrainers() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  // One training step on every rank.
+  void step() {
+    std::unique_lock<std::mutex> lk(mu_);
+    done_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    cv_.wait(lk, [&] { return done_ == kWorld; });
+  }
+  const std::string& error() const { return error_; }
+  int64_t collectives() const { return collectives_; }
+  int64_t param_bytes() const { return param_bytes_; }
+  int64_t peak_bytes() const { return peak_bytes_; }
+
+ private:
+  void rank_main(const std::shared_ptr<comm::ThreadWorld>& world, int r, bool wide, bool seq_parallel) {
+    TrackingAllocator::set_slot(r + 1);
+    std::unique_ptr<Trainer> t;
+    try {
+      auto counting = std::make_shared<testing::CountingGroup>(std::make_shared<comm::ThreadGroup>(world, r));
+      t = std::make_unique<Trainer>(wide, init_device_mesh("cpu", {kWorld}, {}, counting), seq_parallel);
+      t->step();  // warm-up: optimizer state, propagation cache
+      counting->reset();
+      t->step();
+      const int64_t collectives = counting->collectives();
+      const int64_t peak = step_peak(*t, r + 1);
+      std::lock_guard<std::mutex> lk(mu_);
+      if (r == 0) {
+        collectives_ = collectives;
+        param_bytes_ = t->parameter_bytes();
+      }
+      peak_bytes_ = std::max(peak_bytes_, peak);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (error_.empty()) error_ = "rank " + std::to_string(r) + ": " + e.what();
+      t.reset();
+    }
+    uint64_t seen = 0;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++ready_;
+    }
+    cv_.notify_all();
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return generation_ != seen || stop_; });
+        if (stop_) return;
+        seen = generation_;
+      }
+      if (t) t->step();
+      std::lock_guard<std::mutex> lk(mu_);
+      if (++done_ == kWorld) cv_.notify_all();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;
+  int ready_ = 0, done_ = 0;
+  bool stop_ = false;
+  std::string error_;
+  int64_t collectives_ = 0, param_bytes_ = 0, peak_bytes_ = 0;
+};
+
+void BM_StepThreads(benchmark::State& state) {
+  const bool sp = state.range(0) != 0, wide = state.range(1) != 0;
+  ThreadTrainers ranks(wide, sp);
+  if (!ranks.error().empty()) {
+    state.SkipWithError(ranks.error().c_str());
+    return;
+  }
+  const auto plan = testing::transformer_plan_collectives(bench_args(wide).n_layers, sp);
+  state.counters["collectives"] = static_cast<double>(ranks.collectives());
+  state.counters["collectives_plan"] = static_cast<double>(plan.total());
+  state.counters["param_bytes"] = static_cast<double>(ranks.param_bytes());
+  state.counters["peak_bytes"] = static_cast<double>(ranks.peak_bytes());
+  for (auto _ : state) ranks.step();
+}
+
+// ---- ranks as processes ------------------------------------------------------------------------
+
+constexpr int kProcessIters = 9;
+class TpBenchProcess : public testing::MultiProcessTest {};
+
+// Rank 0 prints the median step time (steps between barriers), its collectives per step, and
+// its parameter and peak bytes.
+void process_body(testing::MultiRankTest& t, bool sp, bool wide) {
+  TrackingAllocator::install();
+  auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
+  Trainer trainer(wide, init_device_mesh("cpu", {t.group().size()}, {}, counting), sp);
+  trainer.step();
+  counting->reset();
+  trainer.step();
+  const int64_t collectives = counting->collectives();
+  const int64_t peak = step_peak(trainer, 0);
+  std::vector<double> ms;
+  for (int i = 0; i < kProcessIters; ++i) {
+    t.group().barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    trainer.step();
+    t.group().barrier();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  if (t.rank() == 0)
+    std::printf("BENCH_MS %.4f BENCH_COLL %lld BENCH_PARAMS %lld BENCH_PEAK %lld\n", ms[ms.size() / 2],
+                static_cast<long long>(collectives), static_cast<long long>(trainer.parameter_bytes()),
+                static_cast<long long>(peak));
+  std::fflush(stdout);
+}
+DTENSOR_TEST_F(TpBenchProcess, Step_sp0_wide0) { process_body(*this, false, false); }
+DTENSOR_TEST_F(TpBenchProcess, Step_sp1_wide0) { process_body(*this, true, false); }
+DTENSOR_TEST_F(TpBenchProcess, Step_sp0_wide1) { process_body(*this, false, true); }
+DTENSOR_TEST_F(TpBenchProcess, Step_sp1_wide1) { process_body(*this, true, true); }
+
+void BM_StepProcesses(benchmark::State& state) {
+  const bool sp = state.range(0) != 0, wide = state.range(1) != 0;
+  const std::string id = std::string("TpBenchProcess.Step_sp") + (sp ? "1" : "0") + "_wide" + (wide ? "1" : "0");
+  const std::chrono::milliseconds timeout(300000);
+  const auto plan = testing::transformer_plan_collectives(bench_args(wide).n_layers, sp);
+  for (auto _ : state) {
+    std::string stacks;
+    auto outs = testing::internal::worker_pool(kWorld, "gloo", timeout).run(id, timeout, &stacks);
+    std::smatch m;
+    if (!outs[0].result || outs[0].result->failed() ||
+        !std::regex_search(outs[0].output, m,
+                           std::regex("BENCH_MS ([0-9.]+) BENCH_COLL ([0-9]+) BENCH_PARAMS ([0-9]+) BENCH_PEAK ([0-9]+)"))) {
+      state.SkipWithError(("rank 0 failed: " + outs[0].output).c_str());
+      break;
+    }
+    state.SetIterationTime(std::stod(m[1]) / 1000.0);
+    state.counters["collectives"] = std::stod(m[2]);
+    state.counters["collectives_plan"] = static_cast<double>(plan.total());
+    state.counters["param_bytes"] = std::stod(m[3]);
+    state.counters["peak_bytes"] = std::stod(m[4]);
+  }
+}
+
+void tp_args(benchmark::internal::Benchmark* b) {
+  for (int wide : {0, 1})
+    for (int sp : {0, 1}) b->Args({sp, wide});
+  b->ArgNames({"sp", "wide"})->Unit(benchmark::kMillisecond);
+}
+BENCHMARK(BM_StepSingleRank)->ArgName("wide")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->MinTime(0.5);
+BENCHMARK(BM_StepThreads)->Apply(tp_args)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_StepProcesses)->Apply(tp_args)->UseManualTime()->Iterations(1);
+
+}  // namespace
+}  // namespace dtensor
+
+int main(int argc, char** argv) {
+  return dtensor::testing::main_with_harness(argc, argv, [](int& ac, char** av) {
+    benchmark::Initialize(&ac, av);
+    if (benchmark::ReportUnrecognizedArguments(ac, av)) return 1;
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+  });
+}

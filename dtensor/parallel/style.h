@@ -1,0 +1,182 @@
+// dtensor/parallel/style.h
+//
+// Parallel styles: how one module is tensor-parallelized (the counterparts of
+// torch.distributed.tensor.parallel.style). A style distributes the module's parameters and
+// installs forward hooks that bring its inputs to the layout it computes in and its output to
+// the layout the caller wants. Styles are applied by parallelize_module (api.h); options use
+// libtorch's chained-setter form:
+//
+//   dtensor::ColwiseParallel()                                   // Linear/Embedding, column-sharded
+//   dtensor::RowwiseParallel().output_layouts(dtensor::Shard{1})  // row-sharded, reduce-scatter out
+//   dtensor::SequenceParallel()                                   // norms on sequence shards
+//   dtensor::PrepareModuleInput().input_layouts({dtensor::Shard{1}})
+//                                .desired_input_layouts({dtensor::Replicate{}})
+//
+// Layouts are single placements (tensor parallelism uses a 1-D mesh). A module's hooks run
+// only when its parent calls it through dtensor::nn::call (dtensor/nn/hooks.h).
+//
+// Collective: apply() (parameters are distributed from the mesh's first rank) and every
+// forward/backward of a hooked module (redistributions), on every rank of the mesh.
+#pragma once
+
+#include "dtensor/mesh/device_mesh.h"
+#include "dtensor/placement/placement.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torch {
+namespace nn {
+class Module;
+}  // namespace nn
+}  // namespace torch
+
+namespace dtensor {
+
+// One layout per positional input (or output); nullopt leaves that position as it is.
+using Layouts = std::vector<std::optional<Placement>>;
+
+class ParallelStyle {
+ public:
+  virtual ~ParallelStyle() = default;
+  // Throws (naming `path`, the module's dotted path, "" for the root) when the style cannot be
+  // applied to `module`. Local: parallelize_module checks a whole plan before applying any of it.
+  virtual void check(torch::nn::Module& module, const std::string& path) const = 0;
+  // Collective. Distributes the parameters and registers the hooks. `mesh` is 1-D.
+  virtual void apply(torch::nn::Module& module, const DeviceMesh& mesh, const std::string& path) const = 0;
+  // True for styles that replace parameters (at most one of those per module).
+  virtual bool distributes_parameters() const = 0;
+  // PyTorch's repr: "ColwiseParallel(input_layouts=Replicate(), ...)".
+  virtual std::string to_string() const = 0;
+};
+
+namespace detail {
+// The options Colwise and Rowwise share (input_layouts, output_layouts, use_local_output),
+// with setters that return the concrete style so that they chain.
+template <class Style>
+class LinearStyle : public ParallelStyle {
+ public:
+  Style& input_layouts(Placement p) {
+    input_layouts_ = p;
+    return static_cast<Style&>(*this);
+  }
+  Style& output_layouts(Placement p) {
+    output_layouts_ = p;
+    return static_cast<Style&>(*this);
+  }
+  Style& use_local_output(bool v) {
+    use_local_output_ = v;
+    return static_cast<Style&>(*this);
+  }
+  const Placement& input_layouts() const { return input_layouts_; }
+  const Placement& output_layouts() const { return output_layouts_; }
+  bool use_local_output() const { return use_local_output_; }
+
+  void check(torch::nn::Module& module, const std::string& path) const override;
+  bool distributes_parameters() const override { return true; }
+  std::string to_string() const override;
+
+ protected:
+  LinearStyle(const char* name, Placement input, Placement output)
+      : name_(name), input_layouts_(input), output_layouts_(output) {}
+
+  const char* name_;
+  Placement input_layouts_;
+  Placement output_layouts_;
+  bool use_local_output_ = true;
+};
+}  // namespace detail
+
+// Shards a Linear's weight (and bias) on the output features (Shard(0)), or an Embedding's
+// weight on the embedding dim (Shard(1)). The input is taken as `input_layouts` (default
+// Replicate(); a plain tensor is wrapped with from_local) and brought to Replicate; the output,
+// sharded on its last dim, is brought to `output_layouts` (default Shard(-1)) and returned as
+// a local tensor when use_local_output (default true).
+class ColwiseParallel : public detail::LinearStyle<ColwiseParallel> {
+ public:
+  ColwiseParallel() : LinearStyle("ColwiseParallel", Replicate{}, Shard{-1}) {}
+  void apply(torch::nn::Module& module, const DeviceMesh& mesh, const std::string& path) const override;
+};
+
+// Shards a Linear's weight on the input features (Shard(1); the bias is replicated) or an
+// Embedding's weight on the vocabulary (Shard(0)). The input is taken as `input_layouts`
+// (default Shard(-1)) and brought to Shard(-1) (Linear) or Replicate (Embedding); the output,
+// a Partial sum, is reduced to `output_layouts` (default Replicate(): all_reduce; a Shard:
+// reduce_scatter), local when use_local_output (default true).
+class RowwiseParallel : public detail::LinearStyle<RowwiseParallel> {
+ public:
+  RowwiseParallel() : LinearStyle("RowwiseParallel", Shard{-1}, Replicate{}) {}
+  void apply(torch::nn::Module& module, const DeviceMesh& mesh, const std::string& path) const override;
+};
+
+// Replicates the parameters of a module that computes independently per position of the
+// sequence (LayerNorm, RMSNorm, Dropout, ...) and runs it on sequence shards: the input is
+// taken as Shard(sequence_dim) (a plain tensor is this rank's shard; a DTensor is
+// redistributed to it), and the output stays sharded. Every parameter of the module (and its
+// descendants) must be swappable (NOTE: [Parameter swap]). The gradients of the replicated
+// parameters come out Partial (sums over the shards), as in PyTorch; optimizers reduce them
+// when they read them.
+class SequenceParallel : public ParallelStyle {
+ public:
+  SequenceParallel& sequence_dim(int64_t d);  // default 1
+  SequenceParallel& use_local_output(bool v);  // default false
+  int64_t sequence_dim() const { return sequence_dim_; }
+  bool use_local_output() const { return use_local_output_; }
+
+  void check(torch::nn::Module& module, const std::string& path) const override;
+  void apply(torch::nn::Module& module, const DeviceMesh& mesh, const std::string& path) const override;
+  bool distributes_parameters() const override { return true; }
+  std::string to_string() const override;
+
+ private:
+  int64_t sequence_dim_ = 1;
+  bool use_local_output_ = false;
+};
+
+// Converts a module's positional inputs: input i is taken as input_layouts[i] (a plain tensor
+// is wrapped with from_local; a DTensor is kept) and redistributed to desired_input_layouts[i];
+// nullopt entries are left alone. The module's parameters are untouched. (PyTorch's keyword
+// argument layouts have no counterpart: C++ forward() has positional arguments only.)
+class PrepareModuleInput : public ParallelStyle {
+ public:
+  PrepareModuleInput& input_layouts(Layouts l);
+  PrepareModuleInput& desired_input_layouts(Layouts l);
+  PrepareModuleInput& use_local_output(bool v);  // default false
+  const Layouts& input_layouts() const { return input_layouts_; }
+  const Layouts& desired_input_layouts() const { return desired_input_layouts_; }
+  bool use_local_output() const { return use_local_output_; }
+
+  void check(torch::nn::Module& module, const std::string& path) const override;
+  void apply(torch::nn::Module& module, const DeviceMesh& mesh, const std::string& path) const override;
+  bool distributes_parameters() const override { return false; }
+  std::string to_string() const override;
+
+ private:
+  Layouts input_layouts_;
+  Layouts desired_input_layouts_;
+  bool use_local_output_ = false;
+};
+
+// Converts a module's output (a tensor, or each element of a tuple) the same way.
+class PrepareModuleOutput : public ParallelStyle {
+ public:
+  PrepareModuleOutput& output_layouts(Layouts l);
+  PrepareModuleOutput& desired_output_layouts(Layouts l);
+  PrepareModuleOutput& use_local_output(bool v);  // default true
+  const Layouts& output_layouts() const { return output_layouts_; }
+  const Layouts& desired_output_layouts() const { return desired_output_layouts_; }
+  bool use_local_output() const { return use_local_output_; }
+
+  void check(torch::nn::Module& module, const std::string& path) const override;
+  void apply(torch::nn::Module& module, const DeviceMesh& mesh, const std::string& path) const override;
+  bool distributes_parameters() const override { return false; }
+  std::string to_string() const override;
+
+ private:
+  Layouts output_layouts_;
+  Layouts desired_output_layouts_;
+  bool use_local_output_ = true;
+};
+
+}  // namespace dtensor

@@ -1,0 +1,68 @@
+// suites/testing/counting_group.h: a comm::Group that counts the collectives passing through
+// it and through every sub-group it creates (a DeviceMesh's per-dim groups), for tests and
+// benchmarks that check how much a computation communicates.
+//
+//   auto counting = std::make_shared<dtensor::testing::CountingGroup>(group_ptr());
+//   auto mesh = dtensor::init_device_mesh("cpu", {4}, {}, counting);
+//   counting->reset();
+//   ...                                   // run something on `mesh`
+//   counting->counts();                   // {"all_gather_into": 3, "reduce_scatter_into": 2}
+//
+// Counts are this rank's calls (per-rank, not summed over ranks). Collectivity is that of the
+// wrapped group.
+#pragma once
+
+#include "dtensor/comm/group.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace dtensor {
+namespace testing {
+
+class CountingGroup final : public comm::Group {
+ public:
+  explicit CountingGroup(comm::GroupPtr inner);
+
+  // Calls per operation name (the Group method: "all_reduce", "all_gather_into", ...), over
+  // this group and its sub-groups, since construction or the last reset().
+  std::map<std::string, int64_t> counts() const;
+  // Collectives (everything but send/recv) in counts().
+  int64_t collectives() const;
+  void reset();
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend() const override { return inner_->backend(); }
+  const std::vector<int>& global_ranks() const override { return inner_->global_ranks(); }
+  void all_reduce(at::Tensor& tensor, comm::ReduceOp op = comm::ReduceOp::SUM) override;
+  void all_gather_into(at::Tensor& output, const at::Tensor& input) override;
+  void reduce_scatter_into(at::Tensor& output, const at::Tensor& input,
+                           comm::ReduceOp op = comm::ReduceOp::SUM) override;
+  void all_to_all_single(at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_splits = {},
+                         const std::vector<int64_t>& input_splits = {}) override;
+  void broadcast(at::Tensor& tensor, int src) override;
+  void barrier() override;
+  void send(const at::Tensor& tensor, int dst, int tag = 0) override;
+  void recv(at::Tensor& tensor, int src, int tag = 0) override;
+  void gather(const at::Tensor& input, std::vector<at::Tensor>& outputs, int dst) override;
+  void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) override;
+  std::shared_ptr<comm::Group> new_subgroup(const std::vector<int>& ranks) override;
+
+ private:
+  struct Counters {
+    mutable std::mutex mu;
+    std::map<std::string, int64_t> counts;
+  };
+  CountingGroup(comm::GroupPtr inner, std::shared_ptr<Counters> counters);
+  void bump(const char* op);
+
+  comm::GroupPtr inner_;
+  std::shared_ptr<Counters> counters_;
+};
+
+}  // namespace testing
+}  // namespace dtensor
