@@ -13,8 +13,6 @@
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 
-#include <condition_variable>
-#include <thread>
 
 namespace dtensor {
 namespace {
@@ -110,57 +108,15 @@ void run_case(Case c, comm::Group& g, const Inputs& in) {
 }
 
 // Ranks as threads: 4 persistent workers; each iteration runs the case once on all of them.
-class ThreadRanks {
- public:
-  explicit ThreadRanks(int64_t bytes, Case c) : c_(c) {
-    auto world = comm::ThreadWorld::create(kWorld);
-    for (int r = 0; r < kWorld; ++r)
-      threads_.emplace_back([this, world, r, bytes] {
-        auto g = std::make_shared<comm::ThreadGroup>(world, r);
-        auto mesh = init_device_mesh("cpu", {kWorld}, {}, g);
-        Inputs in = make_inputs(mesh, bytes);
-        uint64_t seen = 0;
-        for (;;) {
-          {
-            std::unique_lock<std::mutex> lk(mu_);
-            cv_.wait(lk, [&] { return generation_ != seen || stop_; });
-            if (stop_) return;
-            seen = generation_;
-          }
-          run_case(c_, *g, in);
-          std::lock_guard<std::mutex> lk(mu_);
-          if (++done_ == kWorld) cv_.notify_all();
-        }
-      });
-  }
-  ~ThreadRanks() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-  void step() {
-    std::unique_lock<std::mutex> lk(mu_);
-    done_ = 0;
-    ++generation_;
-    cv_.notify_all();
-    cv_.wait(lk, [&] { return done_ == kWorld; });
-  }
-
- private:
-  Case c_;
-  std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t generation_ = 0;
-  int done_ = 0;
-  bool stop_ = false;
-};
-
 void BM_Threads(benchmark::State& state) {
-  ThreadRanks ranks(state.range(1), static_cast<Case>(state.range(0)));
+  const auto c = static_cast<Case>(state.range(0));
+  const int64_t bytes = state.range(1);
+  auto world = comm::ThreadWorld::create(kWorld);
+  bench::RankThreads ranks(kWorld, [&](int r) -> bench::RankThreads::Step {
+    auto g = std::make_shared<comm::ThreadGroup>(world, r);
+    auto in = std::make_shared<Inputs>(make_inputs(init_device_mesh("cpu", {kWorld}, {}, g), bytes));
+    return [c, g, in] { run_case(c, *g, *in); };
+  });
   ranks.step();  // warm-up (first-use allocations, propagation cache)
   for (auto _ : state) ranks.step();
   state.SetBytesProcessed(state.iterations() * state.range(1));

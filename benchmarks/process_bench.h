@@ -11,6 +11,8 @@
 //   void BM_Case(benchmark::State& s) { dtensor::bench::run_in_worker_pool(s, 4, "MyBench.Case"); }
 //   BENCHMARK(BM_Case)->UseManualTime()->Iterations(1);
 //   int main(int argc, char** argv) { return dtensor::bench::main(argc, argv); }
+//
+// Bodies with ranks as threads use RankThreads: persistent threads, one step per iteration.
 #pragma once
 
 #include "harness/internal/launcher.h"
@@ -21,10 +23,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <functional>
+#include <mutex>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace dtensor {
@@ -33,8 +38,10 @@ namespace bench {
 constexpr std::chrono::milliseconds kProcessBenchTimeout{300000};
 
 // Collective (in a rank body): `step` once to warm up, then `iters` times between barriers;
-// rank 0 prints "BENCH_MS <median milliseconds>".
-inline void report_median_ms(testing::MultiRankTest& t, int iters, const std::function<void()>& step) {
+// rank 0 prints "BENCH_MS <median milliseconds>", then "BENCH_COUNTER <name> <value>" for each
+// of `counters` (figures the body measured, reported as benchmark counters).
+inline void report_median_ms(testing::MultiRankTest& t, int iters, const std::function<void()>& step,
+                             const std::vector<std::pair<std::string, double>>& counters = {}) {
   step();
   std::vector<double> ms;
   for (int i = 0; i < iters; ++i) {
@@ -45,12 +52,16 @@ inline void report_median_ms(testing::MultiRankTest& t, int iters, const std::fu
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(ms.begin(), ms.end());
-  if (t.rank() == 0) std::printf("BENCH_MS %.4f\n", ms[ms.size() / 2]);
+  if (t.rank() == 0) {
+    std::printf("BENCH_MS %.4f\n", ms[ms.size() / 2]);
+    for (const auto& [name, value] : counters) std::printf("BENCH_COUNTER %s %.17g\n", name.c_str(), value);
+  }
   std::fflush(stdout);
 }
 
 // Runs harness test `test_id` (a body calling report_median_ms) on the worker pool for each
-// benchmark iteration and records rank 0's median as the iteration time (UseManualTime).
+// benchmark iteration and records rank 0's median as the iteration time (UseManualTime) and
+// its counters as the benchmark's.
 inline void run_in_worker_pool(benchmark::State& state, int world_size, const std::string& test_id) {
   for (auto _ : state) {
     std::string stacks;
@@ -63,8 +74,82 @@ inline void run_in_worker_pool(benchmark::State& state, int world_size, const st
       break;
     }
     state.SetIterationTime(std::stod(m[1]) / 1000.0);
+    const std::regex counter("BENCH_COUNTER (\\S+) (\\S+)");
+    for (std::sregex_iterator it(outs[0].output.begin(), outs[0].output.end(), counter), end; it != end; ++it)
+      state.counters[(*it)[1].str()] = std::stod((*it)[2].str());
   }
 }
+
+// `world` persistent rank threads. Each runs setup(rank) once (on its own thread; it builds the
+// rank's group, mesh and inputs and returns the rank's step); the constructor returns when
+// every rank is set up, and step() runs one step on every rank and waits for all of them. An
+// exception in a rank's setup is kept in error() (the first one) and that rank's step is then
+// empty: check error() before timing.
+class RankThreads {
+ public:
+  using Step = std::function<void()>;
+  RankThreads(int world, const std::function<Step(int rank)>& setup) : world_(world) {
+    for (int r = 0; r < world; ++r) threads_.emplace_back([this, r, setup] { rank_main(r, setup); });
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return ready_ == world_; });
+  }
+  ~RankThreads() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  RankThreads(const RankThreads&) = delete;
+  RankThreads& operator=(const RankThreads&) = delete;
+
+  void step() {
+    std::unique_lock<std::mutex> lk(mu_);
+    done_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    cv_.wait(lk, [&] { return done_ == world_; });
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  void rank_main(int r, const std::function<Step(int)>& setup) {
+    Step step;
+    try {
+      step = setup(r);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (error_.empty()) error_ = "rank " + std::to_string(r) + ": " + e.what();
+    }
+    uint64_t seen = 0;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++ready_;
+    }
+    cv_.notify_all();
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return generation_ != seen || stop_; });
+        if (stop_) return;
+        seen = generation_;
+      }
+      if (step) step();
+      std::lock_guard<std::mutex> lk(mu_);
+      if (++done_ == world_) cv_.notify_all();
+    }
+  }
+
+  const int world_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;
+  int ready_ = 0, done_ = 0;
+  bool stop_ = false;
+  std::string error_;
+};
 
 // Google Benchmark's main inside the harness (rank processes, fork server).
 inline int main(int argc, char** argv) {

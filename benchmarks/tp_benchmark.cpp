@@ -11,13 +11,11 @@
 // random-ops issue's).
 //
 //   build/benchmarks/tp_benchmark --benchmark_repetitions=5 --benchmark_report_aggregates_only
+#include "benchmarks/process_bench.h"
 #include "dtensor/comm/comm.h"
 #include "dtensor/nn/nn.h"
 #include "dtensor/parallel/parallel.h"
 #include "dtensor/tensor/dtensor.h"
-#include "harness/internal/launcher.h"
-#include "harness/main.h"
-#include "harness/multi_rank_test.h"
 #include "models/models.h"
 #include "suites/testing/counting_group.h"
 #include "suites/testing/tp_collectives.h"
@@ -31,9 +29,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <condition_variable>
-#include <regex>
-#include <thread>
+#include <mutex>
 
 namespace dtensor {
 namespace {
@@ -175,103 +171,44 @@ void BM_StepSingleRank(benchmark::State& state) {
 
 // ---- ranks as threads --------------------------------------------------------------------------
 
-// kWorld persistent rank threads; each builds its Trainer once, then runs one step per
-// generation. Each rank measures collectives and memory before the timed loop.
-class ThreadTrainers {
- public:
-  ThreadTrainers(bool wide, bool seq_parallel) {
-    TrackingAllocator::install();
-    auto world = comm::ThreadWorld::create(kWorld);
-    for (int r = 0; r < kWorld; ++r)
-      threads_.emplace_back([this, world, r, wide, seq_parallel] { rank_main(world, r, wide, seq_parallel); });
-    std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait(lk, [&] { return ready_ == kWorld; });
-  }
-  ~ThreadTrainers() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-  // One training step on every rank.
-  void step() {
-    std::unique_lock<std::mutex> lk(mu_);
-    done_ = 0;
-    ++generation_;
-    cv_.notify_all();
-    cv_.wait(lk, [&] { return done_ == kWorld; });
-  }
-  const std::string& error() const { return error_; }
-  int64_t collectives() const { return collectives_; }
-  int64_t param_bytes() const { return param_bytes_; }
-  int64_t peak_bytes() const { return peak_bytes_; }
-
- private:
-  void rank_main(const std::shared_ptr<comm::ThreadWorld>& world, int r, bool wide, bool seq_parallel) {
-    TrackingAllocator::set_slot(r + 1);
-    std::unique_ptr<Trainer> t;
-    try {
-      auto counting = std::make_shared<testing::CountingGroup>(std::make_shared<comm::ThreadGroup>(world, r));
-      t = std::make_unique<Trainer>(wide, init_device_mesh("cpu", {kWorld}, {}, counting), seq_parallel);
-      t->step();  // warm-up: optimizer state, propagation cache
-      counting->reset();
-      t->step();
-      const int64_t collectives = counting->collectives();
-      const int64_t peak = step_peak(*t, r + 1);
-      std::lock_guard<std::mutex> lk(mu_);
-      if (r == 0) {
-        collectives_ = collectives;
-        param_bytes_ = t->parameter_bytes();
-      }
-      peak_bytes_ = std::max(peak_bytes_, peak);
-    } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (error_.empty()) error_ = "rank " + std::to_string(r) + ": " + e.what();
-      t.reset();
-    }
-    uint64_t seen = 0;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      ++ready_;
-    }
-    cv_.notify_all();
-    for (;;) {
-      {
-        std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return generation_ != seen || stop_; });
-        if (stop_) return;
-        seen = generation_;
-      }
-      if (t) t->step();
-      std::lock_guard<std::mutex> lk(mu_);
-      if (++done_ == kWorld) cv_.notify_all();
-    }
-  }
-
-  std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t generation_ = 0;
-  int ready_ = 0, done_ = 0;
-  bool stop_ = false;
-  std::string error_;
-  int64_t collectives_ = 0, param_bytes_ = 0, peak_bytes_ = 0;
+// Ranks as threads (bench::RankThreads): each builds its Trainer once and measures collectives
+// and memory before the timed loop.
+struct ThreadFigures {
+  std::mutex mu;
+  int64_t collectives = 0, param_bytes = 0, peak_bytes = 0;
 };
 
 void BM_StepThreads(benchmark::State& state) {
   const bool sp = state.range(0) != 0, wide = state.range(1) != 0;
-  ThreadTrainers ranks(wide, sp);
+  TrackingAllocator::install();
+  auto world = comm::ThreadWorld::create(kWorld);
+  ThreadFigures fig;
+  bench::RankThreads ranks(kWorld, [&](int r) -> bench::RankThreads::Step {
+    TrackingAllocator::set_slot(r + 1);
+    auto counting = std::make_shared<testing::CountingGroup>(std::make_shared<comm::ThreadGroup>(world, r));
+    auto t = std::make_shared<Trainer>(wide, init_device_mesh("cpu", {kWorld}, {}, counting), sp);
+    t->step();  // warm-up: optimizer state, propagation cache
+    counting->reset();
+    t->step();
+    const int64_t collectives = counting->collectives();
+    const int64_t peak = step_peak(*t, r + 1);
+    std::lock_guard<std::mutex> lk(fig.mu);
+    if (r == 0) {
+      fig.collectives = collectives;
+      fig.param_bytes = t->parameter_bytes();
+    }
+    fig.peak_bytes = std::max(fig.peak_bytes, peak);
+    return [t] { t->step(); };
+  });
   if (!ranks.error().empty()) {
     state.SkipWithError(ranks.error().c_str());
     return;
   }
   const auto plan = testing::transformer_plan_collectives(bench_args(wide).n_layers, sp);
-  state.counters["collectives"] = static_cast<double>(ranks.collectives());
+  state.counters["collectives"] = static_cast<double>(fig.collectives);
   state.counters["collectives_plan"] = static_cast<double>(plan.total());
-  state.counters["param_bytes"] = static_cast<double>(ranks.param_bytes());
-  state.counters["peak_bytes"] = static_cast<double>(ranks.peak_bytes());
+  state.counters["param_bytes"] = static_cast<double>(fig.param_bytes);
+  state.counters["peak_bytes"] = static_cast<double>(fig.peak_bytes);
   for (auto _ : state) ranks.step();
 }
 
@@ -280,7 +217,7 @@ void BM_StepThreads(benchmark::State& state) {
 constexpr int kProcessIters = 9;
 class TpBenchProcess : public testing::MultiProcessTest {};
 
-// Rank 0 prints the median step time (steps between barriers), its collectives per step, and
+// Rank 0 reports the median step time (steps between barriers), its collectives per step, and
 // its parameter and peak bytes.
 void process_body(testing::MultiRankTest& t, bool sp, bool wide) {
   TrackingAllocator::install();
@@ -291,20 +228,12 @@ void process_body(testing::MultiRankTest& t, bool sp, bool wide) {
   trainer.step();
   const int64_t collectives = counting->collectives();
   const int64_t peak = step_peak(trainer, 0);
-  std::vector<double> ms;
-  for (int i = 0; i < kProcessIters; ++i) {
-    t.group().barrier();
-    auto t0 = std::chrono::steady_clock::now();
-    trainer.step();
-    t.group().barrier();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  if (t.rank() == 0)
-    std::printf("BENCH_MS %.4f BENCH_COLL %lld BENCH_PARAMS %lld BENCH_PEAK %lld\n", ms[ms.size() / 2],
-                static_cast<long long>(collectives), static_cast<long long>(trainer.parameter_bytes()),
-                static_cast<long long>(peak));
-  std::fflush(stdout);
+  const auto plan = testing::transformer_plan_collectives(bench_args(wide).n_layers, sp);
+  bench::report_median_ms(t, kProcessIters, [&] { trainer.step(); },
+                          {{"collectives", static_cast<double>(collectives)},
+                           {"collectives_plan", static_cast<double>(plan.total())},
+                           {"param_bytes", static_cast<double>(trainer.parameter_bytes())},
+                           {"peak_bytes", static_cast<double>(peak)}});
 }
 DTENSOR_TEST_F(TpBenchProcess, Step_sp0_wide0) { process_body(*this, false, false); }
 DTENSOR_TEST_F(TpBenchProcess, Step_sp1_wide0) { process_body(*this, true, false); }
@@ -313,25 +242,8 @@ DTENSOR_TEST_F(TpBenchProcess, Step_sp1_wide1) { process_body(*this, true, true)
 
 void BM_StepProcesses(benchmark::State& state) {
   const bool sp = state.range(0) != 0, wide = state.range(1) != 0;
-  const std::string id = std::string("TpBenchProcess.Step_sp") + (sp ? "1" : "0") + "_wide" + (wide ? "1" : "0");
-  const std::chrono::milliseconds timeout(300000);
-  const auto plan = testing::transformer_plan_collectives(bench_args(wide).n_layers, sp);
-  for (auto _ : state) {
-    std::string stacks;
-    auto outs = testing::internal::worker_pool(kWorld, "gloo", timeout).run(id, timeout, &stacks);
-    std::smatch m;
-    if (!outs[0].result || outs[0].result->failed() ||
-        !std::regex_search(outs[0].output, m,
-                           std::regex("BENCH_MS ([0-9.]+) BENCH_COLL ([0-9]+) BENCH_PARAMS ([0-9]+) BENCH_PEAK ([0-9]+)"))) {
-      state.SkipWithError(("rank 0 failed: " + outs[0].output).c_str());
-      break;
-    }
-    state.SetIterationTime(std::stod(m[1]) / 1000.0);
-    state.counters["collectives"] = std::stod(m[2]);
-    state.counters["collectives_plan"] = static_cast<double>(plan.total());
-    state.counters["param_bytes"] = std::stod(m[3]);
-    state.counters["peak_bytes"] = std::stod(m[4]);
-  }
+  bench::run_in_worker_pool(state, kWorld,
+                            std::string("TpBenchProcess.Step_sp") + (sp ? "1" : "0") + "_wide" + (wide ? "1" : "0"));
 }
 
 void tp_args(benchmark::internal::Benchmark* b) {
@@ -346,12 +258,4 @@ BENCHMARK(BM_StepProcesses)->Apply(tp_args)->UseManualTime()->Iterations(1);
 }  // namespace
 }  // namespace dtensor
 
-int main(int argc, char** argv) {
-  return dtensor::testing::main_with_harness(argc, argv, [](int& ac, char** av) {
-    benchmark::Initialize(&ac, av);
-    if (benchmark::ReportUnrecognizedArguments(ac, av)) return 1;
-    benchmark::RunSpecifiedBenchmarks();
-    benchmark::Shutdown();
-    return 0;
-  });
-}
+int main(int argc, char** argv) { return dtensor::bench::main(argc, argv); }
