@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 namespace dtensor {
@@ -77,6 +78,29 @@ DTENSOR_TEST_F(PoolRanks, WorkersAreReused2) {
   auto seen = comm::all_gather_object(group(), g_pool_tests_seen);
   EXPECT_EQ(std::set<int64_t>(seen.begin(), seen.end()).size(), 1u) << "workers disagree";
 }
+
+// Fork-server ranks are fresh processes in every test, also when the fork server hands out
+// spare ranks forked ahead of time (NOTE: [Spare ranks] in launcher.cpp; from a program's
+// second test on): no body ran in them before. HarnessReports.ForkServerRanksAreFreshInEveryTest
+// runs these four in one program; with DTENSOR_TEST_PID_DIR set, each rank leaves a file named
+// after its pid there.
+int g_fresh_bodies = 0;  // per rank process
+class FreshRanks : public testing::MultiProcessTest {};
+void check_fresh_process(testing::MultiProcessTest& t) {
+  if (t.effective_launch_mode() == testing::LaunchMode::kWorkerPool)
+    GTEST_SKIP() << "DTENSOR_LAUNCH_MODE=pool: pool workers run test after test by design";
+  ++g_fresh_bodies;
+  EXPECT_EQ(g_fresh_bodies, 1) << "rank " << t.rank() << " (pid " << ::getpid() << ") ran a test body before";
+  at::Tensor x = at::ones({1});
+  t.group().all_reduce(x);
+  EXPECT_EQ(x.item<float>(), t.group().size());
+  if (const char* dir = std::getenv("DTENSOR_TEST_PID_DIR"))
+    std::ofstream(std::string(dir) + "/" + std::to_string(::getpid())) << t.rank() << "\n";
+}
+DTENSOR_TEST_F(FreshRanks, Body1) { check_fresh_process(*this); }
+DTENSOR_TEST_F(FreshRanks, Body2) { check_fresh_process(*this); }
+DTENSOR_TEST_F(FreshRanks, Body3) { check_fresh_process(*this); }
+DTENSOR_TEST_F(FreshRanks, Body4) { check_fresh_process(*this); }
 
 class ThreadRanks : public testing::MultiThreadedTest {};
 

@@ -12,7 +12,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <future>
 #include <regex>
 #include <thread>
@@ -222,6 +224,26 @@ TEST(HarnessReports, ThreadMismatchedCollectivesNameEachRanksCall) {
   EXPECT_NE(f.run.exit_code, 0);
   EXPECT_CONTAINS(f.run.output, "[rank 1: broadcast(");
   EXPECT_CONTAINS(f.run.output, "[rank 0: all_reduce(");
+}
+
+// Four tests in one program: the later ones run on spare ranks (NOTE: [Spare ranks]); every
+// test still gets world-size fresh processes (FreshRanks checks that no body ran in them
+// before), none of which is alive once the program has exited.
+TEST(HarnessReports, ForkServerRanksAreFreshInEveryTest) {
+  testing::TempDir tmp, pids;
+  auto run = testing::run_self({"--gtest_filter=FreshRanks.*"},
+                               {{"TMPDIR", tmp.path()}, {"DTENSOR_TEST_PID_DIR", pids.path()}});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_CONTAINS(run.output, "[  PASSED  ] 4 tests");
+  const char* env = std::getenv("DTENSOR_WORLD_SIZE");
+  const size_t world = env && *env ? std::stoul(env) : 4;
+  const auto names = pids.entries();  // one per rank process
+  EXPECT_EQ(names.size(), 4 * world) << "4 tests of " << world << " ranks, each rank its own process";
+  for (const auto& n : names) {
+    const pid_t pid = static_cast<pid_t>(std::stol(n));
+    EXPECT_TRUE(::kill(pid, 0) != 0 && errno == ESRCH) << "rank process " << pid << " outlived its test";
+  }
+  EXPECT_TRUE(tmp.entries().empty()) << "left in TMPDIR: " << tmp.entries().size();
 }
 
 TEST(HarnessReports, ListingTestsStartsNoRanks) {
