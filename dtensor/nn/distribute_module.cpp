@@ -11,10 +11,10 @@ namespace nn {
 
 void distribute_parameters(torch::nn::Module& module, const DeviceMesh& mesh, const std::vector<Placement>& placements) {
   // Collect first: swapping while iterating the registry would invalidate it.
-  std::vector<std::pair<std::string, at::Tensor>> todo;
+  std::vector<std::pair<std::string, at::Tensor>> plain;
   for (const auto& kv : module.named_parameters(/*recurse=*/false))
-    if (kv.value().defined() && !is_dtensor(kv.value())) todo.emplace_back(kv.key(), kv.value());
-  for (auto& [name, param] : todo) swap_parameter(module, name, distribute_tensor(param.detach(), mesh, placements));
+    if (kv.value().defined() && !is_dtensor(kv.value())) plain.emplace_back(kv.key(), kv.value());
+  for (auto& [name, param] : plain) swap_parameter(module, name, distribute_tensor(param.detach(), mesh, placements));
 }
 
 std::vector<RemovableHandle> distribute_module(torch::nn::Module& module, const DeviceMesh& mesh,
