@@ -2,3 +2,4 @@
 // state dicts).
 #pragma once
 #include "dtensor/fsdp/fully_shard.h"
+#include "dtensor/fsdp/state_dict.h"

@@ -58,8 +58,9 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   std::vector<Placement> placements_for(int64_t shard_dim) const;
   at::ScalarType compute_dtype() const;
   void set_orig_dtype(at::ScalarType dt) { orig_dtype_ = dt; }
-  void remember_original(const c10::TensorImpl* impl) { original_impls_.push_back(impl); }
-  const std::vector<const c10::TensorImpl*>& original_impls() const { return original_impls_; }
+  // The tensors the modules held before sharding (weakly: a dead one is no longer shared).
+  void remember_original(const at::Tensor& t) { originals_.emplace_back(t.getIntrusivePtr()); }
+  bool holds_original(const c10::TensorImpl* impl) const;
   void add_param(const std::string& fqn, std::vector<Registration> regs, const at::Tensor& tensor, int64_t shard_dim);
   int64_t flat_numel() const;
   // States of the fully_shard-ed modules below this one's module (and this one).
@@ -92,7 +93,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   int64_t shard_size_ = 1, shard_rank_ = 0, replicate_size_ = 1;
   at::ScalarType orig_dtype_ = at::kFloat;
   std::vector<FSDPParam> params_;
-  std::vector<const c10::TensorImpl*> original_impls_;
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> originals_;
 
   // Settings (FSDPModule).
   std::optional<ReshardAfterForward> reshard_after_forward_;

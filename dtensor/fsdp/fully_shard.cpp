@@ -44,6 +44,16 @@ void register_state(const torch::nn::Module& module, const std::shared_ptr<FSDPS
   g_states[&module] = state;
 }
 
+// Every live state (any module, any rank thread).
+std::vector<std::shared_ptr<FSDPState>> live_states() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  std::vector<std::shared_ptr<FSDPState>> out;
+  for (auto& kv : g_states) {
+    if (auto s = kv.second.lock()) out.push_back(s);
+  }
+  return out;
+}
+
 std::string module_type(const torch::nn::Module& m) { return m.name(); }
 
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
@@ -113,6 +123,13 @@ FSDPState::FSDPState(torch::nn::Module& module, FullyShardOptions options, Devic
   }
   reshard_after_forward_ = options_.reshard_after_forward;
   device_ = mesh_.device_type() == "cpu" ? c10::Device(c10::kCPU) : c10::Device(mesh_.device_type());
+}
+
+bool FSDPState::holds_original(const c10::TensorImpl* impl) const {
+  for (const auto& w : originals_) {
+    if (!w.expired() && w._unsafe_get_target() == impl) return true;
+  }
+  return false;
 }
 
 const torch::nn::Module* FSDPState::module_alive() const {
@@ -469,13 +486,14 @@ FSDPModule fully_shard(torch::nn::Module& module, FullyShardOptions options) {
     }
   };
   walk("", module);
-  // States further down (below a fully_shard-ed child) also own parameters.
-  std::unordered_set<const c10::TensorImpl*> owned_elsewhere;
-  for (auto& s : child_states) {
-    for (auto& d : s->states_below(true)) {
-      for (const c10::TensorImpl* impl : d->original_impls()) owned_elsewhere.insert(impl);
+  // Parameters another group (below, or a sibling) sharded.
+  const auto others = live_states();
+  auto owned_elsewhere = [&](const c10::TensorImpl* impl) {
+    for (const auto& s : others) {
+      if (s->holds_original(impl)) return true;
     }
-  }
+    return false;
+  };
   std::unordered_set<const c10::TensorImpl*> ignored;
   for (const auto& t : options.ignored_params) ignored.insert(t.unsafeGetTensorImpl());
 
@@ -497,7 +515,7 @@ FSDPModule fully_shard(torch::nn::Module& module, FullyShardOptions options) {
         pending[found->second].regs.push_back({entry.second, item.key()});
         continue;
       }
-      if (owned_elsewhere.count(t.unsafeGetTensorImpl())) {
+      if (owned_elsewhere(t.unsafeGetTensorImpl())) {
         fail(module, "parameter '" + fqn + "' is shared with another fully_shard-ed module (one group per parameter)");
       }
       if (is_dtensor(t)) {
@@ -542,7 +560,7 @@ FSDPModule fully_shard(torch::nn::Module& module, FullyShardOptions options) {
   auto state = std::make_shared<FSDPState>(module, std::move(options), mesh);
   state->set_orig_dtype(pending.empty() ? at::kFloat : pending.front().tensor.scalar_type());
   for (auto& p : pending) {
-    state->remember_original(p.tensor.unsafeGetTensorImpl());
+    state->remember_original(p.tensor);
     state->add_param(p.fqn, std::move(p.regs), p.tensor, p.shard_dim);
   }
   std::weak_ptr<FSDPState> weak = state;

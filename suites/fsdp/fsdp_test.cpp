@@ -10,6 +10,7 @@
 #include "models/models.h"
 #include "suites/parallel/parallel_testing.h"
 #include "suites/testing/counting_group.h"
+#include "suites/testing/errors.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -125,16 +126,20 @@ template <class Model>
 void check_parity(testing::MultiRankTest& t, const std::function<Model()>& make,
                   const std::function<int(Model&, const DeviceMesh&, const fsdp::FullyShardOptions&)>& shard,
                   const at::Tensor& global_input, const ParityCase& c,
-                  const std::function<int(int groups)>& expected_backward_ag) {
+                  const std::function<int(int groups)>& expected_backward_ag,
+                  const std::function<void(fsdp::FullyShardOptions&)>& customize = nullptr,
+                  std::vector<int64_t> mesh_shape = {}) {
   SCOPED_TRACE(describe(c));
   auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
-  auto mesh = init_device_mesh("cpu", {t.group().size()}, {}, counting);
+  if (mesh_shape.empty()) mesh_shape = {t.group().size()};
+  auto mesh = init_device_mesh("cpu", mesh_shape, {}, counting);
   Model ref = make(), model = make();
   init_deterministic(*ref);
   init_deterministic(*model);
   fsdp::FullyShardOptions opts;
   opts.mesh = mesh;
   opts.reshard_after_forward = c.reshard_after_forward;
+  if (customize) customize(opts);
   const int groups = shard(model, mesh, opts);
   auto opt_ref = make_optimizer(c.optim, nn::parameters(*ref));
   auto opt = make_optimizer(c.optim, nn::parameters(*model));
@@ -382,6 +387,308 @@ DTENSOR_TEST_F(FsdpThreads, CollectivesPerStepMatchPyTorch) {
           << "explicit_true=" << explicit_true << " step " << step;
     }
   }
+}
+
+// ---- Errors: on every rank, before anything changes ----------------------------------------
+
+// A module with one parameter of its own (no member registered: checks that come first).
+class RawImpl : public torch::nn::Module {
+ public:
+  explicit RawImpl(at::Tensor w) { register_parameter("w", std::move(w)); }
+};
+TORCH_MODULE(Raw);
+
+class TwoLinearsImpl : public torch::nn::Module {
+ public:
+  TwoLinearsImpl() : a(register_module("a", torch::nn::Linear(4, 4))), b(register_module("b", torch::nn::Linear(4, 4))) {}
+  torch::nn::Linear a, b;
+};
+TORCH_MODULE(TwoLinears);
+
+void expect_error(const std::function<void()>& f, const std::string& part) {
+  EXPECT_PRED2(testing::contains, testing::error_of(f), part);
+}
+
+DTENSOR_TEST_F(FsdpThreads, ErrorsOnEveryRankBeforeAnythingChanges) {
+  auto mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  expect_error([&] { fsdp::fully_shard(Raw(at::ones({}, at::kFloat)), opts); },
+               "RawImpl): parameter 'w' is a scalar; FSDP shards dim 0");
+  expect_error([&] { fsdp::fully_shard(Raw(at::ones({4, 3}).t()), opts); },
+               "RawImpl): parameter 'w' is not contiguous");
+  expect_error([&] { fsdp::fully_shard(Raw(at::ones({4, 3})), opts); },
+               "RawImpl cannot be swapped: register its member");
+  {
+    torch::nn::Linear lin(4, 4);
+    fsdp::fully_shard(lin, opts);
+    expect_error([&] { fsdp::fully_shard(lin, opts); }, "fully_shard(torch::nn::LinearImpl): fully_shard was already applied");
+  }
+  {
+    fsdp::FullyShardOptions o;
+    torch::nn::Linear lin(4, 4);
+    // (A DeviceMesh always holds every rank of its world, so "does not contain this rank" is
+    // checked but cannot be reached through the public API.)
+    o.mesh = init_device_mesh("cpu", {1, 2, 2}, {}, group_ptr());
+    expect_error([&] { fsdp::fully_shard(lin, o); }, "the mesh must have 1 dim (FSDP) or 2 dims (replicate, shard)");
+    o.mesh = mesh;
+    o.reshard_after_forward = 3;
+    expect_error([&] { fsdp::fully_shard(lin, o); },
+                 "reshard_after_forward=3 must be a positive divisor of the shard group size 4");
+    o.reshard_after_forward = 0;
+    expect_error([&] { fsdp::fully_shard(lin, o); }, "reshard_after_forward=0 must be a positive divisor");
+    // Nothing changed: the module is still plain and can be sharded.
+    EXPECT_FALSE(is_dtensor(lin->weight));
+    EXPECT_FALSE(fsdp::get_fsdp_module(*lin).has_value());
+  }
+  {
+    TwoLinears m;
+    m->b->to(at::kDouble);
+    fsdp::FullyShardOptions o = opts;
+    o.mp_policy.param_dtype = at::kBFloat16;
+    expect_error([&] { fsdp::fully_shard(m, o); },
+                 "parameters of one group must share a dtype (one flat all-gather under the mixed-precision policy): "
+                 "'a.weight' is Float but 'b.weight' is Double");
+    EXPECT_FALSE(is_dtensor(m->a->weight));
+  }
+  {
+    TwoLinears m;  // b.weight tied to a.weight, a and b sharded as two groups
+    nn::swap_parameter(*m->b, "weight", m->a->weight);
+    fsdp::fully_shard(m->a, opts);
+    expect_error([&] { fsdp::fully_shard(m->b, opts); },
+                 "fully_shard(torch::nn::LinearImpl): parameter 'weight' is shared with another fully_shard-ed module");
+  }
+  {
+    torch::nn::Linear lin(4, 4);
+    nn::swap_parameter(*lin, "weight", distribute_tensor(lin->weight.detach(), mesh, {Shard{0}}));
+    expect_error([&] { fsdp::fully_shard(lin, opts); }, "parameter 'weight' is already a DTensor");
+  }
+}
+
+// ---- Options: HSDP, offload, shard_placement_fn, ignored_params, mixed precision --------------
+
+// HSDP on a 2x2 (replicate, shard) mesh: parameters (Replicate, Shard(0)); the Transformer
+// trains like one rank for 3 steps.
+DTENSOR_TEST_F(FsdpThreads, HSDPTransformerMatchesOneRank) {
+  const ModelArgs args = uneven_args();
+  for (Optim o : {Optim::kSGD, Optim::kAdam}) {
+    ParityCase c{std::nullopt, o, 3};
+    check_parity<models::Transformer>(*this, [args] { return models::Transformer(args); }, shard_transformer,
+                                      tokens_for(args, 8, 6), c, [](int g) { return g - 1; }, nullptr, {2, 2});
+  }
+}
+DTENSOR_TEST_F(FsdpGloo, HSDPTransformerMatchesOneRank) {
+  const ModelArgs args = uneven_args();
+  ParityCase c{std::nullopt, Optim::kAdam, 3};
+  check_parity<models::Transformer>(*this, [args] { return models::Transformer(args); }, shard_transformer,
+                                    tokens_for(args, 8, 6), c, [](int g) { return g - 1; }, nullptr, {2, 2});
+}
+
+// The offload path (sharded parameters and gradients on the CPU) trains the same.
+DTENSOR_TEST_F(FsdpThreads, OffloadPolicyMatchesOneRank) {
+  ParityCase c{std::nullopt, Optim::kAdam, 3};
+  check_parity<UnevenMLP>(*this, [] { return UnevenMLP(); }, shard_uneven, values({8, 7}, 0.3), c,
+                          [](int g) { return g - 1; },
+                          [](fsdp::FullyShardOptions& o) { o.offload_policy.offload = true; });
+}
+
+// shard_placement_fn: 2-D weights sharded on dim 1 (uneven: 7, 15, 17, 3 columns).
+DTENSOR_TEST_F(FsdpThreads, ShardPlacementFnShardsAnotherDim) {
+  for (Optim o : {Optim::kSGD, Optim::kAdam}) {
+    ParityCase c{fsdp::ReshardAfterForward(2), o, 3};
+    check_parity<UnevenMLP>(*this, [] { return UnevenMLP(); }, shard_uneven, values({8, 7}, 0.3), c,
+                            [](int g) { return g; }, [](fsdp::FullyShardOptions& opts) {
+                              opts.shard_placement_fn = [](const at::Tensor& p) -> std::optional<Shard> {
+                                if (p.dim() == 2) return Shard{1};
+                                return std::nullopt;
+                              };
+                            });
+  }
+  UnevenMLP m;
+  fsdp::FullyShardOptions opts;
+  opts.mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  opts.shard_placement_fn = [](const at::Tensor& p) -> std::optional<Shard> { return Shard{p.dim() - 1}; };
+  fsdp::fully_shard(m, opts);
+  EXPECT_EQ(std::get<Shard>(get_spec(m->head->weight).placements[0]).dim, 1);
+  EXPECT_EQ(local_tensor(m->head->weight).sizes(), (std::vector<int64_t>{7, rank() == 3 ? 0 : 1}));
+  EXPECT_EQ(std::get<Shard>(get_spec(m->head->bias).placements[0]).dim, 0);
+}
+
+// ignored_params stay plain tensors, outside every collective.
+DTENSOR_TEST_F(FsdpThreads, IgnoredParamsStayPlain) {
+  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
+  UnevenMLP ref, m;
+  init_deterministic(*ref);
+  init_deterministic(*m);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = init_device_mesh("cpu", {4}, {}, counting);
+  opts.ignored_params = {m->head->weight};
+  fsdp::fully_shard(m, opts);
+  EXPECT_FALSE(is_dtensor(m->head->weight));
+  EXPECT_TRUE(is_dtensor(m->head->bias));
+  EXPECT_TRUE(is_dtensor(m->layers[0]->named_parameters()["lin.weight"]));
+  counting->reset();
+  at::Tensor out = nn::call(m, values({2, 7}));
+  EXPECT_TRUE(testing::tensors_close(nn::call(ref, values({2, 7})), out, kRtol, kAtol));
+  out.sum().backward();
+  EXPECT_FALSE(is_dtensor(m->head->weight.grad()));
+  EXPECT_TRUE(is_dtensor(m->head->bias.grad()));
+  EXPECT_EQ(counting->counts()["reduce_scatter_into"], 1);
+}
+
+// Mixed precision: bf16 parameters for compute, fp32 gradient reduction. The sharded
+// parameters, gradients and optimizer stay fp32; after 3 SGD steps they are within bf16's
+// precision of fp32 training (documented tolerance: rtol 2e-2, atol 1e-2).
+DTENSOR_TEST_F(FsdpThreads, MixedPrecisionBf16ParamsFp32Reduce) {
+  auto mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  UnevenMLP ref, model;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  opts.mp_policy.param_dtype = at::kBFloat16;
+  opts.mp_policy.reduce_dtype = at::kFloat;
+  for (size_t i = 0; i < model->layers->size(); ++i) fsdp::fully_shard(*model->layers->ptr(i), opts);
+  opts.mp_policy.output_dtype = at::kFloat;  // the root's output only
+  fsdp::fully_shard(model, opts);
+  torch::optim::SGD opt_ref(nn::parameters(*ref), torch::optim::SGDOptions(0.05));
+  torch::optim::SGD opt(nn::parameters(*model), torch::optim::SGDOptions(0.05));
+  const at::Tensor global = values({8, 7}, 0.3);
+  for (int step = 0; step < 3; ++step) {
+    opt_ref.zero_grad();
+    opt.zero_grad();
+    at::Tensor out = nn::call(model, my_rows(global, rank(), 4));
+    EXPECT_EQ(out.scalar_type(), at::kFloat);  // output_dtype
+    mean_square(nn::call(ref, global)).backward();
+    mean_square(out).backward();
+    for (auto& p : nn::parameters(*model)) {
+      ASSERT_TRUE(is_dtensor(p));
+      EXPECT_EQ(p.scalar_type(), at::kFloat);
+      EXPECT_EQ(p.grad().scalar_type(), at::kFloat);
+    }
+    opt_ref.step();
+    opt.step();
+  }
+  auto r = nn::named_parameters(*ref), s = nn::named_parameters(*model);
+  for (size_t i = 0; i < r.size(); ++i) {
+    const DTensorSpec& spec = get_spec(s[i].second);
+    at::Tensor expected = distribute_tensor(r[i].second.detach(), spec.mesh, spec.placements);
+    EXPECT_TRUE(testing::tensors_close(local_tensor(expected), local_tensor(s[i].second), 2e-2, 1e-2)) << r[i].first;
+  }
+  // While unsharded, the modules hold bf16 parameters.
+  auto root = *fsdp::get_fsdp_module(*model);
+  root.unshard();
+  EXPECT_EQ(model->head->weight.scalar_type(), at::kBFloat16);
+  root.reshard();
+  EXPECT_EQ(model->head->weight.scalar_type(), at::kFloat);
+}
+
+// ---- State dicts ---------------------------------------------------------------------------
+
+// The key of a parameter in an optimizer's state (a string in libtorch 1.x, the TensorImpl
+// pointer in 2.x).
+template <class Map>
+typename Map::key_type state_key(const Map&, const at::Tensor& p) {
+  if constexpr (std::is_same<typename Map::key_type, std::string>::value) {
+    return c10::guts::to_string(p.unsafeGetTensorImpl());
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
+
+torch::optim::AdamParamState& adam_state(torch::optim::Adam& opt, const at::Tensor& p) {
+  auto& st = opt.state();
+  auto it = st.find(state_key(st, p));
+  TORCH_CHECK(it != st.end(), "no Adam state");
+  return static_cast<torch::optim::AdamParamState&>(*it->second);
+}
+
+void train_steps(torch::nn::Module& model, torch::optim::Optimizer& opt, const at::Tensor& input, int steps) {
+  for (int i = 0; i < steps; ++i) {
+    opt.zero_grad();
+    mean_square(nn::call(*model.as<UnevenMLPImpl>(), input)).backward();
+    opt.step();
+  }
+}
+
+// FSDP -> plain: the full state dict of a trained FSDP model (every rank, or rank 0 only)
+// loads into a plain model equal to the reference; Adam's state is sharded like its parameter
+// and gathers to the reference's. sharded_state_dict communicates nothing.
+DTENSOR_TEST_F(FsdpThreads, StateDictFsdpToPlainWithAdamState) {
+  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
+  auto mesh = init_device_mesh("cpu", {4}, {}, counting);
+  UnevenMLP ref, model, plain;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  shard_uneven(model, mesh, opts);
+  torch::optim::Adam opt_ref(nn::parameters(*ref), torch::optim::AdamOptions(0.01));
+  torch::optim::Adam opt(nn::parameters(*model), torch::optim::AdamOptions(0.01));
+  const at::Tensor global = values({8, 7}, 0.3);
+  train_steps(*ref, opt_ref, global, 2);
+  train_steps(*model, opt, my_rows(global, rank(), 4), 2);
+  nn::call(model, values({2, 7}));  // the root stays unsharded after forward: still sharded entries
+  counting->reset();
+  auto sharded = fsdp::sharded_state_dict(*model);
+  EXPECT_EQ(counting->collectives(), 0);
+  ASSERT_EQ(sharded.size(), nn::named_parameters(*ref).size());
+  for (auto& kv : sharded) EXPECT_TRUE(is_dtensor(kv.second)) << kv.first;
+  auto full = fsdp::full_state_dict(*model);
+  fsdp::load_state_dict(*plain, full);
+  auto r = nn::named_parameters(*ref), p = nn::named_parameters(*plain);
+  for (size_t i = 0; i < r.size(); ++i) EXPECT_TRUE(testing::tensors_close(r[i].second, p[i].second, kRtol, kAtol)) << r[i].first;
+  auto rank0 = fsdp::full_state_dict(*model, /*rank0_only=*/true);
+  EXPECT_EQ(rank0.size(), rank() == 0 ? full.size() : 0u);
+  auto params = opt.param_groups()[0].params(), ref_params = nn::parameters(*ref);
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& st = adam_state(opt, params[i]);
+    auto& st_ref = adam_state(opt_ref, ref_params[i]);
+    ASSERT_TRUE(is_dtensor(st.exp_avg()) && is_dtensor(st.exp_avg_sq()));
+    EXPECT_EQ(get_spec(st.exp_avg()), get_spec(params[i]));
+    EXPECT_TRUE(testing::tensors_close(st_ref.exp_avg(), full_tensor(st.exp_avg()), kRtol, 1e-6));
+    EXPECT_TRUE(testing::tensors_close(st_ref.exp_avg_sq(), full_tensor(st.exp_avg_sq()), kRtol, 1e-7));
+  }
+}
+
+// plain -> FSDP: a plain trained model's full state dict and Adam state (via shard_like) load
+// into a fresh FSDP model, which then trains like the plain one; sharded state dicts (also
+// with other placements: redistributed) load into another FSDP model.
+DTENSOR_TEST_F(FsdpThreads, StateDictPlainToFsdpAndShardedLoad) {
+  auto mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  UnevenMLP ref, model, other;
+  init_deterministic(*ref);
+  const at::Tensor global = values({8, 7}, 0.3);
+  torch::optim::Adam opt_ref(nn::parameters(*ref), torch::optim::AdamOptions(0.01));
+  train_steps(*ref, opt_ref, global, 2);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  shard_uneven(model, mesh, opts);
+  fsdp::load_state_dict(*model, fsdp::sharded_state_dict(*ref));  // plain values: no communication
+  expect_sharded_parity(*ref, *model, /*grads=*/false, "loaded");
+  torch::optim::Adam opt(nn::parameters(*model), torch::optim::AdamOptions(0.01));
+  auto params = nn::parameters(*model), ref_params = nn::parameters(*ref);
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& st_ref = adam_state(opt_ref, ref_params[i]);
+    auto st = std::make_unique<torch::optim::AdamParamState>();
+    st->step(st_ref.step());
+    st->exp_avg(fsdp::shard_like(st_ref.exp_avg(), params[i]));
+    st->exp_avg_sq(fsdp::shard_like(st_ref.exp_avg_sq(), params[i]));
+    opt.state()[state_key(opt.state(), params[i])] = std::move(st);
+  }
+  train_steps(*ref, opt_ref, global, 2);
+  train_steps(*model, opt, my_rows(global, rank(), 4), 2);
+  expect_sharded_parity(*ref, *model, /*grads=*/false, "trained after loading");
+
+  shard_uneven(other, mesh, opts);
+  auto sd = fsdp::sharded_state_dict(*model);
+  sd[0].second = redistribute(sd[0].second, mesh, {Replicate{}});
+  fsdp::load_state_dict(*other, sd);
+  expect_sharded_parity(*ref, *other, /*grads=*/false, "sharded load");
+  EXPECT_PRED2(testing::contains, testing::error_of([&] { fsdp::load_state_dict(*other, {{"head.weight", at::zeros({7, 2})}}, false); }),
+               "fsdp::load_state_dict: entry 'head.weight' has shape [7, 2] but the module's has [7, 3]");
+  EXPECT_PRED2(testing::contains, testing::error_of([&] { fsdp::load_state_dict(*other, {}); }),
+               "fsdp::load_state_dict: missing entry 'layers.0.lin.weight'");
 }
 
 }  // namespace
