@@ -691,5 +691,71 @@ DTENSOR_TEST_F(FsdpThreads, StateDictPlainToFsdpAndShardedLoad) {
                "fsdp::load_state_dict: missing entry 'layers.0.lin.weight'");
 }
 
+// Prefetching (forward: layer i prefetches layer i+1; backward: the reverse) moves
+// all-gathers earlier without changing their number or the results.
+DTENSOR_TEST_F(FsdpThreads, PrefetchKeepsCountsAndResults) {
+  for (Optim o : {Optim::kSGD, Optim::kAdam}) {
+    ParityCase c{fsdp::ReshardAfterForward(true), o, 3};
+    check_parity<UnevenMLP>(
+        *this, [] { return UnevenMLP(); },
+        [](UnevenMLP& m, const DeviceMesh& mesh, const fsdp::FullyShardOptions& opts) {
+          const int groups = shard_uneven(m, mesh, opts);
+          std::vector<fsdp::FSDPModule> layers;
+          for (size_t i = 0; i < m->layers->size(); ++i) layers.push_back(*fsdp::get_fsdp_module(*m->layers[i]));
+          for (size_t i = 0; i + 1 < layers.size(); ++i) {
+            layers[i].set_modules_to_forward_prefetch({layers[i + 1]});
+            layers[i + 1].set_modules_to_backward_prefetch({layers[i]});
+          }
+          return groups;
+        },
+        values({8, 7}, 0.3), c, [](int g) { return g; });
+  }
+  // The prefetched layer is unsharded before its own forward runs.
+  UnevenMLP m;
+  fsdp::FullyShardOptions opts;
+  opts.mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  shard_uneven(m, *opts.mesh, opts);
+  auto l0 = *fsdp::get_fsdp_module(*m->layers[0]), l1 = *fsdp::get_fsdp_module(*m->layers[1]);
+  l0.set_modules_to_forward_prefetch({l1});
+  bool unsharded_before_forward = false;
+  nn::register_forward_pre_hook(*m->layers[1], [&](torch::nn::Module&, nn::ForwardInputs&) {
+    unsharded_before_forward = l1.is_unsharded();
+  });
+  nn::call(m, values({2, 7}));
+  EXPECT_TRUE(unsharded_before_forward);
+}
+
+// Gradient accumulation with reshard_after_backward off during the micro-batches: the blocks
+// stay unsharded, so the next micro-batch all-gathers nothing, and the result is unchanged.
+DTENSOR_TEST_F(FsdpThreads, AccumulationWithoutReshardAfterBackward) {
+  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
+  auto mesh = init_device_mesh("cpu", {4}, {}, counting);
+  UnevenMLP ref, model;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  const int groups = shard_uneven(model, mesh, opts);
+  auto root = *fsdp::get_fsdp_module(*model);
+  const at::Tensor global = values({16, 7}, 0.2);
+  mean_square(nn::call(ref, global)).backward();
+  const at::Tensor mine = my_rows(global, rank(), 4);
+  for (int micro = 0; micro < 2; ++micro) {
+    const bool last = micro == 1;
+    root.set_requires_gradient_sync(last);
+    root.set_reshard_after_backward(last);
+    counting->reset();
+    (mean_square(nn::call(model, mine.narrow(0, 2 * micro, 2))) / 2).backward();
+    auto counts = counting->counts();
+    // Micro-batch 0: forward all-gathers every group, backward those resharded after forward
+    // (the blocks). Micro-batch 1: its forward all-gathers nothing (nothing was resharded after
+    // backward), its backward the blocks again.
+    EXPECT_EQ(counts["all_gather_into"], last ? groups - 1 : 2 * groups - 1) << "micro-batch " << micro;
+    EXPECT_EQ(counts["reduce_scatter_into"], last ? groups : 0) << "micro-batch " << micro;
+  }
+  EXPECT_FALSE(root.is_unsharded());
+  expect_sharded_parity(*ref, *model, /*grads=*/true, "accumulated");
+}
+
 }  // namespace
 }  // namespace dtensor
