@@ -463,6 +463,41 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, InconsistentSavesFailEveryR
   EXPECT_FALSE(fs::exists(fs::path(dir.sub("ckpt")) / ".metadata"));
 }
 
+// ---- async_save ---------------------------------------------------------------------------------
+
+DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, AsyncSaveWritesTheStateAsItWasWhenCalled) {
+  SharedDir dir(t.group());
+  auto mesh = init_device_mesh("cpu", {4});
+  StateDict sd = fault_state(mesh, 5);
+  at::Tensor partial = from_local(at::full({2}, float(t.rank())), mesh, {Partial{}});
+  sd["partial"] = partial;
+  // The background save runs its collectives on a group of its own, so the caller may keep
+  // using the default group meanwhile.
+  SaveOptions opts;
+  opts.process_group = comm::new_group({0, 1, 2, 3});
+  auto fut = checkpoint::async_save(sd, dir.sub("ckpt"), opts);
+  // The caller changes its parameters at once (in place) and keeps communicating.
+  local_tensor(std::get<at::Tensor>(sd.at("w"))).add_(100);
+  std::get<at::Tensor>(sd.at("b")).add_(100);
+  t.group().barrier();
+  auto meta = fut.get();
+  EXPECT_EQ(meta.entries.size(), 4u);
+  auto dest = fault_dest(mesh);
+  dest["partial"] = dtensor::zeros({2}, mesh, {Replicate{}});
+  checkpoint::load(dest, dir.sub("ckpt"));
+  expect_fault_state(dest, 5);
+  expect_holds(dest.at("partial"), at::full({2}, 6.0f), "partial");
+
+  // A failure in the background reaches every rank through the future.
+  if (t.rank() == 0) fs::create_directory(fs::path(dir.sub("ckpt")) / "__1_2.distcp");
+  t.group().barrier();
+  auto failing = checkpoint::async_save(sd, dir.sub("ckpt"), opts);
+  auto e = checkpoint_error_of([&] { failing.get(); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(failing_ranks(*e), std::vector<int>{1});
+  EXPECT_PRED2(contains, e->what_without_backtrace(), "__1_2.distcp': Is a directory");
+}
+
 // ---- a process killed in the middle of a save ---------------------------------------------------
 
 // Runs only as the child of the test below: saves {w, v} at world size 1 and dies (SIGKILL)
