@@ -6,4 +6,5 @@
 #include "dtensor/checkpoint/metadata.h"
 #include "dtensor/checkpoint/planner.h"
 #include "dtensor/checkpoint/save_load.h"
+#include "dtensor/checkpoint/state_dict.h"
 #include "dtensor/checkpoint/utils.h"
