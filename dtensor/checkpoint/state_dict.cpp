@@ -190,7 +190,9 @@ using StateKey = typename StateMap::key_type;
 template <class Key>
 Key state_key_as(c10::TensorImpl* impl) {
   if constexpr (std::is_same_v<Key, std::string>) {
-    return c10::guts::to_string(impl);
+    std::ostringstream os;  // what c10::guts::to_string(impl) gives (libtorch 1.x)
+    os << static_cast<const void*>(impl);
+    return os.str();
   } else {
     return static_cast<Key>(impl);
   }
