@@ -2,6 +2,7 @@
 #pragma once
 #include "dtensor/checkpoint/api.h"
 #include "dtensor/checkpoint/dist_wrapper.h"
+#include "dtensor/checkpoint/export.h"
 #include "dtensor/checkpoint/file_view.h"
 #include "dtensor/checkpoint/metadata.h"
 #include "dtensor/checkpoint/planner.h"
