@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <sstream>
 #include <thread>
 
 namespace dtensor {
@@ -79,6 +80,23 @@ std::string MultiProcessTest::device_type() const {
 
 std::string MultiProcessTest::backend() const { return device_type() == "cuda" ? "nccl" : "gloo"; }
 
+std::string backend_name_error(const std::string& backend) {
+  static const char* kValid = "gloo, nccl or mpi, or device:backend pairs such as cpu:gloo,cuda:nccl";
+  std::string error;
+  std::stringstream ss(backend);
+  std::string item;
+  int items = 0;
+  while (std::getline(ss, item, ',')) {
+    ++items;
+    const auto colon = item.find(':');
+    const std::string name = colon == std::string::npos ? item : item.substr(colon + 1);
+    if (name != "gloo" && name != "nccl" && name != "mpi")
+      return "DTENSOR_BACKEND='" + backend + "' names no backend ('" + name + "'); valid backends are " + kValid;
+  }
+  if (items == 0) return std::string("the backend is empty; valid backends are ") + kValid;
+  return error;
+}
+
 std::string MultiProcessTest::effective_backend() const {
   return env_or("DTENSOR_BACKEND", backend());
 }
@@ -95,6 +113,11 @@ void MultiProcessTest::RunRanks(const std::string& test_id) {
   }
   const int n = effective_world_size();
   const std::string backend = effective_backend();
+  // NOTE: [Misspelled backends fail]
+  // A backend this build or machine lacks (nccl without CUDA) skips; a name that is no backend
+  // at all (DTENSOR_BACKEND=glo) fails, or a typo in CI would skip every test and stay green.
+  const std::string bad_name = backend_name_error(backend);
+  if (!bad_name.empty()) FAIL() << bad_name;
   std::string why;
   if (!comm::backend_available(backend, &why)) GTEST_SKIP() << why;
   if (required_gpus() > gpu_count())

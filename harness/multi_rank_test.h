@@ -51,6 +51,11 @@ enum class LaunchMode {
   kWorkerPool,  // ranks started once, reused test after test with one process group
 };
 std::string to_string(LaunchMode m);
+
+// Empty when `backend` (a DTENSOR_BACKEND value) names only known backends (gloo, nccl, mpi,
+// or device:backend pairs); otherwise the error, naming the valid ones (NOTE: [Misspelled
+// backends fail] in multi_rank_test.cpp).
+std::string backend_name_error(const std::string& backend);
 LaunchMode launch_mode_from_string(const std::string& s);
 
 // Common base of MultiProcessTest and MultiThreadedTest. Not used directly.
