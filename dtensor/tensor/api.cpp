@@ -106,8 +106,9 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
   at::Tensor local;
   {
     at::NoGradGuard no_grad;
-    // The mesh's first rank is the source: every rank starts from its values.
-    at::Tensor full = tensor.detach().clone(at::MemoryFormat::Contiguous);
+    // The mesh's first rank is the source: every rank starts from its values, on the mesh's
+    // device (a CPU tensor distributed over a "cuda" mesh lands on each rank's GPU).
+    at::Tensor full = tensor.detach().to(mesh.device()).clone(at::MemoryFormat::Contiguous);
     const int src = static_cast<int>(mesh.mesh().flatten()[0].item<int64_t>());
     const auto& world = mesh.world();
     world->broadcast(full, world->group_rank_of(src));
@@ -127,6 +128,17 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, std::vect
   TORCH_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(), "from_local: ",
               placements.size(), " placements for the ", mesh.ndim(), "-D mesh ", mesh.to_string());
   placements = normalize_placements(placements, local.dim());
+  // Local tensors live on the mesh's device type (as PyTorch, a local tensor on another device
+  // type is moved there, differentiably; meta stays meta); a CUDA local must be on this
+  // rank's GPU.
+  const at::Device device = local.is_meta() ? local.device() : mesh.device();
+  if (local.device().type() != device.type()) {
+    at::Tensor moved = local.to(device);
+    return from_local(moved, mesh, std::move(placements), run_check, std::move(shape));
+  }
+  TORCH_CHECK(local.device() == device, "from_local: the local tensor is on ", local.device(), " but rank ",
+              mesh.get_rank(), " of ", mesh.to_string(), " keeps its local tensors on ", device,
+              "; move it there (local.to(mesh.device()))");
   if (run_check) {
     // Every rank sees every rank's (dtype, shape), so every rank raises the same error.
     std::vector<int64_t> mine = local.sizes().vec();

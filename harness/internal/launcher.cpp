@@ -3,6 +3,7 @@
 #include "harness/internal/launcher.h"
 
 #include "dtensor/comm/c10d_group.h"
+#include "dtensor/comm/device.h"
 
 #include <boost/process.hpp>
 #include <c10/util/Exception.h>
@@ -416,6 +417,8 @@ void stop_fork_server() {
     so.waitWorkers = false;
     so.timeout = std::chrono::milliseconds(req.timeout_ms);
     auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+    // NOTE: [Rank devices]: this rank's GPU is current before NCCL builds its communicators.
+    if (comm::detail::backend_uses_nccl(req.backend)) comm::use_rank_cuda_device(req.rank);
     comm::C10dGroupOptions go;
     go.backend = req.backend;
     go.timeout = std::chrono::milliseconds(req.timeout_ms);
