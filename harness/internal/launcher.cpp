@@ -4,6 +4,7 @@
 
 #include "dtensor/comm/c10d_group.h"
 #include "dtensor/comm/device.h"
+#include "dtensor/compat.h"
 
 #include <boost/process.hpp>
 #include <c10/util/Exception.h>
@@ -416,6 +417,7 @@ void stop_fork_server() {
     so.isServer = false;
     so.waitWorkers = false;
     so.timeout = std::chrono::milliseconds(req.timeout_ms);
+    compat::disable_libuv(so);
     auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
     // NOTE: [Rank devices]: this rank's GPU is current before NCCL builds its communicators.
     if (comm::detail::backend_uses_nccl(req.backend)) comm::use_rank_cuda_device(req.rank);
@@ -541,6 +543,7 @@ void RankSet::Impl::start(const std::string& test_id) {
   so.isServer = true;
   so.waitWorkers = false;
   so.timeout = timeout;
+  compat::disable_libuv(so);
   store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
 
   procs.resize(n);
