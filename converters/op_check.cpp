@@ -107,8 +107,6 @@ std::vector<c10::IValue> same_on_every_rank(const DeviceMesh& mesh, const std::v
   return detail::map_tensors(args, [&](const at::Tensor& t) {
     if (t.dim() == 0 || !is_supported_tensor(t)) {
       at::Tensor c = t.detach().clone().contiguous();
-      // On the mesh's device like the others (distribute_tensor puts them there).
-      if (is_supported_tensor(c)) c = c.to(mesh.device());
       mesh.world()->broadcast(c, static_cast<int>(mesh.mesh().flatten()[0].item<int64_t>()));
       return c;
     }
