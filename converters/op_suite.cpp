@@ -81,14 +81,15 @@ OpCheckOptions suite_options(const std::string& mesh_kind) {
   return o;
 }
 
-std::optional<DeviceMesh> suite_mesh(const std::string& mesh_kind, comm::GroupPtr world) {
+std::optional<DeviceMesh> suite_mesh(const std::string& mesh_kind, comm::GroupPtr world,
+                                     const std::string& device_type) {
   if (!world) world = comm::default_group();
   TORCH_CHECK(world != nullptr, "op suite: no group to build the mesh over");
   const int64_t n = world->size();
-  if (mesh_kind == "1d") return init_device_mesh("cpu", {n}, {}, world);
+  if (mesh_kind == "1d") return init_device_mesh(device_type, {n}, {}, world);
   TORCH_CHECK(mesh_kind == "2d", "op suite: unknown mesh kind '", mesh_kind, "'; use \"1d\" or \"2d\"");
   if (n < 4 || n % 2 != 0) return std::nullopt;
-  return init_device_mesh("cpu", {2, n / 2}, {}, world);
+  return init_device_mesh(device_type, {2, n / 2}, {}, world);
 }
 
 std::vector<const OpInfo*> ops_of_family(const OpDb& db, const std::string& family) {

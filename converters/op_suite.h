@@ -69,9 +69,11 @@ void from_json(const nlohmann::json& j, CaseRecord& r);
 // per mesh dim (Partial and uneven included). Both cap the combinations per sample.
 OpCheckOptions suite_options(const std::string& mesh_kind);
 
-// The mesh of a mesh kind over `world` (collective): "1d" all ranks; "2d" {2, n/2}.
+// The mesh of a mesh kind over `world` (collective): "1d" all ranks; "2d" {2, n/2}, of
+// `device_type` ("cpu", or "cuda" for the op coverage of a GPU run).
 // nullopt for "2d" when the world size is odd or < 4.
-std::optional<DeviceMesh> suite_mesh(const std::string& mesh_kind, comm::GroupPtr world = nullptr);
+std::optional<DeviceMesh> suite_mesh(const std::string& mesh_kind, comm::GroupPtr world = nullptr,
+                                     const std::string& device_type = "cpu");
 
 std::vector<const OpInfo*> ops_of_family(const OpDb& db, const std::string& family);
 

@@ -2,6 +2,7 @@
 #include "harness/multi_rank_test.h"
 
 #include "dtensor/comm/c10d_group.h"
+#include "dtensor/comm/device.h"
 #include "dtensor/comm/object_collectives.h"
 #include "dtensor/comm/thread_group.h"
 #include "harness/internal/external.h"
@@ -9,10 +10,10 @@
 #include "harness/internal/rank_run.h"
 
 #include <c10/util/Exception.h>
-#include <torch/cuda.h>
 
 #include <algorithm>
 #include <atomic>
+#include <sstream>
 #include <condition_variable>
 #include <sstream>
 #include <thread>
@@ -38,7 +39,35 @@ LaunchMode launch_mode_from_string(const std::string& s) {
   TORCH_CHECK(false, "unknown launch mode '", s, "' (DTENSOR_LAUNCH_MODE): expected fork, spawn or pool");
 }
 
-int gpu_count() { return static_cast<int>(torch::cuda::device_count()); }
+int gpu_count() {
+  static const int n = comm::cuda_device_count();
+  return n;
+}
+
+int default_world_size(int gpu_count) {
+  return gpu_count > 1 ? std::min(gpu_count, kDefaultWorldSize) : kDefaultWorldSize;
+}
+
+std::string default_backend(int gpu_count, int world_size, bool nccl_built) {
+  return nccl_built && gpu_count >= world_size ? "nccl" : "gloo";
+}
+
+std::string device_type_for_backend(const std::string& backend) {
+  return comm::detail::backend_uses_nccl(backend) ? "cuda" : "cpu";
+}
+
+std::string gpu_skip_reason(const std::string& backend, int world_size, int gpu_count,
+                            int required_gpus) {
+  std::ostringstream why;
+  if (comm::detail::backend_uses_nccl(backend) && gpu_count < world_size) {
+    why << "backend " << backend << " runs one rank per GPU: " << world_size << " ranks need "
+        << world_size << " CUDA devices, this machine has " << gpu_count;
+    if (gpu_count > 0) why << " (set DTENSOR_WORLD_SIZE=" << gpu_count << ", or DTENSOR_BACKEND=gloo)";
+  } else if (required_gpus > gpu_count) {
+    why << "Need at least " << required_gpus << " CUDA devices, found " << gpu_count;
+  }
+  return why.str();
+}
 
 comm::Group& MultiRankTest::group() const {
   TORCH_CHECK(group_ != nullptr, "group() is only available inside a DTENSOR_TEST_F body");
@@ -74,11 +103,13 @@ std::chrono::milliseconds MultiRankTest::effective_timeout() const {
   }
 }
 
-std::string MultiProcessTest::device_type() const {
-  return gpu_count() >= effective_world_size() ? "cuda" : "cpu";
-}
+int MultiProcessTest::world_size() const { return default_world_size(gpu_count()); }
 
-std::string MultiProcessTest::backend() const { return device_type() == "cuda" ? "nccl" : "gloo"; }
+std::string MultiProcessTest::device_type() const { return device_type_for_backend(effective_backend()); }
+
+std::string MultiProcessTest::backend() const {
+  return default_backend(gpu_count(), effective_world_size(), comm::backend_available("nccl"));
+}
 
 std::string backend_name_error(const std::string& backend) {
   static const char* kValid = "gloo, nccl or mpi, or device:backend pairs such as cpu:gloo,cuda:nccl";
@@ -120,8 +151,8 @@ void MultiProcessTest::RunRanks(const std::string& test_id) {
   if (!bad_name.empty()) FAIL() << bad_name;
   std::string why;
   if (!comm::backend_available(backend, &why)) GTEST_SKIP() << why;
-  if (required_gpus() > gpu_count())
-    GTEST_SKIP() << "Need at least " << required_gpus() << " CUDA devices, found " << gpu_count();
+  const std::string gpu_why = gpu_skip_reason(backend, n, gpu_count(), required_gpus());
+  if (!gpu_why.empty()) GTEST_SKIP() << gpu_why;
   const auto timeout = effective_timeout();
   const LaunchMode mode = effective_launch_mode();
   std::string stacks;

@@ -143,7 +143,8 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh, s
   at::Tensor local;
   {
     at::NoGradGuard no_grad;
-    at::Tensor full = tensor.detach();
+    // On the mesh's device: a CPU tensor distributed over a "cuda" mesh lands on each rank's GPU.
+    at::Tensor full = tensor.is_meta() ? tensor.detach() : tensor.detach().to(mesh.device());
     if (src_data_rank.has_value()) {
       // The source rank's values reach every rank (PyTorch: group rank src_data_rank of each mesh dim).
       full = full.clone(at::MemoryFormat::Contiguous);
@@ -198,6 +199,13 @@ at::Tensor from_local(const at::Tensor& local_in, const DeviceMesh& mesh, std::v
               "; pass both shape and stride, or neither");
   placements = normalize_placements(placements, local_in.dim());
   at::Tensor local = local_in;
+  // Local tensors live on the mesh's device type (as PyTorch, a local tensor on another device
+  // type is moved there, differentiably; meta stays meta); a CUDA local must be on this rank's GPU.
+  const at::Device device = local.is_meta() ? local.device() : mesh.device();
+  if (local.device().type() != device.type()) return from_local(local.to(device), mesh, std::move(placements), options);
+  TORCH_CHECK(local.device() == device, "from_local: the local tensor is on ", local.device(), " but rank ",
+              mesh.get_rank(), " of ", mesh.to_string(), " keeps its local tensors on ", device,
+              "; move it there (local.to(mesh.device()))");
   if (options.run_check) {
     // NOTE: every rank sees every rank's (dtype, requires_grad, shape), so every rank raises the
     // same error. Without a given shape the local shapes must be equal (PyTorch's

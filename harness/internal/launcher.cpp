@@ -3,6 +3,7 @@
 #include "harness/internal/launcher.h"
 
 #include "dtensor/comm/c10d_group.h"
+#include "dtensor/comm/device.h"
 #include "dtensor/compat.h"
 
 #include <boost/process.hpp>
@@ -418,11 +419,18 @@ void stop_fork_server() {
     so.timeout = std::chrono::milliseconds(req.timeout_ms);
     compat::disable_libuv(so);
     auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+    // NOTE: [Rank devices]: this rank's GPU is current before NCCL builds its communicators.
+    if (comm::detail::backend_uses_nccl(req.backend)) comm::use_rank_cuda_device(req.rank);
     comm::C10dGroupOptions go;
     go.backend = req.backend;
     go.timeout = std::chrono::milliseconds(req.timeout_ms);
     go.gloo_hostname = "127.0.0.1";
     group = comm::C10dGroup::create(store, req.rank, req.world_size, go);
+    // Gloo's create() can return in one rank while a peer is still finishing its handshake
+    // with it; a rank whose body then ends at once (a skip) would exit under that peer
+    // ("connection closed by peer"). The barrier keeps every rank until all are connected
+    // (DESIGN.md D12).
+    group->barrier();
     comm::set_default_group(group);
   } catch (const std::exception& e) {
     auto* ce = dynamic_cast<const c10::Error*>(&e);

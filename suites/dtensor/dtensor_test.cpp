@@ -2,6 +2,7 @@
 // even and uneven, forward and backward), from_local/to_local, ops through the dispatcher,
 // errors, and an MLP whose gradients equal the plain ones.
 #include "dtensor/comm/comm.h"
+#include "dtensor/comm/device.h"
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
 #include "suites/testing/errors.h"
@@ -9,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <functional>
 #include <sstream>
 
 namespace dtensor {
@@ -118,6 +120,46 @@ DTENSOR_TEST_F(DTensorThreads, FromLocalRunCheckFailsOnEveryRank) {
   EXPECT_NE(err.find("rank 1 passed a local tensor of dtype Double"), std::string::npos) << err;
   err = error_of([&] { from_local(at::ones({3}), mesh, {Shard{0}}, false, std::vector<int64_t>{8}); });
   EXPECT_NE(err.find("is not this rank's shard of [8]"), std::string::npos) << err;
+}
+
+// The mesh decides where local tensors live (DeviceMesh::device, NOTE: [Rank devices]).
+DTENSOR_TEST_F(DTensorThreads, LocalTensorsLiveOnTheMeshDevice) {
+  auto mesh = init_device_mesh("cpu", {4});
+  EXPECT_EQ(mesh.device(), at::Device(at::kCPU));
+  EXPECT_TRUE(to_local(distribute_tensor(at::ones({8}), mesh, {Shard{0}})).is_cpu());
+  EXPECT_TRUE(to_local(dtensor::zeros({8}, mesh, {Shard{0}})).is_cpu());
+  EXPECT_TRUE(to_local(dtensor::arange(0, 8, 1, mesh, {Shard{0}})).is_cpu());
+  // A factory asked for another device type than its mesh's says so.
+  std::string err = error_of(
+      [&] { dtensor::ones({8}, mesh, {Shard{0}}, at::TensorOptions().device(at::kCUDA, 0)); });
+  EXPECT_NE(err.find("dtensor::ones: the options ask for device cuda:0 but DeviceMesh('cpu', [0, 1, 2, 3]) "
+                     "keeps local tensors on cpu"),
+            std::string::npos)
+      << err;
+
+  auto cuda = init_device_mesh("cuda", {4});
+  if (testing::gpu_count() == 0) {
+    // Every entry point names the mesh instead of building CPU tensors for a "cuda" mesh.
+    const std::string none =
+        "DeviceMesh('cuda', [0, 1, 2, 3]): local tensors go on a CUDA device, but this machine has none";
+    for (const auto& [what, fn] : std::vector<std::pair<std::string, std::function<void()>>>{
+             {"device", [&] { cuda.device(); }},
+             {"distribute_tensor", [&] { distribute_tensor(at::ones({8}), cuda, {Shard{0}}); }},
+             {"from_local", [&] { from_local(at::ones({2}), cuda, {Shard{0}}); }},
+             {"zeros", [&] { dtensor::zeros({8}, cuda, {Shard{0}}); }}}) {
+      err = error_of(fn);
+      EXPECT_NE(err.find(none), std::string::npos) << what << ": " << err;
+    }
+  } else {
+    const int index = comm::use_rank_cuda_device(rank());  // threads: each rank its own GPU
+    const at::Device dev = cuda.device();
+    EXPECT_EQ(dev.index(), index);
+    at::Tensor d = distribute_tensor(at::arange(8, at::kFloat), cuda, {Shard{0}});
+    EXPECT_EQ(to_local(d).device(), dev);
+    EXPECT_TRUE(at::equal(full_tensor(d).cpu(), at::arange(8, at::kFloat)));
+    EXPECT_EQ(to_local(from_local(at::ones({2}), cuda, {Shard{0}})).device(), dev);  // moved, as PyTorch
+    EXPECT_EQ(to_local(dtensor::zeros({8}, cuda, {Shard{0}})).device(), dev);
+  }
 }
 
 DTENSOR_TEST_F(DTensorThreads, MixingPlainTensorsNamesTheOp) {

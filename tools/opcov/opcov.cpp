@@ -18,6 +18,7 @@
 // out, and a new child resumes at the next op.
 #include "converters/op_db.h"
 #include "converters/op_suite.h"
+#include "dtensor/comm/device.h"
 #include "dtensor/comm/thread_group.h"
 #include "harness/main.h"
 #include "tools/opcov/coverage.h"
@@ -68,6 +69,8 @@ coverage.json, summary.md and report.html.
   --no-generated          only ops with hand-written samples
   --meshes LIST           1d,2d (default: both)
   --world-size N          ranks (default: DTENSOR_WORLD_SIZE or 4)
+  --device cpu|cuda       where local tensors live (default: cpu); with cuda every rank thread
+                          runs its ops on CUDA device 0 (the collectives stay in memory)
   --timeout SECONDS       an op taking longer is recorded as a timeout (default: 120)
   --expected-failures F   default: suites/ops/expected_failures.txt of the source tree
   --print-failures        print every case that did not pass
@@ -83,6 +86,7 @@ struct Options {
   bool generated = true;
   std::vector<std::string> meshes{"1d", "2d"};
   int world_size = 4;
+  std::string device = "cpu";
   std::chrono::seconds timeout = kDefaultOpTimeout;
   std::string expected_failures;
   bool print_failures = false;
@@ -121,6 +125,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--no-generated") o.generated = false;
     else if (a == "--meshes") o.meshes = split(value(i), ',');
     else if (a == "--world-size") o.world_size = std::atoi(value(i).c_str());
+    else if (a == "--device") o.device = value(i);
     else if (a == "--timeout") o.timeout = std::chrono::seconds(std::atoi(value(i).c_str()));
     else if (a == "--expected-failures") o.expected_failures = value(i);
     else if (a == "--print-failures") o.print_failures = true;
@@ -132,6 +137,7 @@ Options parse(int argc, char** argv) {
   }
   TORCH_CHECK(o.results.empty() || fs::is_directory(o.results), "opcov: --results ", o.results, " is not a directory");
   TORCH_CHECK(o.world_size >= 1, "opcov: --world-size must be >= 1");
+  TORCH_CHECK(o.device == "cpu" || o.device == "cuda", "opcov: --device takes cpu or cuda, got '", o.device, "'");
   TORCH_CHECK(o.timeout.count() > 0, "opcov: --timeout must be > 0 seconds");
   for (const auto& m : o.meshes)
     TORCH_CHECK(m == "1d" || m == "2d", "opcov: --meshes takes 1d and/or 2d, got '", m, "'");
@@ -186,7 +192,7 @@ void write_line(int fd, const nlohmann::json& j) {
       size_t i = start;
       try {
         std::map<std::string, std::optional<DeviceMesh>> meshes;
-        for (const auto& m : o.meshes) meshes[m] = testing::suite_mesh(m, group);
+        for (const auto& m : o.meshes) meshes[m] = testing::suite_mesh(m, group, o.device);
         for (; i < tasks.size(); ++i) {
           const Task& t = tasks[i];
           std::vector<CaseRecord> records;
@@ -380,9 +386,21 @@ void write_file(const fs::path& p, const std::string& text) {
   out << text;
 }
 
+// CUDA devices, counted in a throwaway child: this process forks the case runners, and a
+// process that touched CUDA cannot give it to its forked children.
+int probe_gpu_count() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(std::min(comm::cuda_device_count(), 100));
+  int st = 0;
+  if (pid < 0 || ::waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 0;
+  return WEXITSTATUS(st);
+}
+
 int run(int argc, char** argv) {
   Progress clock(0, false);  // measures the whole run
   const Options o = parse(argc, argv);
+  TORCH_CHECK(o.device != "cuda" || probe_gpu_count() > 0,
+              "opcov: --device cuda, but this machine has no CUDA device (or libtorch was built without CUDA)");
   RunInfo info;
   info.started = now_iso();
   info.world_size = o.world_size;
