@@ -13,6 +13,7 @@
 //   build/benchmarks/tp_benchmark --benchmark_repetitions=5 --benchmark_report_aggregates_only
 #include "benchmarks/process_bench.h"
 #include "dtensor/comm/comm.h"
+#include "dtensor/compat.h"
 #include "dtensor/nn/nn.h"
 #include "dtensor/parallel/parallel.h"
 #include "dtensor/tensor/dtensor.h"
@@ -44,7 +45,7 @@ constexpr int64_t kBatch = 8;
 // freed, whichever thread frees it; each slot keeps its current and peak bytes. The size and
 // slot live in a 64-byte header before the block (libtorch's alignment is kept, and data ==
 // context as raw_allocate requires), so there is no lock.
-class TrackingAllocator final : public c10::Allocator {
+class TrackingAllocator final : public compat::Allocator {
  public:
   static constexpr int kSlots = kWorld + 1;
 
@@ -62,7 +63,7 @@ class TrackingAllocator final : public c10::Allocator {
   int64_t peak(int s) const { return peak_[s].load(); }
   void reset_peak(int s) { peak_[s].store(current_[s].load()); }
 
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr do_allocate(size_t n) const override {
     auto* raw = static_cast<char*>(inner_->raw_allocate(n + kHeader));
     auto* h = reinterpret_cast<Header*>(raw);
     h->bytes = static_cast<int64_t>(n);
