@@ -1,6 +1,8 @@
 // dtensor/comm/c10d_group.cpp
 #include "dtensor/comm/c10d_group.h"
 
+#include "dtensor/comm/c10d_guard.h"
+
 #include "dtensor/compat.h"
 
 #include <ATen/ATen.h>
@@ -236,6 +238,7 @@ void with_contiguous(at::Tensor& t, Fn fn) {
 }  // namespace
 
 void C10dGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
+  if (guard::all_reduce(*this, tensor, op)) return;
   TORCH_CHECK(op != ReduceOp::AVG || at::isFloatingType(tensor.scalar_type()) ||
                   at::isComplexType(tensor.scalar_type()),
               "all_reduce on ", describe(), ": ReduceOp::AVG needs a floating dtype, got ",
@@ -250,6 +253,7 @@ void C10dGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
 }
 
 void C10dGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
+  if (guard::all_gather_into(*this, output, input)) return;
   detail::check_all_gather_shapes(*this, output, input);
   // Emulated: 1.13 Gloo has no _allgather_base. Blocks of a contiguous output along dim 0
   // are contiguous views, so Gloo writes straight into them.
@@ -260,6 +264,7 @@ void C10dGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
 }
 
 void C10dGroup::reduce_scatter_into(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  if (guard::reduce_scatter_into(*this, output, input, op)) return;
   detail::check_reduce_scatter_shapes(*this, output, input);
   // Emulated: 1.13 Gloo has no reduce_scatter. All-reduce a copy, keep this rank's block.
   at::Tensor tmp = input.clone(at::MemoryFormat::Contiguous);
@@ -270,6 +275,7 @@ void C10dGroup::reduce_scatter_into(at::Tensor& output, const at::Tensor& input,
 void C10dGroup::all_to_all_single(at::Tensor& output, const at::Tensor& input,
                                   const std::vector<int64_t>& output_splits,
                                   const std::vector<int64_t>& input_splits) {
+  if (guard::all_to_all_single(*this, output, input, output_splits, input_splits)) return;
   auto splits = detail::resolve_all_to_all_splits(*this, output, input, output_splits, input_splits);
   at::Tensor in = input.contiguous();
   with_contiguous(output, [&](at::Tensor& out) {
@@ -280,6 +286,7 @@ void C10dGroup::all_to_all_single(at::Tensor& output, const at::Tensor& input,
 }
 
 void C10dGroup::broadcast(at::Tensor& tensor, int src) {
+  if (guard::broadcast(*this, tensor, src)) return;
   detail::check_rank_arg(*this, "broadcast", "src", src);
   with_contiguous(tensor, [&](at::Tensor& t) {
     std::vector<at::Tensor> ts{t};
@@ -290,10 +297,12 @@ void C10dGroup::broadcast(at::Tensor& tensor, int src) {
 }
 
 void C10dGroup::barrier() {
+  if (guard::barrier(*this)) return;
   wait_work(*this, "barrier", impl_->default_pg().barrier(), impl_->options.timeout);
 }
 
 void C10dGroup::send(const at::Tensor& tensor, int dst, int tag) {
+  if (guard::send(*this, tensor, dst, tag)) return;
   detail::check_rank_arg(*this, "send", "dst", dst);
   TORCH_CHECK(dst != rank(), "send on ", describe(), ": a rank cannot send to itself");
   std::vector<at::Tensor> ts{tensor.contiguous()};
@@ -301,6 +310,7 @@ void C10dGroup::send(const at::Tensor& tensor, int dst, int tag) {
 }
 
 void C10dGroup::recv(at::Tensor& tensor, int src, int tag) {
+  if (guard::recv(*this, tensor, src, tag)) return;
   detail::check_rank_arg(*this, "recv", "src", src);
   TORCH_CHECK(src != rank(), "recv on ", describe(), ": a rank cannot receive from itself");
   with_contiguous(tensor, [&](at::Tensor& t) {
@@ -310,6 +320,7 @@ void C10dGroup::recv(at::Tensor& tensor, int src, int tag) {
 }
 
 void C10dGroup::gather(const at::Tensor& input, std::vector<at::Tensor>& outputs, int dst) {
+  if (guard::gather(*this, input, outputs, dst)) return;
   detail::check_rank_arg(*this, "gather", "dst", dst);
   std::vector<at::Tensor> ins{input.contiguous()};
   std::vector<std::vector<at::Tensor>> outs;
@@ -324,6 +335,7 @@ void C10dGroup::gather(const at::Tensor& input, std::vector<at::Tensor>& outputs
 }
 
 void C10dGroup::scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) {
+  if (guard::scatter(*this, output, inputs, src)) return;
   detail::check_rank_arg(*this, "scatter", "src", src);
   std::vector<std::vector<at::Tensor>> ins;
   if (rank() == src) {
@@ -346,6 +358,7 @@ void C10dGroup::scatter(at::Tensor& output, const std::vector<at::Tensor>& input
 }
 
 std::shared_ptr<Group> C10dGroup::new_subgroup(const std::vector<int>& ranks) {
+  guard::new_subgroup(*this, ranks);
   detail::check_subgroup_ranks(*this, ranks);
   // Every rank counts the calls, so the n-th call gets the same store prefix everywhere;
   // only members take part in the new group's rendezvous.

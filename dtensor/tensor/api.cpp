@@ -1,6 +1,7 @@
 // dtensor/tensor/api.cpp: distribute_tensor, from_local, to_local, redistribute, full_tensor,
 // printing, and their autograd (hand-written autograd Nodes: the saved state is a DTensorSpec,
 // which is not an IValue, so torch::autograd::Function's saved_data does not fit).
+#include "dtensor/comm/c10d_guard.h"
 #include "dtensor/comm/object_collectives.h"
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/tensor/dtensor_impl.h"
@@ -96,6 +97,23 @@ const at::Tensor& local_tensor(const at::Tensor& t) {
   return unsafe_get_dtensor_impl(t)->local();
 }
 
+// With the call check on (NOTE: [Call check], dtensor/comm/c10d_guard.cpp), ranks that pass
+// different placements (which the broadcast cannot see) all raise, naming each rank's call.
+static void check_same_distribution(comm::Group& world, const at::Tensor& tensor,
+                                    const std::vector<Placement>& placements) {
+  if (world.size() <= 1 || !comm::check_collectives_enabled()) return;
+  std::ostringstream os;
+  os << tensor.scalar_type() << tensor.sizes() << "," << to_string(placements);
+  const auto all = comm::all_gather_object(world, os.str());
+  bool same = true;
+  for (const auto& a : all) same = same && a == all[0];
+  if (same) return;
+  std::ostringstream msg;
+  msg << "distribute_tensor: ranks passed different tensors or placements on " << world.describe() << ":";
+  for (size_t r = 0; r < all.size(); ++r) msg << " [rank " << r << ": distribute_tensor(" << all[r] << ")]";
+  TORCH_CHECK(false, msg.str());
+}
+
 at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
                              std::vector<Placement> placements) {
   TORCH_CHECK(tensor.defined(), "distribute_tensor: the tensor is undefined");
@@ -108,9 +126,14 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
     at::NoGradGuard no_grad;
     // The mesh's first rank is the source: every rank starts from its values.
     at::Tensor full = tensor.detach().clone(at::MemoryFormat::Contiguous);
-    const int src = static_cast<int>(mesh.mesh().flatten()[0].item<int64_t>());
-    const auto& world = mesh.world();
-    world->broadcast(full, world->group_rank_of(src));
+    // A meta tensor has no values to send: every rank builds its shard's metadata alone, as
+    // from_local does (Replicate -> anything is local).
+    if (!full.is_meta()) {
+      const auto& world = mesh.world();
+      check_same_distribution(*world, tensor, placements);
+      const int src = static_cast<int>(mesh.mesh().flatten()[0].item<int64_t>());
+      world->broadcast(full, world->group_rank_of(src));
+    }
     TensorMeta meta = contiguous_meta(tensor.sizes().vec(), tensor.scalar_type());
     DTensorSpec replicated(mesh, std::vector<Placement>(placements.size(), Replicate{}), meta);
     local = detail::redistribute_local(full, replicated, placements);

@@ -117,6 +117,32 @@ DTENSOR_TEST_F(ThreadFaults, DISABLED_DifferentCollectiveInRank1) {
   else group().all_reduce(x);
 }
 
+DTENSOR_TEST_F(ThreadFaults, DISABLED_ExitZeroInRank1) {
+  if (rank() == 1) std::exit(0);
+  group().barrier();
+}
+
+DTENSOR_TEST_F(ThreadFaults, DISABLED_CrashInRank2) {
+  if (rank() == 2) std::raise(SIGSEGV);
+  group().barrier();
+}
+
+// The orchestrator: the rank's parent, or the fork server's parent.
+pid_t orchestrator_pid() {
+  const pid_t parent = ::getppid();
+  std::string comm = testing::read_file("/proc/" + std::to_string(parent) + "/comm");
+  if (comm.rfind("dtensor-zygote", 0) != 0) return parent;
+  std::string stat = testing::read_file("/proc/" + std::to_string(parent) + "/stat");
+  // pid (comm) state ppid ...
+  const auto close = stat.rfind(')');
+  return static_cast<pid_t>(std::stol(stat.substr(close + 4)));
+}
+
+DTENSOR_TEST_F(HangingFaults, DISABLED_OrchestratorGetsSigterm) {
+  if (rank() == 0) ::kill(orchestrator_pid(), SIGTERM);
+  block_forever();
+}
+
 // ---- what the parent sees --------------------------------------------------------------------
 struct FaultRun {
   testing::ChildRun run;
@@ -265,6 +291,19 @@ TEST(HarnessReports, ThreadSkipSkipsTheTest) {
   EXPECT_CONTAINS(f.run.output, "[rank 0] thread rank 0 skips");
 }
 
+TEST(HarnessReports, ThreadRankCallingExitFailsTheProgram) {
+  auto f = run_fault("ThreadFaults.DISABLED_ExitZeroInRank1");
+  EXPECT_NE(f.run.exit_code, 0) << f.run.output;
+  EXPECT_CONTAINS(f.run.output, "exit() was called during ThreadFaults.DISABLED_ExitZeroInRank1 (by rank 1)");
+}
+
+TEST(HarnessReports, ThreadRankCrashNamesTheTestAndRank) {
+  auto f = run_fault("ThreadFaults.DISABLED_CrashInRank2");
+  EXPECT_NE(f.run.exit_code, 0);
+  EXPECT_CONTAINS(f.run.output, "in rank 2 of ThreadFaults.DISABLED_CrashInRank2");
+  EXPECT_CONTAINS(f.run.output, "fatal signal 11");
+}
+
 TEST(HarnessReports, ThreadMismatchedCollectivesNameEachRanksCall) {
   auto f = run_fault("ThreadFaults.DISABLED_DifferentCollectiveInRank1");
   EXPECT_NE(f.run.exit_code, 0);
@@ -290,6 +329,27 @@ TEST(HarnessReports, ForkServerRanksAreFreshInEveryTest) {
     EXPECT_TRUE(::kill(pid, 0) != 0 && errno == ESRCH) << "rank process " << pid << " outlived its test";
   }
   EXPECT_TRUE(tmp.entries().empty()) << "left in TMPDIR: " << tmp.entries().size();
+}
+
+// NOTE: [Nothing left in TMPDIR]: a ctest timeout or Ctrl-C (SIGTERM/SIGINT) ...
+TEST(HarnessReports, StoppedOrchestratorLeavesNothingInTmpdir) {
+  auto f = run_fault("HangingFaults.DISABLED_OrchestratorGetsSigterm");
+  EXPECT_NE(f.run.exit_code, 0) << f.run.output;
+  EXPECT_LT(f.run.seconds, 3) << "stopped by its signal, not at the test's timeout";
+  EXPECT_TRUE(f.leftovers.empty()) << "left in TMPDIR: " << (f.leftovers.empty() ? "" : f.leftovers[0]);
+}
+
+// ... and after a SIGKILL, the next test program in that TMPDIR removes what it left.
+TEST(HarnessReports, KilledOrchestratorsDirectoryIsRemovedByTheNextProgram) {
+  testing::TempDir tmp;
+  auto killed = testing::run_self({"--gtest_filter=HangingFaults.DISABLED_HangInRank2", "--gtest_also_run_disabled_tests"},
+                                  {{"TMPDIR", tmp.path()}}, std::chrono::seconds(2));
+  ASSERT_EQ(killed.exit_code, -9) << "the child was not killed: " << killed.output;
+  if (tmp.entries().empty()) GTEST_SKIP() << "the child had not started its ranks within 2 s (a loaded machine)";
+  auto next = testing::run_self({"--gtest_filter=Faults.DISABLED_EveryRankSkips", "--gtest_also_run_disabled_tests"},
+                                {{"TMPDIR", tmp.path()}});
+  EXPECT_EQ(next.exit_code, 0) << next.output;
+  EXPECT_TRUE(tmp.entries().empty()) << "left in TMPDIR: " << tmp.entries()[0];
 }
 
 TEST(HarnessReports, ListingTestsStartsNoRanks) {
