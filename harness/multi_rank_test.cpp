@@ -11,7 +11,13 @@
 
 #include <c10/util/Exception.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <atomic>
 #include <sstream>
 #include <condition_variable>
@@ -166,6 +172,56 @@ void MultiProcessTest::RunRanks(const std::string& test_id) {
   internal::report_outcomes(test_id, outcomes, timeout, stacks);
 }
 
+// NOTE: [Loud ends of threaded tests]
+// Threaded ranks share the test program: a rank calling exit(0) would end it with status 0
+// and no result (ctest reads a pass), and a crash would print nothing naming the test. While
+// a threaded test runs, exit() fails the program naming the test and rank (an atexit handler
+// that _exits with 1), and a fatal signal prints the test and rank before the default action.
+namespace {
+std::atomic<bool> g_threaded_test_running{false};
+char g_threaded_test_name[256];
+thread_local int t_thread_rank = -1;
+
+void on_exit_during_threaded_test() {
+  if (!g_threaded_test_running.load()) return;
+  std::fprintf(stderr,
+               "[dtensor] exit() was called during %s (by rank %d): a test must not end the "
+               "program; failing it\n",
+               g_threaded_test_name, t_thread_rank);
+  std::fflush(nullptr);
+  ::_exit(1);
+}
+
+void on_fatal_signal_in_threaded_test(int sig) {
+  char msg[400];
+  const int len = std::snprintf(msg, sizeof msg, "[dtensor] fatal signal %d (%s) in rank %d of %s\n",
+                                sig, strsignal(sig), t_thread_rank, g_threaded_test_name);
+  if (len > 0) (void)!::write(2, msg, static_cast<size_t>(std::min<int>(len, sizeof msg - 1)));
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+struct ThreadedTestScope {
+  std::vector<std::pair<int, struct sigaction>> old;
+  explicit ThreadedTestScope(const std::string& test_id) {
+    static const bool registered = std::atexit(on_exit_during_threaded_test) == 0;
+    (void)registered;
+    std::snprintf(g_threaded_test_name, sizeof g_threaded_test_name, "%s", test_id.c_str());
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) {
+      struct sigaction sa {}, prev {};
+      sa.sa_handler = on_fatal_signal_in_threaded_test;
+      ::sigaction(sig, &sa, &prev);
+      old.emplace_back(sig, prev);
+    }
+    g_threaded_test_running = true;
+  }
+  ~ThreadedTestScope() {
+    g_threaded_test_running = false;
+    for (auto& kv : old) ::sigaction(kv.first, &kv.second, nullptr);
+  }
+};
+}  // namespace
+
 // NOTE: [Threaded ranks]
 // Each rank is a thread with its own fixture instance, thread-local rank and default group.
 // One RankCapture intercepts the assertions of all threads and files them under the rank of
@@ -180,6 +236,7 @@ void MultiThreadedTest::RunRanks(const std::string& test_id) {
   }
   const int n = effective_world_size();
   const auto timeout = effective_timeout();
+  ThreadedTestScope loud_ends(test_id);  // NOTE: [Loud ends of threaded tests]
   auto world = comm::ThreadWorld::create(n, timeout);
   struct Shared {
     std::mutex mu;
@@ -196,6 +253,7 @@ void MultiThreadedTest::RunRanks(const std::string& test_id) {
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([r, n, test_id, world, shared, sink] {
+      t_thread_rank = r;
       auto g = std::make_shared<comm::ThreadGroup>(world, r);
       comm::set_thread_default_group(g);
       internal::RankResult res = internal::run_rank_body(test_id, r, g, *sink);

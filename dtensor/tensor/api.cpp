@@ -1,6 +1,7 @@
 // dtensor/tensor/api.cpp: distribute_tensor, from_local, to_local, redistribute, full_tensor,
 // printing, and their autograd (hand-written autograd Nodes: the saved state is a DTensorSpec,
 // which is not an IValue, so torch::autograd::Function's saved_data does not fit).
+#include "dtensor/comm/c10d_guard.h"
 #include "dtensor/comm/object_collectives.h"
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/tensor/dtensor_impl.h"
@@ -132,6 +133,23 @@ const at::Tensor& local_tensor(const at::Tensor& t) {
   return unsafe_get_dtensor_impl(t)->local();
 }
 
+// With the call check on (NOTE: [Call check], dtensor/comm/c10d_guard.cpp), ranks that pass
+// different placements (which the broadcast cannot see) all raise, naming each rank's call.
+static void check_same_distribution(comm::Group& world, const at::Tensor& tensor,
+                                    const std::vector<Placement>& placements) {
+  if (world.size() <= 1 || !comm::check_collectives_enabled()) return;
+  std::ostringstream os;
+  os << tensor.scalar_type() << tensor.sizes() << "," << to_string(placements);
+  const auto all = comm::all_gather_object(world, os.str());
+  bool same = true;
+  for (const auto& a : all) same = same && a == all[0];
+  if (same) return;
+  std::ostringstream msg;
+  msg << "distribute_tensor: ranks passed different tensors or placements on " << world.describe() << ":";
+  for (size_t r = 0; r < all.size(); ++r) msg << " [rank " << r << ": distribute_tensor(" << all[r] << ")]";
+  TORCH_CHECK(false, msg.str());
+}
+
 at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh, std::vector<Placement> placements,
                              std::optional<int64_t> src_data_rank) {
   TORCH_CHECK(tensor.defined(), "distribute_tensor: the tensor is undefined");
@@ -145,11 +163,14 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh, s
     at::NoGradGuard no_grad;
     // On the mesh's device: a CPU tensor distributed over a "cuda" mesh lands on each rank's GPU.
     at::Tensor full = tensor.is_meta() ? tensor.detach() : tensor.detach().to(mesh.device());
-    if (src_data_rank.has_value()) {
+    // A meta tensor has no values to send: every rank builds its shard's metadata alone, as
+    // from_local does (Replicate -> anything is local).
+    if (src_data_rank.has_value() && !full.is_meta()) {
       // The source rank's values reach every rank (PyTorch: group rank src_data_rank of each mesh dim).
       full = full.clone(at::MemoryFormat::Contiguous);
-      const int src = source_rank(mesh, *src_data_rank);
       const auto& world = mesh.world();
+      check_same_distribution(*world, tensor, placements);
+      const int src = source_rank(mesh, *src_data_rank);
       world->broadcast(full, world->group_rank_of(src));
     }
     TensorMeta meta = contiguous_meta(tensor.sizes().vec(), tensor.scalar_type());
