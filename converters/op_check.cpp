@@ -10,6 +10,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <chrono>
@@ -208,6 +209,49 @@ std::string check_output_spec(const DeviceMesh& mesh, const at::Tensor& out, siz
   return "";
 }
 
+// NOTE: [Warnings go into the records]
+// libtorch warns (deprecations, resized outputs) through one process-wide handler. A handler
+// installed once forwards every warning to the previous one, except on a thread running
+// check_op, where it keeps the message for the result instead of printing it.
+thread_local std::vector<std::string>* tl_warnings = nullptr;
+
+void keep_warning(const std::string& msg) {
+  if (std::find(tl_warnings->begin(), tl_warnings->end(), msg) == tl_warnings->end()) tl_warnings->push_back(msg);
+}
+
+class CollectingWarningHandler : public c10::WarningHandler {
+ public:
+  explicit CollectingWarningHandler(c10::WarningHandler* prev) : prev_(prev) {}
+#if TORCH_VERSION_MAJOR >= 2
+  void process(const c10::Warning& w) override {
+    if (tl_warnings) return keep_warning(w.msg());
+    if (prev_) prev_->process(w);
+  }
+#else
+  void process(const c10::SourceLocation& loc, const std::string& msg, const bool verbatim) override {
+    if (tl_warnings) return keep_warning(msg);
+    if (prev_) prev_->process(loc, msg, verbatim);
+  }
+#endif
+
+ private:
+  c10::WarningHandler* prev_;
+};
+
+void install_warning_collector() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+#if TORCH_VERSION_MAJOR >= 2
+    static CollectingWarningHandler handler(c10::WarningUtils::get_warning_handler());
+    c10::WarningUtils::set_warning_handler(&handler);
+#else
+    static CollectingWarningHandler handler(c10::Warning::get_warning_handler());
+    c10::Warning::set_warning_handler(&handler);
+#endif
+  });
+}
+
+
 std::vector<at::Tensor> grad_inputs(const std::vector<c10::IValue>& args) {
   std::vector<at::Tensor> out;
   for (const at::Tensor& t : detail::flatten_tensors(args))
@@ -217,6 +261,12 @@ std::vector<at::Tensor> grad_inputs(const std::vector<c10::IValue>& args) {
 
 }  // namespace
 
+ScopedWarningCollector::ScopedWarningCollector(std::vector<std::string>* into) : prev_(tl_warnings) {
+  install_warning_collector();
+  tl_warnings = into;
+}
+ScopedWarningCollector::~ScopedWarningCollector() { tl_warnings = prev_; }
+
 OpCheckResult check_op(const DeviceMesh& mesh, const std::string& op_name, const BoxedOp& op,
                        int written_arg, const std::vector<c10::IValue>& args,
                        const OpCheckOptions& options) {
@@ -224,6 +274,7 @@ OpCheckResult check_op(const DeviceMesh& mesh, const std::string& op_name, const
   const auto t0 = std::chrono::steady_clock::now();
   OpCheckResult result;
   result.op = op_name;
+  ScopedWarningCollector collect(&result.warnings);  // NOTE: [Warnings go into the records]
   const bool want_backward = options.backward && !writes_input;
   std::optional<ops::ReplicateFallbackGuard> fallback;
   if (options.replicate_fallback) fallback.emplace();

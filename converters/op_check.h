@@ -130,6 +130,23 @@ struct OpCheckResult {
   std::vector<int64_t> plan;
   bool used_fallback = false;
   double duration_ms = 0;
+  // libtorch warnings raised during the check, each once (NOTE: [Warnings go into the
+  // records] in op_check.cpp): kept here instead of printed.
+  std::vector<std::string> warnings;
+};
+
+// While alive, libtorch warnings raised on this thread are appended (each once) to `into`
+// instead of printed (NOTE: [Warnings go into the records] in op_check.cpp). check_op uses
+// one; nest freely.
+class ScopedWarningCollector {
+ public:
+  explicit ScopedWarningCollector(std::vector<std::string>* into);
+  ~ScopedWarningCollector();
+  ScopedWarningCollector(const ScopedWarningCollector&) = delete;
+  ScopedWarningCollector& operator=(const ScopedWarningCollector&) = delete;
+
+ private:
+  std::vector<std::string>* prev_;
 };
 
 // An op called boxed: the full argument stack in, the returned values out.

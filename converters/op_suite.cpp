@@ -38,7 +38,8 @@ void to_json(nlohmann::json& j, const CaseRecord& r) {
        {"trivial", r.trivial},
        {"design", r.design},
        {"total_combinations", r.total_combinations},
-       {"plan", r.plan}};
+       {"plan", r.plan},
+       {"warnings", r.warnings}};
 }
 
 void from_json(const nlohmann::json& j, CaseRecord& r) {
@@ -64,6 +65,7 @@ void from_json(const nlohmann::json& j, CaseRecord& r) {
   r.design = j.value("design", "");
   r.total_combinations = j.value("total_combinations", int64_t{0});
   r.plan = j.value("plan", std::vector<int64_t>{});
+  r.warnings = j.value("warnings", std::vector<std::string>{});
 }
 
 // Combinations per sample (NOTE: [Converter covering design]). Below the cap, the whole
@@ -72,8 +74,6 @@ void from_json(const nlohmann::json& j, CaseRecord& r) {
 // combinations to the cap. 1-D: every placement of a unary or binary op (4 x 4 for [8, 4]
 // operands), ternary ops covered pairwise. 2-D: per mesh dim choices give 16 per tensor, so a
 // binary op runs all 256 (the pairs are the product) and a ternary op ~260 of 4096.
-constexpr int64_t kMaxCombinations1D = 160;
-constexpr int64_t kMaxCombinations2D = 48;
 
 OpCheckOptions suite_options(const std::string& mesh_kind) {
   TORCH_CHECK(mesh_kind == "1d" || mesh_kind == "2d", "op suite: unknown mesh kind '", mesh_kind,
@@ -132,6 +132,7 @@ CaseRecord record_of(const OpInfo& info, const OpSample& s, const std::string& m
   c.design = r.design;
   c.total_combinations = r.total_combinations;
   if (r.design != "full product") c.plan = r.plan;
+  c.warnings = r.warnings;
   return c;
 }
 
@@ -146,7 +147,13 @@ std::vector<CaseRecord> run_op_suite(const DeviceMesh& mesh, const std::string& 
   std::vector<CaseRecord> out;
   for (size_t i = 0; i < ops.size(); ++i) {
     const OpInfo& info = *ops[i];
-    for (const OpSample& s : info.make_samples()) {
+    std::vector<std::string> sample_warnings;  // raised while making the samples
+    std::vector<OpSample> samples;
+    {
+      ScopedWarningCollector collect(&sample_warnings);
+      samples = info.make_samples();
+    }
+    for (const OpSample& s : samples) {
       OpCheckOptions o = options;
       o.identity_is_trivial = info.generated;  // NOTE: [Trivial cases]
       OpCheckResult r = check_sample(mesh, info, s, o);

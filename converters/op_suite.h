@@ -69,9 +69,15 @@ struct CaseRecord {
   std::string design;
   int64_t total_combinations = 0;
   std::vector<int64_t> plan;
+  // libtorch warnings raised while the sample ran (OpCheckResult::warnings).
+  std::vector<std::string> warnings;
 };
 void to_json(nlohmann::json& j, const CaseRecord& r);
 void from_json(const nlohmann::json& j, CaseRecord& r);
+
+// The caps of suite_options (NOTE: [Converter covering design]; see op_suite.cpp).
+constexpr int64_t kMaxCombinations1D = 160;
+constexpr int64_t kMaxCombinations2D = 48;
 
 // The driver options of a mesh kind: "1d" tries Partial and uneven shards; "2d" chooses
 // per mesh dim (Partial and uneven included). Both cap the combinations per sample.
