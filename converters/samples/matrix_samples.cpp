@@ -3,6 +3,7 @@
 // linear, einsum, outer/ger, inner, tensordot, chain_matmul) in the cases that decompose
 // differently; attention.
 #include "converters/samples/samples.h"
+#include "dtensor/compat.h"
 
 #include <ATen/ATen.h>
 
@@ -132,40 +133,52 @@ void add_composites(OpDb& db) {
   });
 }
 
-// NOTE: [Attention forward] (dtensor/ops/matrix_rules.cpp): without grad,
-// _scaled_dot_product_attention calls the fused _scaled_dot_product_attention_forward; with
-// grad it decomposes (matmul, _softmax, dropout).
+// NOTE: [Attention forward] (dtensor/ops/matrix_rules.cpp): the public attention op
+// (compat::kSdpaPublicOp) calls the fused compat::kSdpaFusedOp (1.13: without grad; 2.x: on 4-D
+// inputs without dropout) or decomposes (matmul, _softmax, dropout). The samples are 4-D, which
+// 2.x's fused CPU kernel needs.
 void add_attention(OpDb& db) {
   auto qkv = [](SampleGen& g, std::vector<int64_t> q, std::vector<int64_t> kv,
                 at::ScalarType dtype = at::kFloat) -> std::vector<c10::IValue> {
     return {g.tensor(q, dtype), g.tensor(kv, dtype), g.tensor(kv, dtype)};
   };
-  auto with = [](std::vector<c10::IValue> args, c10::IValue mask, double dropout_p, bool weights, bool causal) {
-    args.push_back(std::move(mask));
-    args.push_back(dropout_p);
-    args.push_back(weights);
-    args.push_back(causal);
-    return args;
+  using compat::SdpaOp;
+  auto with = [](std::string variant, SdpaOp op, std::vector<c10::IValue> qkv, c10::IValue mask, double dropout_p,
+                 bool weights, bool causal) {
+    auto a = compat::sdpa_args(op, std::move(qkv), std::move(mask), dropout_p, weights, causal);
+    OpSample s(std::move(variant), std::move(a.args));
+    for (auto& kv : a.kwargs) s.kw(kv.first, std::move(kv.second));
+    return s;
   };
-  db.add("aten::_scaled_dot_product_attention_forward", "matrix", [=](SampleGen& g) {
+  db.add(compat::kSdpaFusedOp, "matrix", [=](SampleGen& g) {
     return Samples{
         OpSample("even", qkv(g, {2, 4, 8, 4}, {2, 4, 8, 4})).no_backward(),
-        OpSample("weights", with(qkv(g, {2, 4, 8, 4}, {2, 4, 6, 4}), c10::IValue(), 0.0, true, false)).no_backward(),
-        OpSample("mask", with(qkv(g, {2, 4, 8, 4}, {2, 4, 6, 4}), g.tensor({8, 6}), 0.0, false, false)).no_backward(),
-        OpSample("causal", with(qkv(g, {2, 4, 8, 4}, {2, 4, 8, 4}), c10::IValue(), 0.0, true, true)).no_backward(),
-        OpSample("uneven_f64", qkv(g, {3, 5, 4}, {3, 6, 4}, at::kDouble)).no_backward(),
+        with("weights", SdpaOp::kFused, qkv(g, {2, 4, 8, 4}, {2, 4, 6, 4}), c10::IValue(), 0.0, true, false).no_backward(),
+        with("mask", SdpaOp::kFused, qkv(g, {2, 4, 8, 4}, {2, 4, 6, 4}), g.tensor({8, 6}), 0.0, false, false).no_backward(),
+        with("causal", SdpaOp::kFused, qkv(g, {2, 4, 8, 4}, {2, 4, 8, 4}), c10::IValue(), 0.0, true, true).no_backward(),
+        OpSample("uneven_f64", qkv(g, {1, 3, 5, 4}, {1, 3, 6, 4}, at::kDouble)).no_backward(),
     };
   });
-  db.add("aten::_scaled_dot_product_attention", "matrix", [=](SampleGen& g) {
+  db.add(compat::kSdpaPublicOp, "matrix", [=](SampleGen& g) {
     return Samples{
         OpSample("even", qkv(g, {2, 4, 8, 4}, {2, 4, 8, 4})),
         OpSample("no_grad", qkv(g, {2, 4, 8, 4}, {2, 4, 8, 4})).no_backward(),
-        OpSample("no_grad_mask_weights", with(qkv(g, {2, 4, 8, 4}, {2, 4, 6, 4}), g.tensor({8, 6}), 0.0, true, false))
+        with("no_grad_mask_weights", SdpaOp::kPublic, qkv(g, {2, 4, 8, 4}, {2, 4, 6, 4}), g.tensor({8, 6}), 0.0, true, false)
             .no_backward(),
-        OpSample("causal", with(qkv(g, {2, 4, 8, 4}, {2, 4, 8, 4}), c10::IValue(), 0.0, false, true)),
-        OpSample("dropout", with(qkv(g, {2, 4, 8, 4}, {2, 4, 8, 4}), c10::IValue(), 0.5, false, false)).seeded(1234),
+        with("causal", SdpaOp::kPublic, qkv(g, {2, 4, 8, 4}, {2, 4, 8, 4}), c10::IValue(), 0.0, false, true),
+        with("dropout", SdpaOp::kPublic, qkv(g, {2, 4, 8, 4}, {2, 4, 8, 4}), c10::IValue(), 0.5, false, false).seeded(1234),
     };
   });
+  // 2.x: the kernel choice (NOTE: [Attention kernel choice]); "uneven" has empty shards.
+  if (compat::kSdpaChoiceOp)
+    db.add(compat::kSdpaChoiceOp, "matrix", [=](SampleGen& g) {
+      return Samples{
+          OpSample("flash", qkv(g, {2, 4, 8, 4}, {2, 4, 8, 4})).no_backward(),
+          OpSample("uneven", qkv(g, {2, 3, 5, 4}, {2, 3, 5, 4})).no_backward(),
+          with("dropout", SdpaOp::kPublic, qkv(g, {2, 4, 8, 4}, {2, 4, 8, 4}), c10::IValue(), 0.5, false, false)
+              .no_backward(),
+      };
+    });
 }
 
 }  // namespace

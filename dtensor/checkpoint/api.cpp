@@ -1,6 +1,8 @@
 // dtensor/checkpoint/api.cpp: CheckpointException and wrapped per-rank errors.
 #include "dtensor/checkpoint/api.h"
 
+#include "dtensor/compat.h"
+
 #include <c10/util/Type.h>
 
 #include <sstream>
@@ -43,7 +45,7 @@ std::string format(const std::string& step, const std::map<int, WrappedException
 }  // namespace
 
 CheckpointException::CheckpointException(std::string step, std::map<int, WrappedException> failures)
-    : c10::Error(format(step, failures), /*backtrace=*/""), step_(std::move(step)), failures_(std::move(failures)) {}
+    : c10::Error(compat::error_without_backtrace(format(step, failures))), step_(std::move(step)), failures_(std::move(failures)) {}
 
 }  // namespace checkpoint
 }  // namespace dtensor

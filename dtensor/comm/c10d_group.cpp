@@ -1,6 +1,8 @@
 // dtensor/comm/c10d_group.cpp
 #include "dtensor/comm/c10d_group.h"
 
+#include "dtensor/compat.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -8,7 +10,10 @@
 #ifdef DTENSOR_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
-#ifdef USE_C10D_MPI
+// USE_C10D_MPI: libtorch was built with MPI; DTENSOR_WITH_MPI: CMake found MPI to build
+// against (see CMakeLists.txt). The mpi backend needs both.
+#if defined(USE_C10D_MPI) && defined(DTENSOR_WITH_MPI)
+#define DTENSOR_MPI_BACKEND 1
 #include <torch/csrc/distributed/c10d/ProcessGroupMPI.hpp>
 #endif
 
@@ -20,6 +25,15 @@ namespace dtensor {
 namespace comm {
 
 namespace {
+
+// c10d's Backend split: in libtorch 2.x the Gloo/NCCL/MPI objects are c10d::Backends (a
+// c10d::ProcessGroup is a dispatcher over them); in 1.13 they are c10d::ProcessGroups. The
+// adapter only calls the collectives both classes declare, on whichever class the backend is.
+#if DTENSOR_TORCH_2
+using BackendPg = c10d::Backend;
+#else
+using BackendPg = c10d::ProcessGroup;
+#endif
 
 // "gloo" -> {{"", "gloo"}}; "cpu:gloo,cuda:nccl" -> {{"cpu","gloo"},{"cuda","nccl"}}.
 std::vector<std::pair<std::string, std::string>> parse_backend(const std::string& spec) {
@@ -58,8 +72,11 @@ bool one_backend_available(const std::string& name, std::string* why) {
 #endif
   }
   if (name == "mpi") {
-#ifdef USE_C10D_MPI
+#if defined(DTENSOR_MPI_BACKEND)
     return true;
+#elif defined(USE_C10D_MPI)
+    return fail("backend mpi: this libtorch was built with MPI, but dtensor-cpp was built without MPI's "
+                "headers and library (install e.g. libopenmpi-dev and rebuild)");
 #else
     return fail("backend mpi needs a libtorch built with MPI (USE_C10D_MPI); this one was not");
 #endif
@@ -99,20 +116,20 @@ struct C10dGroup::Impl {
   C10dGroupOptions options;
   std::vector<int> global_ranks;
   // device type ("" for a single backend) -> process group
-  std::vector<std::pair<std::string, c10::intrusive_ptr<c10d::ProcessGroup>>> pgs;
+  std::vector<std::pair<std::string, c10::intrusive_ptr<BackendPg>>> pgs;
   uint64_t subgroups_created = 0;
 
-  c10d::ProcessGroup& pg_for(const at::Tensor& t) {
+  BackendPg& pg_for(const at::Tensor& t) {
     if (pgs.size() == 1) return *pgs[0].second;
     const std::string dev = c10::DeviceTypeName(t.device().type(), /*lower_case=*/true);
     for (auto& kv : pgs)
       if (kv.first == dev) return *kv.second;
     TORCH_CHECK(false, "backend ", options.backend, " has no process group for device ", dev);
   }
-  c10d::ProcessGroup& default_pg() { return *pgs[0].second; }
+  BackendPg& default_pg() { return *pgs[0].second; }
 };
 
-static c10::intrusive_ptr<c10d::ProcessGroup> make_pg(const std::string& name,
+static c10::intrusive_ptr<BackendPg> make_pg(const std::string& name,
                                                       const c10::intrusive_ptr<c10d::Store>& store,
                                                       int rank, int size,
                                                       const C10dGroupOptions& o) {
@@ -139,7 +156,7 @@ static c10::intrusive_ptr<c10d::ProcessGroup> make_pg(const std::string& name,
     return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
   }
 #endif
-#ifdef USE_C10D_MPI
+#ifdef DTENSOR_MPI_BACKEND
   if (name == "mpi") return c10d::ProcessGroupMPI::createProcessGroupMPI({});
 #endif
   TORCH_CHECK(false, "backend ", name, " is not available");

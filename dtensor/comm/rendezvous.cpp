@@ -1,6 +1,8 @@
 // dtensor/comm/rendezvous.cpp
 #include "dtensor/comm/rendezvous.h"
 
+#include "dtensor/compat.h"
+
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -134,6 +136,7 @@ c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& addr, int port
   o.numWorkers = world_size;
   o.waitWorkers = false;
   o.timeout = timeout;
+  compat::disable_libuv(o);
   return c10::make_intrusive<c10d::TCPStore>(addr, o);
 }
 

@@ -1,6 +1,7 @@
 // dtensor/nn/functional.cpp: see NOTE: [Attention on DTensors].
 #include "dtensor/nn/functional.h"
 
+#include "dtensor/compat.h"
 #include "dtensor/tensor/dtensor.h"
 
 #include <ATen/ATen.h>
@@ -16,7 +17,7 @@ at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            double dropout_p, bool is_causal) {
   c10::optional<at::Tensor> m;
   if (mask.defined()) m = mask;
-  return std::get<0>(at::_scaled_dot_product_attention(q, k, v, m, dropout_p, /*need_attn_weights=*/false, is_causal));
+  return compat::scaled_dot_product_attention(q, k, v, m, dropout_p, is_causal);
 }
 
 // Per mesh dim: q's Shard of a batch/head dim, else Replicate (NOTE: [Attention on DTensors]).

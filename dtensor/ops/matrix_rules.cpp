@@ -20,8 +20,11 @@
 // the output, so it follows the output's placement (Shard of the dim it lines up with,
 // Replicate where it broadcasts) and, for a Partial output, must be Partial of the same op:
 // then every rank adds its share of beta * self.
+#include "dtensor/compat.h"
 #include "dtensor/ops/registry.h"
 
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 
 #include <string>
@@ -87,11 +90,19 @@ std::vector<DimOption> add_product_options(const OpCall& c, const std::string& e
 }
 
 // NOTE: [Attention forward]
-// aten::_scaled_dot_product_attention_forward(q, k, v, attn_mask, dropout_p, need_attn_weights,
-// is_causal) is the fused path _scaled_dot_product_attention takes when no input requires grad
-// (with grad it decomposes into matmul, _softmax and dropout, which have rules of their own).
-// q is (..., L, E), k (..., S, E), v (..., S, Ev); outputs (..., L, Ev) and the weights
-// (..., L, S) (undefined unless need_attn_weights). Per mesh dim:
+// The fused attention op (compat::kSdpaFusedOp) differs between the libtorch lines:
+//   - 1.13: aten::_scaled_dot_product_attention_forward(q, k, v, attn_mask, dropout_p,
+//     need_attn_weights, is_causal) -> (output, weights), the path _scaled_dot_product_attention
+//     takes when no input requires grad (with grad it decomposes into matmul, _softmax and
+//     dropout, which have rules of their own); weights (..., L, S), undefined unless
+//     need_attn_weights;
+//   - 2.x: aten::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, *,
+//     attn_mask, scale) -> (output, logsumexp), the path scaled_dot_product_attention takes on
+//     CPU when aten::_fused_sdp_choice picks flash (4-D inputs, no dropout; with or without
+//     grad: its backward op has no rule, so training through it needs the math path or
+//     dtensor::nn::functional::scaled_dot_product_attention); logsumexp (B, H, L).
+// q is (..., L, E), k (..., S, E), v (..., S, Ev); the output is (..., L, Ev); the second output
+// (weights or logsumexp) has q's leading dims and L in the same positions. Per mesh dim:
 //   - a batch/head dim (any leading dim) sharded on q, k and v (and on the mask where it has
 //     that dim, else the mask is replicated) -> both outputs sharded there;
 //   - q's L dim sharded, k and v replicated -> both outputs sharded on L (not with is_causal:
@@ -101,13 +112,14 @@ std::vector<DimOption> add_product_options(const OpCall& c, const std::string& e
 // dropout_p > 0 is refused: the fused kernel draws the dropout mask from each rank's default
 // generator, which DTensor's RNG tracker does not control.
 std::vector<DimOption> attention_options(const OpCall& c) {
-  const double dropout_p = c.args[4].value.isDouble() ? c.args[4].value.toDouble() : 0.0;
+  const double dropout_p =
+      c.args[compat::kSdpaDropoutArg].value.isDouble() ? c.args[compat::kSdpaDropoutArg].value.toDouble() : 0.0;
   TORCH_CHECK(dropout_p == 0.0, "DTensor: ", c.name, " with dropout_p = ", dropout_p,
               " would draw its dropout mask from each rank's default generator, so the values would not match "
               "the single-device op; call it with dropout_p = 0 and apply at::dropout to the weights, or with "
               "inputs that require grad (the decomposed path uses DTensor's RNG tracker)");
-  const bool is_causal = arg_bool(c, 6, false);
-  const bool has_mask = c.args[3].kind == ArgInfo::Kind::kDTensor;
+  const bool is_causal = arg_bool(c, compat::kSdpaCausalArg, false);
+  const bool has_mask = c.args[compat::kSdpaMaskArg].kind == ArgInfo::Kind::kDTensor;
   const int64_t nd = c.inputs[0]->ndim();
   const auto& out_shape = c.output_meta[0].shape;
   auto mask_placement = [&](int64_t out_dim) -> Placement {
@@ -128,6 +140,37 @@ std::vector<DimOption> attention_options(const OpCall& c) {
   return o;
 }
 
+// NOTE: [Attention kernel choice]
+// On libtorch 2.x, scaled_dot_product_attention first asks compat::kSdpaChoiceOp
+// (aten::_fused_sdp_choice) which kernel to run: flash (compat::kSdpaFusedOp) or the math
+// decomposition. The answer (an int) depends only on the inputs' metadata (dims, sizes,
+// strides, dtype, device) and the other arguments. Every rank must take the same path, and its
+// shards' sizes may differ (an empty shard of an uneven split would pick math where the others
+// pick flash), so the choice is made once from the GLOBAL metadata, on stand-in tensors that
+// have it and share one byte of data (never read). The inputs stay where they are.
+std::vector<DimOption> keep_placements(const OpCall& c) {
+  std::vector<DimOption> o;
+  for (int64_t d = 0; d < c.mesh->ndim(); ++d) {
+    DimOption opt;
+    for (const DTensorSpec* s : c.inputs) opt.inputs.push_back(s->placements[static_cast<size_t>(d)]);
+    o.push_back(std::move(opt));
+  }
+  return o;
+}
+
+std::vector<c10::IValue> choice_from_global_meta(const c10::OperatorHandle& op, std::vector<c10::IValue>& args,
+                                                 const OpCall& call, const OutputSharding&) {
+  static char data = 0;
+  for (size_t i = 0; i < call.args.size(); ++i) {
+    if (call.args[i].kind != ArgInfo::Kind::kDTensor) continue;
+    const TensorMeta& m = call.args[i].spec->tensor_meta;
+    args[i] = at::from_blob(&data, m.shape, m.stride, [](void*) {}, args[i].toTensor().options());
+  }
+  torch::jit::Stack stack(args.begin(), args.end());
+  op.callBoxed(&stack);
+  return stack;
+}
+
 const bool registered = [] {
   auto product = [](const char* op, const char* equation) {
     register_rule(op, [eq = std::string(equation)](const OpCall&) { return einsum_options(eq); });
@@ -145,7 +188,12 @@ const bool registered = [] {
   add_product("aten::addbmm", "bmk,bkn->mn");  // the batch is summed: a contracted letter
   add_product("aten::addmv", "mk,k->m");
   add_product("aten::addr", "m,n->mn");
-  register_rule("aten::_scaled_dot_product_attention_forward", attention_options);
+  register_rule(compat::kSdpaFusedOp, attention_options);
+  if (compat::kSdpaChoiceOp) {
+    RuleOptions choice;
+    choice.kernel = choice_from_global_meta;
+    register_rule(compat::kSdpaChoiceOp, keep_placements, nullptr, choice);
+  }
   return true;
 }();
 

@@ -3,6 +3,7 @@
 #include "harness/internal/launcher.h"
 
 #include "dtensor/comm/c10d_group.h"
+#include "dtensor/compat.h"
 
 #include <boost/process.hpp>
 #include <c10/util/Exception.h>
@@ -415,6 +416,7 @@ void stop_fork_server() {
     so.isServer = false;
     so.waitWorkers = false;
     so.timeout = std::chrono::milliseconds(req.timeout_ms);
+    compat::disable_libuv(so);
     auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
     comm::C10dGroupOptions go;
     go.backend = req.backend;
@@ -533,6 +535,7 @@ void RankSet::Impl::start(const std::string& test_id) {
   so.isServer = true;
   so.waitWorkers = false;
   so.timeout = timeout;
+  compat::disable_libuv(so);
   store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
 
   procs.resize(n);

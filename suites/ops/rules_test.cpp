@@ -3,6 +3,7 @@
 // without communication and gives the data-parallel gradients, channel sharding is taken
 // when it is free; the fused attention's refusal of dropout; and the communication-free layouts
 // the tensor-parallel rules (embedding, layer norm, softmax, views) keep.
+#include "dtensor/compat.h"
 #include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
 #include "harness/dtensor_test_base.h"
@@ -62,10 +63,10 @@ DTENSOR_TEST_F(MatrixRules, FusedAttentionRefusesDropout) {
   auto mesh = build_device_mesh();
   auto qkv = [&] { return distribute_tensor(at::ones({2, 4, 8, 4}), mesh, {Shard{1}}); };
   at::Tensor q = qkv(), k = qkv(), v = qkv();
-  EXPECT_PRED2(contains, error_of([&] { at::_scaled_dot_product_attention(q, k, v, {}, 0.5); }),
-               "aten::_scaled_dot_product_attention_forward with dropout_p = 0.5 would draw its dropout mask from "
-               "each rank's default generator");
-  auto out = std::get<0>(at::_scaled_dot_product_attention(q, k, v, {}, 0.0));
+  EXPECT_PRED2(contains, error_of([&] { compat::sdpa_fused(q, k, v, {}, 0.5, false); }),
+               std::string(compat::kSdpaFusedOp) +
+                   " with dropout_p = 0.5 would draw its dropout mask from each rank's default generator");
+  auto out = compat::scaled_dot_product_attention(q, k, v, {}, 0.0, false);
   EXPECT_EQ(get_spec(out).placements, std::vector<Placement>{Shard{1}});
 }
 

@@ -1,6 +1,7 @@
 // dtensor::nn: parameter swap (registry + member, tied weights, errors, the set_data guard),
 // forward hooks and call(), distribute_module, activation checkpointing, and attention on
 // DTensors. Plain cases are ordinary tests; DTensor cases run as 4 threads.
+#include "dtensor/compat.h"
 #include "dtensor/nn/nn.h"
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
@@ -333,7 +334,7 @@ DTENSOR_TEST_F(NnRanks, CheckpointOnDTensors) {
 TEST(ScaledDotProductAttention, PlainTensorsGoToLibtorch) {
   const at::Tensor q = values({2, 3, 5, 4}), k = values({2, 3, 5, 4}, 1), v = values({2, 3, 5, 2}, 2);
   for (bool causal : {false, true}) {
-    const at::Tensor expected = std::get<0>(at::_scaled_dot_product_attention(q, k, v, {}, 0.0, false, causal));
+    const at::Tensor expected = compat::scaled_dot_product_attention(q, k, v, {}, 0.0, causal);
     EXPECT_TRUE(at::equal(nn::functional::scaled_dot_product_attention(q, k, v, {}, 0.0, causal), expected));
   }
 }
