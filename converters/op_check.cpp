@@ -239,24 +239,21 @@ class CollectingWarningHandler : public c10::WarningHandler {
 };
 
 void install_warning_collector() {
+#if TORCH_VERSION_MAJOR >= 2
+  // libtorch 2.x keeps the handler per thread: install on each thread that collects.
+  thread_local bool installed = false;
+  if (installed) return;
+  thread_local CollectingWarningHandler handler(c10::WarningUtils::get_warning_handler());
+  c10::WarningUtils::set_warning_handler(&handler);
+  installed = true;
+#else
+  // libtorch 1.13 has one process-wide handler.
   static std::once_flag once;
   std::call_once(once, [] {
-#if TORCH_VERSION_MAJOR >= 2
-    static CollectingWarningHandler handler(c10::WarningUtils::get_warning_handler());
-    c10::WarningUtils::set_warning_handler(&handler);
-#else
     static CollectingWarningHandler handler(c10::Warning::get_warning_handler());
     c10::Warning::set_warning_handler(&handler);
-#endif
   });
-}
-
-
-std::vector<at::Tensor> grad_inputs(const std::vector<c10::IValue>& args) {
-  std::vector<at::Tensor> out;
-  for (const at::Tensor& t : detail::flatten_tensors(args))
-    if (t.requires_grad()) out.push_back(t);
-  return out;
+#endif
 }
 
 }  // namespace
