@@ -256,6 +256,13 @@ void install_warning_collector() {
 #endif
 }
 
+std::vector<at::Tensor> grad_inputs(const std::vector<c10::IValue>& args) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : detail::flatten_tensors(args))
+    if (t.requires_grad()) out.push_back(t);
+  return out;
+}
+
 }  // namespace
 
 ScopedWarningCollector::ScopedWarningCollector(std::vector<std::string>* into) : prev_(tl_warnings) {
