@@ -61,9 +61,23 @@ struct CaseRecord {
   // For a case that failed for want of a sharding rule: its status when run again through
   // the replicate fallback ("" when not tried). Set by run_op_suite's retry option.
   std::string fallback_status;
+  // NOTE: [Trivial cases]: why a pass verified nothing ("" when it did).
+  std::string trivial;
+  // Which placement combinations ran (NOTE: [Converter covering design]): the design, the
+  // size of the whole product, and the indices of the combinations visited (empty for the
+  // full product, which visits 0 .. total-1).
+  std::string design;
+  int64_t total_combinations = 0;
+  std::vector<int64_t> plan;
+  // libtorch warnings raised while the sample ran (OpCheckResult::warnings).
+  std::vector<std::string> warnings;
 };
 void to_json(nlohmann::json& j, const CaseRecord& r);
 void from_json(const nlohmann::json& j, CaseRecord& r);
+
+// The caps of suite_options (NOTE: [Converter covering design]; see op_suite.cpp).
+constexpr int64_t kMaxCombinations1D = 160;
+constexpr int64_t kMaxCombinations2D = 48;
 
 // The driver options of a mesh kind: "1d" tries Partial and uneven shards; "2d" chooses
 // per mesh dim (Partial and uneven included). Both cap the combinations per sample.

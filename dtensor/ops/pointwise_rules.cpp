@@ -108,6 +108,18 @@ const bool registered = [] {
                      "logaddexp", "logaddexp2", "heaviside", "igamma", "igammac", "gcd", "lcm",
                      "log_sigmoid_forward", "relu6", "celu", "selu", "rrelu", "rrelu_with_noise", "threshold"}),
       Linear::kNone);
+  // The special polynomial and Bessel families (libtorch 2.x; absent names are never called).
+  reg({"aten::special_chebyshev_polynomial_t", "aten::special_chebyshev_polynomial_u",
+       "aten::special_chebyshev_polynomial_v", "aten::special_chebyshev_polynomial_w",
+       "aten::special_shifted_chebyshev_polynomial_t", "aten::special_shifted_chebyshev_polynomial_u",
+       "aten::special_shifted_chebyshev_polynomial_v", "aten::special_shifted_chebyshev_polynomial_w",
+       "aten::special_hermite_polynomial_h", "aten::special_hermite_polynomial_he",
+       "aten::special_laguerre_polynomial_l", "aten::special_legendre_polynomial_p", "aten::special_bessel_j0",
+       "aten::special_bessel_j1", "aten::special_bessel_y0", "aten::special_bessel_y1",
+       "aten::special_modified_bessel_i0", "aten::special_modified_bessel_i1", "aten::special_modified_bessel_k0",
+       "aten::special_modified_bessel_k1", "aten::special_scaled_modified_bessel_k0",
+       "aten::special_scaled_modified_bessel_k1", "aten::special_spherical_bessel_j0", "aten::special_airy_ai"},
+      Linear::kNone);
   // More *_backward ops: grad_output times a function of the forward input, so linear in
   // grad_output (their first operand).
   reg({"aten::log_sigmoid_backward", "aten::logit_backward", "aten::softplus_backward",
