@@ -83,7 +83,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   void post_backward();
   // From the autograd function on the group's inputs: post_backward once per backward.
   void post_backward_from_hook();
-  void reduce_scatter_grads(const std::vector<at::Tensor>& grads);
+  void reduce_scatter_grads(std::vector<at::Tensor> grads);
   void lazy_init();
   // Root only.
   void record_forward(const std::shared_ptr<FSDPState>& state);

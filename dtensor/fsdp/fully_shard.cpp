@@ -402,21 +402,24 @@ void FSDPState::post_backward() {
     grads[i] = g;
     any = any || g.defined();
   }
+  // Reshard first: the unsharded parameters are freed before the reduce-scatter buffers exist.
+  if (reshard_after_backward_ && is_last_backward_) reshard(/*after_forward=*/false);
   if (!requires_gradient_sync_) {
     for (size_t i = 0; i < params_.size(); ++i) params_[i].accumulated_grad = grads[i];
   } else if (any) {
-    reduce_scatter_grads(grads);
+    reduce_scatter_grads(std::move(grads));
   }
-  if (reshard_after_backward_ && is_last_backward_) reshard(/*after_forward=*/false);
 }
 
-void FSDPState::reduce_scatter_grads(const std::vector<at::Tensor>& grads) {
+void FSDPState::reduce_scatter_grads(std::vector<at::Tensor> grads) {
   at::NoGradGuard no_grad;
   const at::ScalarType reduce_dtype =
       options_.mp_policy.reduce_dtype.value_or(options_.mp_policy.param_dtype.value_or(orig_dtype_));
   int64_t S = 0;
+  std::vector<bool> has_grad(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (grads[i].defined()) S += params_[i].padded_numel;
+    has_grad[i] = grads[i].defined();
+    if (has_grad[i]) S += params_[i].padded_numel;
   }
   at::Tensor input = at::zeros({shard_size_ * S}, at::TensorOptions().dtype(reduce_dtype).device(device_));
   int64_t off = 0;
@@ -431,6 +434,8 @@ void FSDPState::reduce_scatter_grads(const std::vector<at::Tensor>& grads) {
           .copy_(g.narrow(p.shard_dim, r * p.chunk, rows));
     }
     off += p.padded_numel;
+    g.reset();
+    grads[i].reset();  // each unsharded gradient is freed once copied
   }
   at::Tensor output = at::empty({S}, input.options());
   shard_group_->reduce_scatter_into(output, input, comm::ReduceOp::SUM);
@@ -439,7 +444,7 @@ void FSDPState::reduce_scatter_grads(const std::vector<at::Tensor>& grads) {
   off = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     FSDPParam& p = params_[i];
-    if (!grads[i].defined()) continue;
+    if (!has_grad[i]) continue;
     at::Tensor local = output.narrow(0, off, p.padded_numel)
                            .view(p.padded_shard_shape)
                            .narrow(p.shard_dim, 0, p.rows_of(shard_rank_))
