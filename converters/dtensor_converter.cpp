@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <limits>
 #include <sstream>
 #include <utility>
@@ -133,15 +134,114 @@ DTensorConverter::DTensorConverter(const DeviceMesh& mesh, std::vector<c10::IVal
                 " tensors on ", mesh_.to_string(), "; pass fewer tensors or fewer options");
     num_combinations_ *= n;
   }
+  make_plan();
+}
+
+// NOTE: [Converter covering design]
+void DTensorConverter::make_plan() {
+  const int64_t cap = options_.max_combinations;
+  if (cap <= 0 || num_combinations_ <= cap) {
+    plan_.resize(static_cast<size_t>(num_combinations_));
+    for (int64_t i = 0; i < num_combinations_; ++i) plan_[static_cast<size_t>(i)] = i;
+    design_ = "full product";
+    return;
+  }
+  const size_t n = slots_.size();
+  std::vector<int64_t> radix(n);
+  for (size_t i = 0; i < n; ++i) radix[i] = static_cast<int64_t>(slots_[i].choices.size());
+  auto index_of = [&](const std::vector<int64_t>& row) {
+    int64_t index = 0;
+    for (size_t i = 0; i < n; ++i) index = index * radix[i] + row[i];
+    return index;
+  };
+  // covered[i][j][a * radix[j] + b]: slots i < j seen with choices a, b.
+  std::vector<std::vector<std::vector<char>>> covered(n);
+  int64_t uncovered = 0;
+  for (size_t i = 0; i < n; ++i) {
+    covered[i].resize(n);
+    for (size_t j = i + 1; j < n; ++j) {
+      covered[i][j].assign(static_cast<size_t>(radix[i] * radix[j]), 0);
+      uncovered += radix[i] * radix[j];
+    }
+  }
+  std::vector<int64_t> in_plan;  // sorted copy for membership
+  auto add_row = [&](const std::vector<int64_t>& row) {
+    const int64_t index = index_of(row);
+    if (std::binary_search(in_plan.begin(), in_plan.end(), index)) return false;
+    in_plan.insert(std::upper_bound(in_plan.begin(), in_plan.end(), index), index);
+    plan_.push_back(index);
+    for (size_t i = 0; i < n; ++i)
+      for (size_t j = i + 1; j < n; ++j) {
+        char& c = covered[i][j][static_cast<size_t>(row[i] * radix[j] + row[j])];
+        if (!c) {
+          c = 1;
+          --uncovered;
+        }
+      }
+    return true;
+  };
+  add_row(std::vector<int64_t>(n, 0));  // all Replicate first
+  // A single tensor: every choice (the "pairs" are its choices).
+  if (!options_.cover_pairs) uncovered = 0;
+  if (n == 1 && options_.cover_pairs)
+    for (int64_t a = 1; a < radix[0]; ++a) add_row({a});
+  // Greedy: start each row from the first uncovered pair, then give every other slot the
+  // choice that covers the most new pairs with the slots already set (ties: lowest choice).
+  while (uncovered > 0) {
+    size_t pi = 0, pj = 0;
+    int64_t pa = 0, pb = 0;
+    bool found = false;
+    for (size_t i = 0; i < n && !found; ++i)
+      for (size_t j = i + 1; j < n && !found; ++j)
+        for (int64_t k = 0; k < radix[i] * radix[j] && !found; ++k)
+          if (!covered[i][j][static_cast<size_t>(k)]) {
+            pi = i, pj = j, pa = k / radix[j], pb = k % radix[j];
+            found = true;
+          }
+    std::vector<int64_t> row(n, -1);
+    row[pi] = pa;
+    row[pj] = pb;
+    for (size_t s = 0; s < n; ++s) {
+      if (row[s] >= 0) continue;
+      int64_t best = 0, best_gain = -1;
+      for (int64_t v = 0; v < radix[s]; ++v) {
+        int64_t gain = 0;
+        for (size_t o = 0; o < n; ++o) {
+          if (o == s || row[o] < 0) continue;
+          const size_t i = std::min(o, s), j = std::max(o, s);
+          const int64_t a = i == s ? v : row[o], b = j == s ? v : row[o];
+          if (!covered[i][j][static_cast<size_t>(a * radix[j] + b)]) ++gain;
+        }
+        if (gain > best_gain) best = v, best_gain = gain;
+      }
+      row[s] = best;
+    }
+    add_row(row);  // covers (pi, pa, pj, pb), so the loop ends
+  }
+  const size_t covering = plan_.size();
+  // Seeded random extras up to the cap (splitmix64: the same on every platform).
+  uint64_t state = options_.seed;
+  auto next_random = [&state]() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  for (int64_t tries = 0; static_cast<int64_t>(plan_.size()) < cap && tries < 16 * cap; ++tries) {
+    std::vector<int64_t> row(n);
+    for (size_t i = 0; i < n; ++i) row[i] = static_cast<int64_t>(next_random() % static_cast<uint64_t>(radix[i]));
+    add_row(row);
+  }
+  design_ = std::string(options_.cover_pairs ? "pairwise covering (" : "no covering (") + std::to_string(covering) + ") + " +
+            std::to_string(plan_.size() - covering) + " seeded random of " + std::to_string(num_combinations_);
 }
 
 // NOTE: [Converter sharding choices] (dtensor_converter.h) says what this returns.
 std::vector<std::vector<Placement>> DTensorConverter::gen_choices(const at::Tensor& t) const {
   const int64_t mesh_ndim = mesh_.ndim();
   const std::vector<Placement> all_replicate(mesh_ndim, Replicate{});
-  if (t.scalar_type() == at::kBool || t.dim() == 0 || !is_supported_tensor(t)) {
-    return {all_replicate};
-  }
+  if (t.dim() == 0 || !is_supported_tensor(t)) return {all_replicate};
+  const bool partial = options_.partial && t.scalar_type() != at::kBool;
 
   // The placements allowed on a mesh dim (or the whole mesh) of `num_ranks` ranks.
   auto placements_over = [&](int64_t num_ranks) {
@@ -150,7 +250,7 @@ std::vector<std::vector<Placement>> DTensorConverter::gen_choices(const at::Tens
       const int64_t size = t.size(i);
       if (size > 1 && (options_.uneven || size % num_ranks == 0)) ps.push_back(Shard{i});
     }
-    if (options_.partial) ps.push_back(Partial(comm::ReduceOp::SUM));
+    if (partial) ps.push_back(Partial(comm::ReduceOp::SUM));
     return ps;
   };
 
@@ -211,17 +311,9 @@ at::Tensor DTensorConverter::to_dist_tensor(const at::Tensor& t,
   return result;
 }
 
-int64_t DTensorConverter::num_visited() const {
-  const int64_t cap = options_.max_combinations;
-  return cap > 0 && cap < num_combinations_ ? cap : num_combinations_;
-}
-
 bool DTensorConverter::next(std::vector<c10::IValue>& converted) {
-  const int64_t visited = num_visited();
-  while (next_index_ < visited) {
-    // k-th of `visited` evenly spaced indices (k * n / visited, exact in 128 bits).
-    const int64_t k = next_index_++;
-    const int64_t index = static_cast<int64_t>(static_cast<__int128>(k) * num_combinations_ / visited);
+  while (next_index_ < num_visited()) {
+    const int64_t index = plan_[static_cast<size_t>(next_index_++)];
     current_index_ = index;
     const std::vector<std::vector<Placement>> placements = combination(index);
     std::string unsupported;  // names of the tensors left plain

@@ -19,7 +19,8 @@
 // Every tensor found in the stack (positional arguments, elements of TensorList and
 // List<Tensor?>, tuple elements; None stands for an absent optional) gets a list of
 // choices, each a full placement list (one Placement per mesh dim):
-//   - bool tensors (c10d collectives do not reduce bool) and 0-dim tensors: Replicate only;
+//   - 0-dim tensors: Replicate only; bool tensors: no Partial (c10d collectives do not
+//     reduce bool), Shard as any other tensor;
 //   - unsupported tensors (sparse, quantized, mkldnn, nested, lazy/meta, neg/conj views,
 //     tensors that already are DTensors): Replicate only, and they are left plain, which
 //     makes each combination a miss (as in PyTorch);
@@ -34,6 +35,15 @@
 // that shard it (all of them with Options::uneven).
 // The combinations are the cartesian product of the tensors' choices, in itertools.product
 // order (the last tensor's choice varies fastest).
+//
+// NOTE: [Converter covering design]
+// With Options::max_combinations = cap > 0 and a product larger than the cap, next() visits a
+// covering design instead of the product: the all-Replicate combination, then rows chosen
+// greedily until EVERY PAIR of tensors has been seen in EVERY PAIR of their choices (hence
+// every tensor in every one of its choices), then combinations drawn at random (seeded with
+// Options::seed, so every rank and every run visits the same ones) until the cap. The
+// covering alone may exceed the cap (two tensors of 16 choices need all 256 pairs): the cap
+// bounds the random extras, never the coverage. plan() lists the combination indices visited.
 #pragma once
 
 #include "dtensor/mesh/device_mesh.h"
@@ -61,9 +71,15 @@ struct DTensorConverterOptions {
   bool partial = false;
   // Also shard dims (size > 1) that do not divide evenly (NOTE: [Uneven shards]).
   bool uneven = false;
-  // When > 0 and there are more combinations than this, next() produces only this many,
-  // evenly spaced over the combination indices (the first, all-Replicate one, included).
+  // When > 0 and there are more combinations than this, next() visits a pairwise covering
+  // design topped up with seeded random combinations to this many (NOTE: [Converter covering
+  // design]); the covering may exceed it.
   int64_t max_combinations = 0;
+  // Seed of the random combinations of the covering design.
+  uint64_t seed = 0x5eed;
+  // false: above the cap, all Replicate and seeded random combinations only (a quick probe,
+  // e.g. whether an op works through the replicate fallback), no pairwise coverage.
+  bool cover_pairs = true;
 };
 
 // Not thread-safe; one converter per rank. The constructor and the accessors are local;
@@ -108,7 +124,12 @@ class DTensorConverter {
   // Product of the numbers of choices (1 when there is no tensor).
   int64_t num_combinations() const { return num_combinations_; }
   // How many combinations next() produces (num_combinations() unless max_combinations cuts).
-  int64_t num_visited() const;
+  int64_t num_visited() const { return static_cast<int64_t>(plan_.size()); }
+  // The combination indices next() visits, in order.
+  const std::vector<int64_t>& plan() const { return plan_; }
+  // "full product" or "pairwise covering (N) + M seeded random" (NOTE: [Converter covering
+  // design]).
+  const std::string& design() const { return design_; }
   // The placement list of every tensor in combination `index` (0 <= index <
   // num_combinations()).
   std::vector<std::vector<Placement>> combination(int64_t index) const;
@@ -137,7 +158,11 @@ class DTensorConverter {
   std::vector<c10::IValue> args_;
   Options options_;
   std::vector<Slot> slots_;
+  void make_plan();
+
   int64_t num_combinations_ = 1;
+  std::vector<int64_t> plan_;
+  std::string design_;
   int64_t next_index_ = 0;
   int64_t current_index_ = -1;
   int64_t hits_ = 0;

@@ -10,8 +10,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/version.h>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <mutex>
 #include <optional>
@@ -161,6 +164,98 @@ std::vector<c10::IValue> call_plain(const BoxedOp& op, std::vector<c10::IValue> 
   return op(std::move(args));
 }
 
+// NOTE: [Trivial cases]
+std::string trivial_reason(const std::vector<at::Tensor>& outputs, const std::vector<c10::IValue>& inputs,
+                           bool identity_is_trivial) {
+  std::vector<at::Tensor> defined;
+  for (const at::Tensor& t : outputs)
+    if (t.defined()) defined.push_back(t.detach());
+  if (defined.empty()) return "";
+  if (std::all_of(defined.begin(), defined.end(), [](const at::Tensor& t) { return t.numel() == 0; }))
+    return "every output is empty";
+  bool all_nan = true;
+  for (const at::Tensor& t : defined) all_nan = all_nan && inexact(t) && t.numel() > 0 && at::isnan(t).all().item<bool>();
+  if (all_nan) return "every output is NaN";
+  if (!identity_is_trivial) return "";
+  const std::vector<at::Tensor> ins = detail::flatten_tensors(inputs);
+  for (const at::Tensor& o : defined) {
+    const bool same_as_input = std::any_of(ins.begin(), ins.end(), [&](const at::Tensor& i) {
+      return i.sizes() == o.sizes() && i.scalar_type() == o.scalar_type() &&
+             (inexact(o) ? at::allclose(i.detach(), o, 0, 0, /*equal_nan=*/true) : at::equal(i.detach(), o));
+    });
+    if (!same_as_input) return "";
+  }
+  return "every output equals an input unchanged";
+}
+
+// NOTE: [Output specs agree]: every rank holds the same spec for a DTensor output, and its local
+// shape is the one the spec implies at its mesh coordinate. "" when so.
+std::string check_output_spec(const DeviceMesh& mesh, const at::Tensor& out, size_t i) {
+  const DTensorSpec& spec = get_spec(out);
+  const std::string text = dtensor::to_string(spec.placements) + " " + c10::str(c10::IntArrayRef(spec.tensor_meta.shape));
+  const int64_t h = static_cast<int64_t>(std::hash<std::string>{}(text) >> 2);
+  at::Tensor hs = at::tensor({h, -h}, at::kLong);
+  mesh.world()->all_reduce(hs, comm::ReduceOp::MAX);
+  if (hs[0].item<int64_t>() != h || -hs[1].item<int64_t>() != h)
+    return "output " + std::to_string(i) + ": the ranks disagree on its spec (this rank: " + text + ")";
+  const std::vector<int64_t> want = compute_local_shape(spec.tensor_meta.shape, spec.mesh, spec.placements);
+  const at::Tensor local = local_tensor(out);
+  if (local.sizes() != c10::IntArrayRef(want)) {
+    std::ostringstream os;
+    os << "output " << i << " (" << spec.to_string() << "): local shape " << local.sizes()
+       << " is not the " << c10::IntArrayRef(want) << " its spec implies on this rank";
+    return os.str();
+  }
+  return "";
+}
+
+// NOTE: [Warnings go into the records]
+// libtorch warns (deprecations, resized outputs) through one process-wide handler. A handler
+// installed once forwards every warning to the previous one, except on a thread running
+// check_op, where it keeps the message for the result instead of printing it.
+thread_local std::vector<std::string>* tl_warnings = nullptr;
+
+void keep_warning(const std::string& msg) {
+  if (std::find(tl_warnings->begin(), tl_warnings->end(), msg) == tl_warnings->end()) tl_warnings->push_back(msg);
+}
+
+class CollectingWarningHandler : public c10::WarningHandler {
+ public:
+  explicit CollectingWarningHandler(c10::WarningHandler* prev) : prev_(prev) {}
+#if TORCH_VERSION_MAJOR >= 2
+  void process(const c10::Warning& w) override {
+    if (tl_warnings) return keep_warning(w.msg());
+    if (prev_) prev_->process(w);
+  }
+#else
+  void process(const c10::SourceLocation& loc, const std::string& msg, const bool verbatim) override {
+    if (tl_warnings) return keep_warning(msg);
+    if (prev_) prev_->process(loc, msg, verbatim);
+  }
+#endif
+
+ private:
+  c10::WarningHandler* prev_;
+};
+
+void install_warning_collector() {
+#if TORCH_VERSION_MAJOR >= 2
+  // libtorch 2.x keeps the handler per thread: install on each thread that collects.
+  thread_local bool installed = false;
+  if (installed) return;
+  thread_local CollectingWarningHandler handler(c10::WarningUtils::get_warning_handler());
+  c10::WarningUtils::set_warning_handler(&handler);
+  installed = true;
+#else
+  // libtorch 1.13 has one process-wide handler.
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static CollectingWarningHandler handler(c10::Warning::get_warning_handler());
+    c10::Warning::set_warning_handler(&handler);
+  });
+#endif
+}
+
 std::vector<at::Tensor> grad_inputs(const std::vector<c10::IValue>& args) {
   std::vector<at::Tensor> out;
   for (const at::Tensor& t : detail::flatten_tensors(args))
@@ -170,6 +265,12 @@ std::vector<at::Tensor> grad_inputs(const std::vector<c10::IValue>& args) {
 
 }  // namespace
 
+ScopedWarningCollector::ScopedWarningCollector(std::vector<std::string>* into) : prev_(tl_warnings) {
+  install_warning_collector();
+  tl_warnings = into;
+}
+ScopedWarningCollector::~ScopedWarningCollector() { tl_warnings = prev_; }
+
 OpCheckResult check_op(const DeviceMesh& mesh, const std::string& op_name, const BoxedOp& op,
                        int written_arg, const std::vector<c10::IValue>& args,
                        const OpCheckOptions& options) {
@@ -177,6 +278,7 @@ OpCheckResult check_op(const DeviceMesh& mesh, const std::string& op_name, const
   const auto t0 = std::chrono::steady_clock::now();
   OpCheckResult result;
   result.op = op_name;
+  ScopedWarningCollector collect(&result.warnings);  // NOTE: [Warnings go into the records]
   const bool want_backward = options.backward && !writes_input;
   std::optional<ops::ReplicateFallbackGuard> fallback;
   if (options.replicate_fallback) fallback.emplace();
@@ -248,6 +350,16 @@ OpCheckResult check_op(const DeviceMesh& mesh, const std::string& op_name, const
   for (int64_t i = 0; writes_input && i < converter.num_tensors(); ++i)
     if (converter.tensor_name(i) == "arg" + std::to_string(written_arg)) written_slot = i;
   result.total_combinations = converter.num_combinations();
+  result.design = converter.design();
+  result.plan = converter.plan();
+  result.forward.trivial = trivial_reason(expected, same, options.identity_is_trivial);
+  if (check_backward) {
+    bool all_zero = true;
+    for (const at::Tensor& g : expected_grads) all_zero = all_zero && (!g.defined() || g.numel() == 0 || !(g != 0).any().item<bool>());
+    result.backward.trivial = !result.forward.trivial.empty() ? result.forward.trivial
+                              : all_zero                       ? "every gradient is zero"
+                                                               : "";
+  }
   result.forward.status = CheckStatus::kPass;
   std::vector<c10::IValue> converted;
   while (converter.next(converted)) {
@@ -304,6 +416,12 @@ OpCheckResult check_op(const DeviceMesh& mesh, const std::string& op_name, const
         why = "output " + std::to_string(i) + " is a plain tensor, not a DTensor";
         break;
       }
+      // Local check; the ranks agree below (any_rank) before anything else is collective.
+      why = check_output_spec(mesh, outputs[i], i);
+      if (any_rank(mesh, !why.empty())) {
+        if (why.empty()) why = "output " + std::to_string(i) + ": its spec or local shape is wrong on another rank";
+        break;
+      }
       try {
         full[i] = full_tensor(outputs[i]);
       } catch (const comm::CollectiveError&) {
@@ -354,6 +472,9 @@ OpCheckResult check_op(const DeviceMesh& mesh, const std::string& op_name, const
       std::vector<at::Tensor> grads =
           torch::autograd::grad(diff, inputs, grad_outputs, /*retain_graph=*/false, /*create_graph=*/false,
                                 /*allow_unused=*/true);
+      if (grads.size() != expected_grads.size())
+        bwhy = "returned " + std::to_string(grads.size()) + " gradients; on plain tensors " +
+               std::to_string(expected_grads.size());
       for (size_t i = 0; bwhy.empty() && i < grads.size(); ++i) {
         at::Tensor g = grads[i];
         if (g.defined() && is_dtensor(g)) g = full_tensor(g);
@@ -387,7 +508,7 @@ OpCheckResult check_op(const DeviceMesh& mesh, const std::string& op_name, const
   // a verified backward.
   if (check_backward && result.backward.status == CheckStatus::kPass &&
       (result.forward.status == CheckStatus::kFail || result.forward.status == CheckStatus::kError)) {
-    result.backward.status = CheckStatus::kSkip;
+    result.backward.status = result.forward.status;
     result.backward.reason = "not checked on every placement: the forward failed (" +
                              std::to_string(result.forward.combinations - result.forward.passed -
                                             result.forward.refused) +

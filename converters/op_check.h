@@ -69,7 +69,15 @@ struct DirectionResult {
   // {passed, run} per placement of the first tensor argument ("Shard(dim=0)" on a 1-D mesh,
   // "(Shard(dim=0), Replicate())" on a 2-D one): the op x placement grid of tools/opcov.
   std::map<std::string, std::pair<int64_t, int64_t>> by_placement;
+  // NOTE: [Trivial cases]: why a passing check verified nothing ("" when it did).
+  std::string trivial;
 };
+
+// NOTE: [Trivial cases]
+// A check whose plain outputs are all empty, or whose floating outputs are all NaN (NaN
+// compares equal), or (OpCheckOptions::identity_is_trivial) whose every output equals one of
+// its inputs unchanged, passes without testing the op: DirectionResult::trivial says so, and
+// reports do not count such a case as verified.
 
 struct OpCheckOptions {
   // Passes when |actual - expected| <= atol + rtol * |expected| for floating outputs; other
@@ -93,6 +101,9 @@ struct OpCheckOptions {
   bool stop_on_missing_rule = false;
   // For random ops: seed every generator before every call (NOTE: [Seeded random samples]).
   std::optional<uint64_t> rng_seed;
+  // An output equal to an input unchanged makes the case trivial (NOTE: [Trivial cases]); off
+  // for hand-written samples of ops whose result is their input (clone, contiguous, ...).
+  bool identity_is_trivial = false;
 };
 
 // NOTE: [Seeded random samples]
@@ -113,8 +124,29 @@ struct OpCheckResult {
   DirectionResult forward;
   DirectionResult backward;
   int64_t total_combinations = 0;  // before DTensorConverterOptions::max_combinations
+  // DTensorConverter::design() and plan(): which combinations ran (NOTE: [Converter covering
+  // design]).
+  std::string design;
+  std::vector<int64_t> plan;
   bool used_fallback = false;
   double duration_ms = 0;
+  // libtorch warnings raised during the check, each once (NOTE: [Warnings go into the
+  // records] in op_check.cpp): kept here instead of printed.
+  std::vector<std::string> warnings;
+};
+
+// While alive, libtorch warnings raised on this thread are appended (each once) to `into`
+// instead of printed (NOTE: [Warnings go into the records] in op_check.cpp). check_op uses
+// one; nest freely.
+class ScopedWarningCollector {
+ public:
+  explicit ScopedWarningCollector(std::vector<std::string>* into);
+  ~ScopedWarningCollector();
+  ScopedWarningCollector(const ScopedWarningCollector&) = delete;
+  ScopedWarningCollector& operator=(const ScopedWarningCollector&) = delete;
+
+ private:
+  std::vector<std::string>* prev_;
 };
 
 // An op called boxed: the full argument stack in, the returned values out.

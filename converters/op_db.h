@@ -153,6 +153,16 @@ const OpDb& generated_op_db();
 // the argument kinds handled. The sample may still be invalid for the op (the driver then
 // reports "invalid sample").
 std::optional<OpSample> generated_sample(const c10::FunctionSchema& schema, SampleGen& g);
+// NOTE: [Generated samples that do work]
+// Variant `k` (0 <= k < kGeneratedVariants) of the generated sample: 0 as above; the others
+// change ints (2 instead of 1, int lists [2, 1], bools true), the domain of floating tensors
+// ((0.1, 0.9), [1.1, 3)) or sizes ([4, 16], [2, 8, 8]). generated_op_db() runs the variants on
+// plain tensors (once per process; rank threads share the choice) and keeps the first whose
+// outputs are not empty, not all NaN, not an input unchanged, and NaN-free (else the first
+// non-trivial one with NaN, else variant 0): `tile` then gets dims [2, 1], arccos a domain
+// where it is defined, split more than one section.
+constexpr int kGeneratedVariants = 6;
+std::optional<OpSample> generated_sample(const c10::FunctionSchema& schema, SampleGen& g, int variant);
 
 // The full boxed stack for `schema`: `args` positionally, then `kwargs` by name, then the
 // schema defaults. Ints given for float arguments become doubles. Throws naming the op and

@@ -34,7 +34,12 @@ void to_json(nlohmann::json& j, const CaseRecord& r) {
        {"by_placement", r.by_placement},
        {"used_fallback", r.used_fallback},
        {"generated", r.generated},
-       {"fallback_status", r.fallback_status}};
+       {"fallback_status", r.fallback_status},
+       {"trivial", r.trivial},
+       {"design", r.design},
+       {"total_combinations", r.total_combinations},
+       {"plan", r.plan},
+       {"warnings", r.warnings}};
 }
 
 void from_json(const nlohmann::json& j, CaseRecord& r) {
@@ -56,15 +61,19 @@ void from_json(const nlohmann::json& j, CaseRecord& r) {
   r.used_fallback = j.value("used_fallback", false);
   r.generated = j.value("generated", false);
   r.fallback_status = j.value("fallback_status", "");
+  r.trivial = j.value("trivial", "");
+  r.design = j.value("design", "");
+  r.total_combinations = j.value("total_combinations", int64_t{0});
+  r.plan = j.value("plan", std::vector<int64_t>{});
+  r.warnings = j.value("warnings", std::vector<std::string>{});
 }
 
-// Combinations per sample. 1-D: every placement of a unary or binary op (4 x 4 for [8, 4]
-// operands), ternary ops subsampled. 2-D: per mesh dim choices give 16 per tensor, 256 for a
-// binary op; an evenly spaced 48 of them keep the cross-dim cases (double sharding of one
-// dim, Shard with Partial, ...) at a fifth of the time (the whole 1-D + 2-D suite is meant
-// to run in CI in a few minutes on 2 cores).
-constexpr int64_t kMaxCombinations1D = 160;
-constexpr int64_t kMaxCombinations2D = 48;
+// Combinations per sample (NOTE: [Converter covering design]). Below the cap, the whole
+// product. Above it, a pairwise covering design (every operand in each of its placements,
+// every pair of operands in each pair of placements) topped up with seeded random
+// combinations to the cap. 1-D: every placement of a unary or binary op (4 x 4 for [8, 4]
+// operands), ternary ops covered pairwise. 2-D: per mesh dim choices give 16 per tensor, so a
+// binary op runs all 256 (the pairs are the product) and a ternary op ~260 of 4096.
 
 OpCheckOptions suite_options(const std::string& mesh_kind) {
   TORCH_CHECK(mesh_kind == "1d" || mesh_kind == "2d", "op suite: unknown mesh kind '", mesh_kind,
@@ -81,14 +90,15 @@ OpCheckOptions suite_options(const std::string& mesh_kind) {
   return o;
 }
 
-std::optional<DeviceMesh> suite_mesh(const std::string& mesh_kind, comm::GroupPtr world) {
+std::optional<DeviceMesh> suite_mesh(const std::string& mesh_kind, comm::GroupPtr world,
+                                     const std::string& device_type) {
   if (!world) world = comm::default_group();
   TORCH_CHECK(world != nullptr, "op suite: no group to build the mesh over");
   const int64_t n = world->size();
-  if (mesh_kind == "1d") return init_device_mesh("cpu", {n}, {}, world);
+  if (mesh_kind == "1d") return init_device_mesh(device_type, {n}, {}, world);
   TORCH_CHECK(mesh_kind == "2d", "op suite: unknown mesh kind '", mesh_kind, "'; use \"1d\" or \"2d\"");
   if (n < 4 || n % 2 != 0) return std::nullopt;
-  return init_device_mesh("cpu", {2, n / 2}, {}, world);
+  return init_device_mesh(device_type, {2, n / 2}, {}, world);
 }
 
 std::vector<const OpInfo*> ops_of_family(const OpDb& db, const std::string& family) {
@@ -119,6 +129,11 @@ CaseRecord record_of(const OpInfo& info, const OpSample& s, const std::string& m
   c.by_placement = d.by_placement;
   c.used_fallback = r.used_fallback;
   c.generated = info.generated;
+  c.trivial = d.trivial;
+  c.design = r.design;
+  c.total_combinations = r.total_combinations;
+  if (r.design != "full product") c.plan = r.plan;
+  c.warnings = r.warnings;
   return c;
 }
 
@@ -133,16 +148,25 @@ std::vector<CaseRecord> run_op_suite(const DeviceMesh& mesh, const std::string& 
   std::vector<CaseRecord> out;
   for (size_t i = 0; i < ops.size(); ++i) {
     const OpInfo& info = *ops[i];
-    for (const OpSample& s : info.make_samples()) {
-      OpCheckResult r = check_sample(mesh, info, s, options);
+    std::vector<std::string> sample_warnings;  // raised while making the samples
+    std::vector<OpSample> samples;
+    {
+      ScopedWarningCollector collect(&sample_warnings);
+      samples = info.make_samples();
+    }
+    for (const OpSample& s : samples) {
+      OpCheckOptions o = options;
+      o.identity_is_trivial = info.generated;  // NOTE: [Trivial cases]
+      OpCheckResult r = check_sample(mesh, info, s, o);
       CaseRecord fwd = record_of(info, s, mesh_kind, "fwd", r.forward, r);
       CaseRecord bwd = record_of(info, s, mesh_kind, "bwd", r.backward, r);
       const bool missing_rule = r.forward.status == CheckStatus::kError &&
                                 r.forward.reason.find("has no sharding rule") != std::string::npos;
       if (run.retry_with_fallback && missing_rule) {
-        OpCheckOptions fo = options;
+        OpCheckOptions fo = o;
         fo.replicate_fallback = true;
         fo.converter.max_combinations = kFallbackCombinations;
+        fo.converter.cover_pairs = false;  // a probe: does it work through the fallback
         OpCheckResult f = check_sample(mesh, info, s, fo);
         fwd.fallback_status = to_string(f.forward.status);
         bwd.fallback_status = to_string(f.backward.status);

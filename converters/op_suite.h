@@ -61,17 +61,33 @@ struct CaseRecord {
   // For a case that failed for want of a sharding rule: its status when run again through
   // the replicate fallback ("" when not tried). Set by run_op_suite's retry option.
   std::string fallback_status;
+  // NOTE: [Trivial cases]: why a pass verified nothing ("" when it did).
+  std::string trivial;
+  // Which placement combinations ran (NOTE: [Converter covering design]): the design, the
+  // size of the whole product, and the indices of the combinations visited (empty for the
+  // full product, which visits 0 .. total-1).
+  std::string design;
+  int64_t total_combinations = 0;
+  std::vector<int64_t> plan;
+  // libtorch warnings raised while the sample ran (OpCheckResult::warnings).
+  std::vector<std::string> warnings;
 };
 void to_json(nlohmann::json& j, const CaseRecord& r);
 void from_json(const nlohmann::json& j, CaseRecord& r);
+
+// The caps of suite_options (NOTE: [Converter covering design]; see op_suite.cpp).
+constexpr int64_t kMaxCombinations1D = 160;
+constexpr int64_t kMaxCombinations2D = 48;
 
 // The driver options of a mesh kind: "1d" tries Partial and uneven shards; "2d" chooses
 // per mesh dim (Partial and uneven included). Both cap the combinations per sample.
 OpCheckOptions suite_options(const std::string& mesh_kind);
 
-// The mesh of a mesh kind over `world` (collective): "1d" all ranks; "2d" {2, n/2}.
+// The mesh of a mesh kind over `world` (collective): "1d" all ranks; "2d" {2, n/2}, of
+// `device_type` ("cpu", or "cuda" for the op coverage of a GPU run).
 // nullopt for "2d" when the world size is odd or < 4.
-std::optional<DeviceMesh> suite_mesh(const std::string& mesh_kind, comm::GroupPtr world = nullptr);
+std::optional<DeviceMesh> suite_mesh(const std::string& mesh_kind, comm::GroupPtr world = nullptr,
+                                     const std::string& device_type = "cpu");
 
 std::vector<const OpInfo*> ops_of_family(const OpDb& db, const std::string& family);
 

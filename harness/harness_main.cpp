@@ -1,6 +1,8 @@
 // harness/harness_main.cpp: dtensor::testing::main and main_with_harness.
 #include "harness/main.h"
 
+#include "dtensor/comm/c10d_guard.h"
+
 #include "harness/internal/external.h"
 #include "harness/internal/launcher.h"
 
@@ -30,6 +32,8 @@ int main_with_harness(int argc, char** argv, const std::function<int(int&, char*
   install_stack_trace_policy();
   // NOTE: [No SIGPIPE from a peer that is gone] (internal/launcher.cpp).
   std::signal(SIGPIPE, SIG_IGN);
+  // NOTE: [Call check] (dtensor/comm/c10d_guard.cpp): on in test programs.
+  comm::set_check_collectives_default(true);
   // 1. A rank started by spawn: become that rank (never returns).
   if (const char* req = std::getenv("DTENSOR_RANK_REQUEST")) {
     auto request = nlohmann::json::parse(req).get<internal::RankRequest>();

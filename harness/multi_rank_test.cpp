@@ -2,6 +2,7 @@
 #include "harness/multi_rank_test.h"
 
 #include "dtensor/comm/c10d_group.h"
+#include "dtensor/comm/device.h"
 #include "dtensor/comm/object_collectives.h"
 #include "dtensor/comm/thread_group.h"
 #include "harness/internal/external.h"
@@ -9,11 +10,18 @@
 #include "harness/internal/rank_run.h"
 
 #include <c10/util/Exception.h>
-#include <torch/cuda.h>
+
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <atomic>
+#include <sstream>
 #include <condition_variable>
+#include <sstream>
 #include <thread>
 
 namespace dtensor {
@@ -37,7 +45,35 @@ LaunchMode launch_mode_from_string(const std::string& s) {
   TORCH_CHECK(false, "unknown launch mode '", s, "' (DTENSOR_LAUNCH_MODE): expected fork, spawn or pool");
 }
 
-int gpu_count() { return static_cast<int>(torch::cuda::device_count()); }
+int gpu_count() {
+  static const int n = comm::cuda_device_count();
+  return n;
+}
+
+int default_world_size(int gpu_count) {
+  return gpu_count > 1 ? std::min(gpu_count, kDefaultWorldSize) : kDefaultWorldSize;
+}
+
+std::string default_backend(int gpu_count, int world_size, bool nccl_built) {
+  return nccl_built && gpu_count >= world_size ? "nccl" : "gloo";
+}
+
+std::string device_type_for_backend(const std::string& backend) {
+  return comm::detail::backend_uses_nccl(backend) ? "cuda" : "cpu";
+}
+
+std::string gpu_skip_reason(const std::string& backend, int world_size, int gpu_count,
+                            int required_gpus) {
+  std::ostringstream why;
+  if (comm::detail::backend_uses_nccl(backend) && gpu_count < world_size) {
+    why << "backend " << backend << " runs one rank per GPU: " << world_size << " ranks need "
+        << world_size << " CUDA devices, this machine has " << gpu_count;
+    if (gpu_count > 0) why << " (set DTENSOR_WORLD_SIZE=" << gpu_count << ", or DTENSOR_BACKEND=gloo)";
+  } else if (required_gpus > gpu_count) {
+    why << "Need at least " << required_gpus << " CUDA devices, found " << gpu_count;
+  }
+  return why.str();
+}
 
 comm::Group& MultiRankTest::group() const {
   TORCH_CHECK(group_ != nullptr, "group() is only available inside a DTENSOR_TEST_F body");
@@ -73,11 +109,30 @@ std::chrono::milliseconds MultiRankTest::effective_timeout() const {
   }
 }
 
-std::string MultiProcessTest::device_type() const {
-  return gpu_count() >= effective_world_size() ? "cuda" : "cpu";
+int MultiProcessTest::world_size() const { return default_world_size(gpu_count()); }
+
+std::string MultiProcessTest::device_type() const { return device_type_for_backend(effective_backend()); }
+
+std::string MultiProcessTest::backend() const {
+  return default_backend(gpu_count(), effective_world_size(), comm::backend_available("nccl"));
 }
 
-std::string MultiProcessTest::backend() const { return device_type() == "cuda" ? "nccl" : "gloo"; }
+std::string backend_name_error(const std::string& backend) {
+  static const char* kValid = "gloo, nccl or mpi, or device:backend pairs such as cpu:gloo,cuda:nccl";
+  std::string error;
+  std::stringstream ss(backend);
+  std::string item;
+  int items = 0;
+  while (std::getline(ss, item, ',')) {
+    ++items;
+    const auto colon = item.find(':');
+    const std::string name = colon == std::string::npos ? item : item.substr(colon + 1);
+    if (name != "gloo" && name != "nccl" && name != "mpi")
+      return "DTENSOR_BACKEND='" + backend + "' names no backend ('" + name + "'); valid backends are " + kValid;
+  }
+  if (items == 0) return std::string("the backend is empty; valid backends are ") + kValid;
+  return error;
+}
 
 std::string MultiProcessTest::effective_backend() const {
   return env_or("DTENSOR_BACKEND", backend());
@@ -95,10 +150,15 @@ void MultiProcessTest::RunRanks(const std::string& test_id) {
   }
   const int n = effective_world_size();
   const std::string backend = effective_backend();
+  // NOTE: [Misspelled backends fail]
+  // A backend this build or machine lacks (nccl without CUDA) skips; a name that is no backend
+  // at all (DTENSOR_BACKEND=glo) fails, or a typo in CI would skip every test and stay green.
+  const std::string bad_name = backend_name_error(backend);
+  if (!bad_name.empty()) FAIL() << bad_name;
   std::string why;
   if (!comm::backend_available(backend, &why)) GTEST_SKIP() << why;
-  if (required_gpus() > gpu_count())
-    GTEST_SKIP() << "Need at least " << required_gpus() << " CUDA devices, found " << gpu_count();
+  const std::string gpu_why = gpu_skip_reason(backend, n, gpu_count(), required_gpus());
+  if (!gpu_why.empty()) GTEST_SKIP() << gpu_why;
   const auto timeout = effective_timeout();
   const LaunchMode mode = effective_launch_mode();
   std::string stacks;
@@ -111,6 +171,56 @@ void MultiProcessTest::RunRanks(const std::string& test_id) {
   }
   internal::report_outcomes(test_id, outcomes, timeout, stacks);
 }
+
+// NOTE: [Loud ends of threaded tests]
+// Threaded ranks share the test program: a rank calling exit(0) would end it with status 0
+// and no result (ctest reads a pass), and a crash would print nothing naming the test. While
+// a threaded test runs, exit() fails the program naming the test and rank (an atexit handler
+// that _exits with 1), and a fatal signal prints the test and rank before the default action.
+namespace {
+std::atomic<bool> g_threaded_test_running{false};
+char g_threaded_test_name[256];
+thread_local int t_thread_rank = -1;
+
+void on_exit_during_threaded_test() {
+  if (!g_threaded_test_running.load()) return;
+  std::fprintf(stderr,
+               "[dtensor] exit() was called during %s (by rank %d): a test must not end the "
+               "program; failing it\n",
+               g_threaded_test_name, t_thread_rank);
+  std::fflush(nullptr);
+  ::_exit(1);
+}
+
+void on_fatal_signal_in_threaded_test(int sig) {
+  char msg[400];
+  const int len = std::snprintf(msg, sizeof msg, "[dtensor] fatal signal %d (%s) in rank %d of %s\n",
+                                sig, strsignal(sig), t_thread_rank, g_threaded_test_name);
+  if (len > 0) (void)!::write(2, msg, static_cast<size_t>(std::min<int>(len, sizeof msg - 1)));
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+struct ThreadedTestScope {
+  std::vector<std::pair<int, struct sigaction>> old;
+  explicit ThreadedTestScope(const std::string& test_id) {
+    static const bool registered = std::atexit(on_exit_during_threaded_test) == 0;
+    (void)registered;
+    std::snprintf(g_threaded_test_name, sizeof g_threaded_test_name, "%s", test_id.c_str());
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) {
+      struct sigaction sa {}, prev {};
+      sa.sa_handler = on_fatal_signal_in_threaded_test;
+      ::sigaction(sig, &sa, &prev);
+      old.emplace_back(sig, prev);
+    }
+    g_threaded_test_running = true;
+  }
+  ~ThreadedTestScope() {
+    g_threaded_test_running = false;
+    for (auto& kv : old) ::sigaction(kv.first, &kv.second, nullptr);
+  }
+};
+}  // namespace
 
 // NOTE: [Threaded ranks]
 // Each rank is a thread with its own fixture instance, thread-local rank and default group.
@@ -126,6 +236,7 @@ void MultiThreadedTest::RunRanks(const std::string& test_id) {
   }
   const int n = effective_world_size();
   const auto timeout = effective_timeout();
+  ThreadedTestScope loud_ends(test_id);  // NOTE: [Loud ends of threaded tests]
   auto world = comm::ThreadWorld::create(n, timeout);
   struct Shared {
     std::mutex mu;
@@ -142,6 +253,7 @@ void MultiThreadedTest::RunRanks(const std::string& test_id) {
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([r, n, test_id, world, shared, sink] {
+      t_thread_rank = r;
       auto g = std::make_shared<comm::ThreadGroup>(world, r);
       comm::set_thread_default_group(g);
       internal::RankResult res = internal::run_rank_body(test_id, r, g, *sink);

@@ -24,10 +24,16 @@
 //
 // Settings: override the virtual functions in the fixture, or set the environment variable
 // (the variable wins, so a CI job can change every suite at once):
-//   world_size()   DTENSOR_WORLD_SIZE    default 4
+//   world_size()   DTENSOR_WORLD_SIZE    default 4 (processes: the GPU count, at most 4, on
+//                                        a machine with more than one GPU; default_world_size)
 //   timeout()      DTENSOR_TEST_TIMEOUT  seconds, default 300 (PyTorch's TIMEOUT)
 //   backend()      DTENSOR_BACKEND       gloo | nccl | mpi | cpu:gloo,cuda:nccl
 //   launch_mode()  DTENSOR_LAUNCH_MODE   fork (default) | spawn | pool
+//
+// GPUs (NOTE: [Rank devices] in dtensor/comm/device.h): with a backend that uses nccl, every
+// rank makes its own CUDA device current (rank modulo the GPU count) before the group is
+// created; a test whose nccl backend needs more GPUs than the machine has is skipped with the
+// reason (gpu_skip_reason).
 #pragma once
 
 #include "dtensor/comm/group.h"
@@ -51,6 +57,11 @@ enum class LaunchMode {
   kWorkerPool,  // ranks started once, reused test after test with one process group
 };
 std::string to_string(LaunchMode m);
+
+// Empty when `backend` (a DTENSOR_BACKEND value) names only known backends (gloo, nccl, mpi,
+// or device:backend pairs); otherwise the error, naming the valid ones (NOTE: [Misspelled
+// backends fail] in multi_rank_test.cpp).
+std::string backend_name_error(const std::string& backend);
 LaunchMode launch_mode_from_string(const std::string& s);
 
 // Common base of MultiProcessTest and MultiThreadedTest. Not used directly.
@@ -95,13 +106,17 @@ class MultiRankTest : public ::testing::Test {
 // Ranks as processes over a c10d backend (gloo by default). See the file comment.
 class MultiProcessTest : public MultiRankTest {
  public:
-  // Default: "nccl" when device_type() is "cuda", else "gloo". Env DTENSOR_BACKEND overrides.
+  // default_world_size(gpu_count()): 4 on CPU machines.
+  int world_size() const override;
+  // Default: default_backend(gpu_count(), world size): "nccl" with a GPU per rank, else
+  // "gloo". Env DTENSOR_BACKEND overrides.
   virtual std::string backend() const;
   virtual LaunchMode launch_mode() const { return LaunchMode::kForkServer; }
   // Skip (with the reason) unless the machine has this many CUDA devices.
   virtual int required_gpus() const { return 0; }
 
-  // "cuda" when there are at least world_size() CUDA devices, else "cpu".
+  // device_type_for_backend(effective_backend()): "cuda" when the backend moves CUDA tensors
+  // with nccl, else "cpu". DTensorTestBase builds its meshes on it.
   std::string device_type() const;
   std::string effective_backend() const;
   LaunchMode effective_launch_mode() const;
@@ -118,6 +133,19 @@ class MultiThreadedTest : public MultiRankTest {
 
 // Number of CUDA devices (0 with a CPU-only libtorch).
 int gpu_count();
+
+// PyTorch's NUM_DEVICES (common_dtensor.py): with more than one GPU, the GPU count capped at
+// kDefaultWorldSize; otherwise kDefaultWorldSize.
+int default_world_size(int gpu_count);
+// "nccl" when this build has NCCL and the machine a GPU for each of `world_size` ranks,
+// else "gloo".
+std::string default_backend(int gpu_count, int world_size, bool nccl_built);
+// "cuda" when `backend` moves CUDA tensors with nccl ("nccl", "cpu:gloo,cuda:nccl"), else "cpu".
+std::string device_type_for_backend(const std::string& backend);
+// Why a test of `world_size` ranks over `backend` cannot run on a machine with `gpu_count`
+// GPUs (nccl needs one per rank; the fixture may require more), or "" when it can.
+std::string gpu_skip_reason(const std::string& backend, int world_size, int gpu_count,
+                            int required_gpus);
 
 namespace internal {
 using RankTestFactory = std::function<std::unique_ptr<MultiRankTest>()>;

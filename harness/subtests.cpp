@@ -1,7 +1,10 @@
 // harness/subtests.cpp
 #include "harness/subtests.h"
 
+#include "dtensor/comm/group.h"
+
 #include <c10/util/Exception.h>
+#include <c10/util/Type.h>
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -9,32 +12,23 @@
 namespace dtensor {
 namespace testing {
 
-template <class T>
-T SubtestValue::get() const {
-  if constexpr (std::is_same_v<T, int>) {
-    return static_cast<int>(get<int64_t>());
-  } else {
-    const T* p = std::get_if<T>(&v_);
-    TORCH_CHECK(p != nullptr, "subtest value ", to_string(), " is not of the requested type");
-    return *p;
+namespace internal {
+void throw_wrong_subtest_type(const std::string& value, const char* held, const char* requested) {
+  TORCH_CHECK(false, "subtest value ", value, " is a ", c10::demangle(held), ", not the requested ",
+              c10::demangle(requested));
+}
+}  // namespace internal
+
+namespace {
+// The group subtests synchronise on: the calling rank's default group, if any.
+comm::GroupPtr barrier_group() {
+  try {
+    return comm::default_group();
+  } catch (const c10::Error&) {
+    return nullptr;
   }
 }
-template bool SubtestValue::get<bool>() const;
-template int SubtestValue::get<int>() const;
-template int64_t SubtestValue::get<int64_t>() const;
-template double SubtestValue::get<double>() const;
-template std::string SubtestValue::get<std::string>() const;
-
-std::string SubtestValue::to_string() const {
-  std::ostringstream os;
-  std::visit(
-      [&](const auto& x) {
-        if constexpr (std::is_same_v<std::decay_t<decltype(x)>, bool>) os << (x ? "true" : "false");
-        else os << x;
-      },
-      v_);
-  return os.str();
-}
+}  // namespace
 
 const SubtestValue& SubtestParams::at(const std::string& name) const {
   for (auto& kv : values_)
@@ -71,6 +65,8 @@ int run_subtests(const SubtestConfig& config, const std::function<void(const Sub
       }
     }
     ++count;
+    // PyTorch's run_subtests ends each subtest with c10d.barrier().
+    if (auto g = barrier_group()) g->barrier();
     size_t k = config.size();
     while (k > 0) {
       --k;

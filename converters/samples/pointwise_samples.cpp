@@ -99,7 +99,32 @@ void tensor_scalar_ops(OpDb& db, const std::vector<std::string>& names, Dom d, c
 
 }  // namespace
 
+void add_special_families(OpDb& db) {
+  // Polynomials p_n(x): x in [-1, 1), n a tensor of small integer degrees (libtorch 2.x only).
+  for (const char* n : {"chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v",
+                        "chebyshev_polynomial_w", "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u",
+                        "shifted_chebyshev_polynomial_v", "shifted_chebyshev_polynomial_w", "hermite_polynomial_h",
+                        "hermite_polynomial_he", "laguerre_polynomial_l", "legendre_polynomial_p"}) {
+    const std::string op = std::string("aten::special_") + n;
+    if (!in_dispatcher(op)) continue;
+    db.add(op, "pointwise", [](SampleGen& g) {
+      auto degree = [&](std::vector<int64_t> shape) { return g.tensor(std::move(shape), at::kFloat, 0.0, 6.0).floor(); };
+      return Samples{OpSample("even", {make(g, {8, 4}, Dom::kSmall), degree({8, 4})}),
+                     OpSample("broadcast_row", {make(g, {8, 4}, Dom::kSmall), degree({4})}),
+                     OpSample("uneven_f64", {make(g, {5, 6}, Dom::kSmall, at::kDouble), degree({5, 6}).to(at::kDouble)})};
+    });
+  }
+  for (const char* n : {"bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_i0", "modified_bessel_i1",
+                        "modified_bessel_k0", "modified_bessel_k1", "scaled_modified_bessel_k0",
+                        "scaled_modified_bessel_k1", "spherical_bessel_j0", "airy_ai"}) {
+    const std::string op = std::string("aten::special_") + n;
+    if (!in_dispatcher(op)) continue;
+    db.add(op, "pointwise", [](SampleGen& g) { return unary(g, Dom::kPos); });
+  }
+}
+
 void add_pointwise_samples(OpDb& db) {
+  add_special_families(db);
   // ---- unary ----
   unary_ops(db, {"abs", "ceil", "cos", "cosh", "erf", "erfc", "exp", "expm1", "floor", "frac", "neg", "relu",
                  "round", "sigmoid", "sign", "sgn", "sin", "sinh", "tanh", "trunc", "atan", "asinh", "exp2",

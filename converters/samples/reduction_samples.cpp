@@ -10,6 +10,7 @@
 #include "converters/samples/samples.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <limits>
 
@@ -318,6 +319,26 @@ void add_scans(OpDb& db) {
                      OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble), 1})};
     });
   }
+  // Distinct values (a permutation), so that the indices of sort / topk are unique.
+  auto distinct = [](SampleGen& g, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return (at::randperm(n, at::detail::createCPUGenerator(g.seed()), at::kLong).to(at::kFloat) / 7 - 2).reshape(shape);
+  };
+  add(db, "aten::sort", [distinct](SampleGen& g) {
+    return Samples{OpSample("dim1", {distinct(g, {8, 4}), 1}), OpSample("dim0_desc", {distinct(g, {8, 4}), 0, true}),
+                   OpSample("neg_3d", {distinct(g, {2, 4, 6}), -1}),
+                   OpSample("uneven_f64", {distinct(g, {5, 6}).to(at::kDouble), 0})};
+  });
+  add(db, "aten::sort.stable", [distinct](SampleGen& g) {
+    return Samples{OpSample("dim0", {distinct(g, {8, 4})}).kw("stable", true).kw("dim", 0),
+                   OpSample("last_3d", {distinct(g, {2, 4, 6})}).kw("stable", true)};
+  });
+  add(db, "aten::topk", [distinct](SampleGen& g) {
+    return Samples{OpSample("k2_dim1", {distinct(g, {8, 4}), 2, 1}), OpSample("k3_dim0_smallest", {distinct(g, {8, 4}), 3, 0, false}),
+                   OpSample("last_3d", {distinct(g, {2, 4, 6}), 4}),
+                   OpSample("uneven_f64", {distinct(g, {5, 6}).to(at::kDouble), 2, 0})};
+  });
   add(db, "aten::flip", [](SampleGen& g) {
     return Samples{OpSample("dim0", {g.tensor({8, 4}), IL{0}}), OpSample("neg", {g.tensor({8, 4}), IL{-1}}),
                    OpSample("dims_3d", {g.tensor({2, 4, 6}), IL{0, 2}}),

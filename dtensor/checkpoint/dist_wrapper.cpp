@@ -71,6 +71,10 @@ DistWrapper::DistWrapper(comm::GroupPtr group, bool use_dist, int coordinator_ra
   is_coordinator_ = rank_ == coordinator_rank;
 }
 
+void DistWrapper::barrier() const {
+  if (use_dist_) group_->barrier();
+}
+
 int DistWrapper::get_world_size() const { return use_dist_ ? group_->size() : 1; }
 
 // ---- object collectives --------------------------------------------------------------------

@@ -56,6 +56,10 @@ class DistWrapper {
   // nullptr without use_dist.
   const comm::GroupPtr& group() const { return group_; }
 
+  // Collective when use_dist(): every rank of the group waits until all have called it
+  // (PyTorch: _DistWrapper.barrier()). Without use_dist, nothing.
+  void barrier() const;
+
   // ---- object collectives (c10d's *_object without distributed enabled) --------------------
 
   // Every rank gets the coordinator's object (the others' argument is ignored). When the

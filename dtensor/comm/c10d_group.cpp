@@ -1,6 +1,8 @@
 // dtensor/comm/c10d_group.cpp
 #include "dtensor/comm/c10d_group.h"
 
+#include "dtensor/comm/c10d_guard.h"
+#include "dtensor/comm/device.h"
 #include "dtensor/compat.h"
 
 #include <ATen/ATen.h>
@@ -19,6 +21,7 @@
 
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <sstream>
 
 namespace dtensor {
@@ -34,28 +37,6 @@ using BackendPg = c10d::Backend;
 #else
 using BackendPg = c10d::ProcessGroup;
 #endif
-
-// "gloo" -> {{"", "gloo"}}; "cpu:gloo,cuda:nccl" -> {{"cpu","gloo"},{"cuda","nccl"}}.
-std::vector<std::pair<std::string, std::string>> parse_backend(const std::string& spec) {
-  std::vector<std::pair<std::string, std::string>> out;
-  std::stringstream ss(spec);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    auto colon = item.find(':');
-    if (colon == std::string::npos) {
-      out.emplace_back("", item);
-    } else {
-      out.emplace_back(item.substr(0, colon), item.substr(colon + 1));
-    }
-  }
-  TORCH_CHECK(!out.empty(), "empty backend name; expected gloo, nccl, mpi or e.g. cpu:gloo,cuda:nccl");
-  if (out.size() > 1) {
-    for (auto& kv : out)
-      TORCH_CHECK(!kv.first.empty(), "backend list '", spec,
-                  "' mixes plain and device:backend entries; write e.g. cpu:gloo,cuda:nccl");
-  }
-  return out;
-}
 
 bool one_backend_available(const std::string& name, std::string* why) {
   auto fail = [&](const std::string& w) {
@@ -97,16 +78,86 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 
 }  // namespace
 
-bool backend_available(const std::string& backend, std::string* why) {
-  std::vector<std::pair<std::string, std::string>> parts;
+namespace detail {
+
+std::vector<BackendEntry> parse_backend(const std::string& spec) {
+  std::vector<BackendEntry> out;
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    TORCH_CHECK(!item.empty(), "backend '", spec, "' has an empty entry; expected gloo, nccl, mpi or "
+                "a list such as cpu:gloo,cuda:nccl");
+    auto colon = item.find(':');
+    if (colon == std::string::npos) {
+      out.push_back({"", item});
+    } else {
+      out.push_back({item.substr(0, colon), item.substr(colon + 1)});
+    }
+  }
+  TORCH_CHECK(!out.empty(), "empty backend name; expected gloo, nccl, mpi or e.g. cpu:gloo,cuda:nccl");
+  const bool listed = out.size() > 1 || !out[0].device.empty();
+  for (size_t i = 0; listed && i < out.size(); ++i) {
+    const BackendEntry& e = out[i];
+    TORCH_CHECK(!e.device.empty(), "backend list '", spec,
+                "' mixes plain and device:backend entries; write e.g. cpu:gloo,cuda:nccl");
+    TORCH_CHECK(e.device == "cpu" || e.device == "cuda", "backend list '", spec, "': unknown device '",
+                e.device, "'; expected cpu or cuda, e.g. cpu:gloo,cuda:nccl");
+    TORCH_CHECK(!e.backend.empty(), "backend list '", spec, "': no backend for device ", e.device);
+    TORCH_CHECK(e.backend != "nccl" || e.device == "cuda", "backend list '", spec,
+                "': nccl moves CUDA tensors only; write cuda:nccl and e.g. cpu:gloo");
+    for (size_t j = 0; j < i; ++j)
+      TORCH_CHECK(out[j].device != e.device, "backend list '", spec, "' names device ", e.device, " twice");
+  }
+  return out;
+}
+
+BackendRoute route_tensor(const std::string& spec, const std::vector<BackendEntry>& entries,
+                          const std::string& device_type) {
+  TORCH_INTERNAL_ASSERT(!entries.empty());
+  if (entries.size() == 1 && entries[0].device.empty()) {
+    BackendRoute r;
+    r.stage_through_cuda = entries[0].backend == "nccl" && device_type != "cuda";
+    return r;
+  }
+  for (size_t i = 0; i < entries.size(); ++i)
+    if (entries[i].device == device_type) return {i, false};
+  TORCH_CHECK(device_type == "cpu" || device_type == "cuda", "backend '", spec, "' has no process group for ",
+              device_type, " tensors; collectives take cpu or cuda tensors");
+  const char* suggestion = device_type == "cuda" ? "nccl" : "gloo";
+  TORCH_CHECK(false, "backend '", spec, "' has no process group for ", device_type,
+              " tensors; add one to the list, e.g. '", spec, ",", device_type, ":", suggestion, "'");
+}
+
+NativeCollectives native_collectives(const std::string& backend) {
+  NativeCollectives n;
+  if (backend == "nccl") n.all_gather_base = n.reduce_scatter_base = n.avg = true;
+  return n;
+}
+
+bool backend_uses_nccl(const std::string& spec) {
+  std::vector<BackendEntry> entries;
   try {
-    parts = parse_backend(backend);
+    entries = parse_backend(spec);
+  } catch (const c10::Error&) {
+    return false;
+  }
+  for (const auto& e : entries)
+    if (e.backend == "nccl") return true;
+  return false;
+}
+
+}  // namespace detail
+
+bool backend_available(const std::string& backend, std::string* why) {
+  std::vector<detail::BackendEntry> parts;
+  try {
+    parts = detail::parse_backend(backend);
   } catch (const c10::Error& e) {
     if (why) *why = e.what_without_backtrace();
     return false;
   }
-  for (auto& kv : parts)
-    if (!one_backend_available(kv.second, why)) return false;
+  for (auto& e : parts)
+    if (!one_backend_available(e.backend, why)) return false;
   return true;
 }
 
@@ -115,18 +166,27 @@ struct C10dGroup::Impl {
   int rank = 0, size = 1;
   C10dGroupOptions options;
   std::vector<int> global_ranks;
-  // device type ("" for a single backend) -> process group
-  std::vector<std::pair<std::string, c10::intrusive_ptr<BackendPg>>> pgs;
+  // One process group per entry of the backend spec, in its order.
+  std::vector<detail::BackendEntry> entries;
+  std::vector<c10::intrusive_ptr<BackendPg>> pgs;
   uint64_t subgroups_created = 0;
 
-  BackendPg& pg_for(const at::Tensor& t) {
-    if (pgs.size() == 1) return *pgs[0].second;
+  // Where the collective on `t` runs (NOTE: [Backend routing]).
+  struct Target {
+    BackendPg* pg = nullptr;
+    detail::NativeCollectives native;
+    std::optional<at::Device> stage;  // copy to this device, run, copy back
+  };
+  Target target(const at::Tensor& t) {
     const std::string dev = c10::DeviceTypeName(t.device().type(), /*lower_case=*/true);
-    for (auto& kv : pgs)
-      if (kv.first == dev) return *kv.second;
-    TORCH_CHECK(false, "backend ", options.backend, " has no process group for device ", dev);
+    const detail::BackendRoute r = detail::route_tensor(options.backend, entries, dev);
+    Target tg;
+    tg.pg = pgs[r.entry].get();
+    tg.native = detail::native_collectives(entries[r.entry].backend);
+    if (r.stage_through_cuda) tg.stage = rank_device("cuda", "backend " + options.backend);
+    return tg;
   }
-  BackendPg& default_pg() { return *pgs[0].second; }
+  BackendPg& default_pg() { return *pgs[0]; }
 };
 
 static c10::intrusive_ptr<BackendPg> make_pg(const std::string& name,
@@ -151,6 +211,9 @@ static c10::intrusive_ptr<BackendPg> make_pg(const std::string& name,
   }
 #ifdef DTENSOR_WITH_NCCL
   if (name == "nccl") {
+    // One GPU per rank (NOTE: [Rank devices]): init_process_group and the harness made the
+    // rank's device current; NCCL's communicators and barriers use the current device.
+    (void)rank_device("cuda", "backend nccl");
     auto opts = c10d::ProcessGroupNCCL::Options::create();
     opts->timeout = o.timeout;
     return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
@@ -160,6 +223,22 @@ static c10::intrusive_ptr<BackendPg> make_pg(const std::string& name,
   if (name == "mpi") return c10d::ProcessGroupMPI::createProcessGroupMPI({});
 #endif
   TORCH_CHECK(false, "backend ", name, " is not available");
+}
+
+// NOTE: [Group creation completes on every rank]
+// Gloo's full-mesh connect returns on a rank once its own pairs are connected, while a peer
+// may still be reading the handshake of one of them: a rank that went on (and exited, or
+// started using the group) broke that peer's connect ("Connection closed by peer"), ~30% of
+// tests in which every rank skipped and ~1 in 20 mesh creations here. As PyTorch's new_group
+// does (_store_based_barrier), no rank leaves create() before every rank has finished its
+// connect: each arrival is counted in the store and the last one opens the gate (keys are
+// numbered by generation, so a store can serve several groups in turn). DESIGN.md D12.
+static void creation_barrier(c10d::Store& store, int size, std::chrono::milliseconds timeout) {
+  if (size <= 1) return;
+  const int64_t arrived = store.add("dtensor_group_ready_count", 1);
+  const std::string gate = "dtensor_group_ready_" + std::to_string((arrived - 1) / size);
+  if (arrived % size == 0) store.set(gate, std::vector<uint8_t>{1});
+  store.wait({gate}, timeout);
 }
 
 C10dGroup::C10dGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -176,12 +255,13 @@ std::shared_ptr<C10dGroup> C10dGroup::create(const c10::intrusive_ptr<c10d::Stor
   impl->size = size;
   impl->options = options;
   for (int r = 0; r < size; ++r) impl->global_ranks.push_back(r);
-  auto parts = parse_backend(options.backend);
-  for (auto& kv : parts) {
+  impl->entries = detail::parse_backend(options.backend);
+  for (auto& e : impl->entries) {
     c10::intrusive_ptr<c10d::Store> sub = store;
-    if (parts.size() > 1) sub = c10::make_intrusive<c10d::PrefixStore>("backend_" + kv.second, store);
-    impl->pgs.emplace_back(kv.first, make_pg(kv.second, sub, rank, size, options));
+    if (impl->entries.size() > 1) sub = c10::make_intrusive<c10d::PrefixStore>("backend_" + e.backend, store);
+    impl->pgs.push_back(make_pg(e.backend, sub, rank, size, options));
   }
+  creation_barrier(*store, size, options.timeout);
   return std::shared_ptr<C10dGroup>(new C10dGroup(std::move(impl)));
 }
 
@@ -204,46 +284,78 @@ void wait_work(const Group& g, const char* op, const c10::intrusive_ptr<c10d::Wo
   }
 }
 
-// Gloo needs dense contiguous buffers: run `fn` on a contiguous buffer and copy back.
+using Target = C10dGroup::Impl::Target;
+
+// The tensor a backend is given for `t`: dense and contiguous (Gloo and NCCL need that), on
+// the staging device when the route has one (NOTE: [Backend routing]). `t` itself when it
+// already qualifies.
+at::Tensor for_backend(const at::Tensor& t, const Target& tg) {
+  at::Tensor x = tg.stage ? t.to(*tg.stage) : t;
+  return x.is_contiguous() ? x : x.contiguous();
+}
+
+// Runs `fn` on for_backend(t) and copies the result back into `t` when it was a copy.
 template <class Fn>
-void with_contiguous(at::Tensor& t, Fn fn) {
-  if (t.is_contiguous()) {
-    fn(t);
-  } else {
-    at::Tensor c = t.contiguous();
-    fn(c);
-    t.copy_(c);
-  }
+void in_place(at::Tensor& t, const Target& tg, Fn fn) {
+  at::Tensor x = for_backend(t, tg);
+  fn(x);
+  if (!x.is_same(t)) t.copy_(x);
 }
 
 }  // namespace
 
 void C10dGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
+  if (guard::all_reduce(*this, tensor, op)) return;
   TORCH_CHECK(op != ReduceOp::AVG || at::isFloatingType(tensor.scalar_type()) ||
                   at::isComplexType(tensor.scalar_type()),
               "all_reduce on ", describe(), ": ReduceOp::AVG needs a floating dtype, got ",
               tensor.scalar_type());
-  with_contiguous(tensor, [&](at::Tensor& t) {
+  const Target tg = impl_->target(tensor);
+  in_place(tensor, tg, [&](at::Tensor& t) {
     std::vector<at::Tensor> ts{t};
     c10d::AllreduceOptions o;
-    o.reduceOp = to_c10d(op);
-    wait_work(*this, "all_reduce", impl_->pg_for(t).allreduce(ts, o), impl_->options.timeout);
-    if (op == ReduceOp::AVG) t.div_(static_cast<double>(size()));
+    o.reduceOp = op == ReduceOp::AVG && tg.native.avg ? c10d::ReduceOp(c10d::ReduceOp::AVG) : to_c10d(op);
+    wait_work(*this, "all_reduce", tg.pg->allreduce(ts, o), impl_->options.timeout);
+    if (op == ReduceOp::AVG && !tg.native.avg) t.div_(static_cast<double>(size()));
   });
 }
 
 void C10dGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
+  if (guard::all_gather_into(*this, output, input)) return;
   detail::check_all_gather_shapes(*this, output, input);
-  // Emulated: 1.13 Gloo has no _allgather_base. Blocks of a contiguous output along dim 0
-  // are contiguous views, so Gloo writes straight into them.
-  std::vector<std::vector<at::Tensor>> outs{output.chunk(size(), 0)};
-  std::vector<at::Tensor> ins{input.contiguous()};
-  wait_work(*this, "all_gather_into", impl_->pg_for(input).allgather(outs, ins),
-            impl_->options.timeout);
+  const Target tg = impl_->target(input);
+  at::Tensor in = for_backend(input, tg);
+  in_place(output, tg, [&](at::Tensor& out) {
+    if (tg.native.all_gather_base) {
+      wait_work(*this, "all_gather_into", tg.pg->_allgather_base(out, in), impl_->options.timeout);
+      return;
+    }
+    // Emulated: 1.13 Gloo has no _allgather_base. Blocks of a contiguous output along dim 0
+    // are contiguous views, so the backend writes straight into them.
+    std::vector<std::vector<at::Tensor>> outs{out.chunk(size(), 0)};
+    std::vector<at::Tensor> ins{in};
+    wait_work(*this, "all_gather_into", tg.pg->allgather(outs, ins), impl_->options.timeout);
+  });
 }
 
 void C10dGroup::reduce_scatter_into(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  if (guard::reduce_scatter_into(*this, output, input, op)) return;
   detail::check_reduce_scatter_shapes(*this, output, input);
+  const Target tg = impl_->target(input);
+  if (tg.native.reduce_scatter_base) {
+    TORCH_CHECK(op != ReduceOp::AVG || at::isFloatingType(input.scalar_type()) ||
+                    at::isComplexType(input.scalar_type()),
+                "reduce_scatter_into on ", describe(), ": ReduceOp::AVG needs a floating dtype, got ",
+                input.scalar_type());
+    at::Tensor in = for_backend(input, tg);
+    in_place(output, tg, [&](at::Tensor& out) {
+      c10d::ReduceScatterOptions o;
+      o.reduceOp = op == ReduceOp::AVG && tg.native.avg ? c10d::ReduceOp(c10d::ReduceOp::AVG) : to_c10d(op);
+      wait_work(*this, "reduce_scatter_into", tg.pg->_reduce_scatter_base(out, in, o), impl_->options.timeout);
+      if (op == ReduceOp::AVG && !tg.native.avg) out.div_(static_cast<double>(size()));
+    });
+    return;
+  }
   // Emulated: 1.13 Gloo has no reduce_scatter. All-reduce a copy, keep this rank's block.
   at::Tensor tmp = input.clone(at::MemoryFormat::Contiguous);
   all_reduce(tmp, op);
@@ -253,48 +365,58 @@ void C10dGroup::reduce_scatter_into(at::Tensor& output, const at::Tensor& input,
 void C10dGroup::all_to_all_single(at::Tensor& output, const at::Tensor& input,
                                   const std::vector<int64_t>& output_splits,
                                   const std::vector<int64_t>& input_splits) {
+  if (guard::all_to_all_single(*this, output, input, output_splits, input_splits)) return;
   auto splits = detail::resolve_all_to_all_splits(*this, output, input, output_splits, input_splits);
-  at::Tensor in = input.contiguous();
-  with_contiguous(output, [&](at::Tensor& out) {
-    wait_work(*this, "all_to_all_single",
-              impl_->pg_for(in).alltoall_base(out, in, splits.first, splits.second),
+  const Target tg = impl_->target(input);
+  at::Tensor in = for_backend(input, tg);
+  in_place(output, tg, [&](at::Tensor& out) {
+    wait_work(*this, "all_to_all_single", tg.pg->alltoall_base(out, in, splits.first, splits.second),
               impl_->options.timeout);
   });
 }
 
 void C10dGroup::broadcast(at::Tensor& tensor, int src) {
+  if (guard::broadcast(*this, tensor, src)) return;
   detail::check_rank_arg(*this, "broadcast", "src", src);
-  with_contiguous(tensor, [&](at::Tensor& t) {
+  const Target tg = impl_->target(tensor);
+  in_place(tensor, tg, [&](at::Tensor& t) {
     std::vector<at::Tensor> ts{t};
     c10d::BroadcastOptions o;
     o.rootRank = src;
-    wait_work(*this, "broadcast", impl_->pg_for(t).broadcast(ts, o), impl_->options.timeout);
+    wait_work(*this, "broadcast", tg.pg->broadcast(ts, o), impl_->options.timeout);
   });
 }
 
 void C10dGroup::barrier() {
+  if (guard::barrier(*this)) return;
   wait_work(*this, "barrier", impl_->default_pg().barrier(), impl_->options.timeout);
 }
 
 void C10dGroup::send(const at::Tensor& tensor, int dst, int tag) {
+  if (guard::send(*this, tensor, dst, tag)) return;
   detail::check_rank_arg(*this, "send", "dst", dst);
   TORCH_CHECK(dst != rank(), "send on ", describe(), ": a rank cannot send to itself");
-  std::vector<at::Tensor> ts{tensor.contiguous()};
-  wait_work(*this, "send", impl_->pg_for(tensor).send(ts, dst, tag), impl_->options.timeout);
+  const Target tg = impl_->target(tensor);
+  std::vector<at::Tensor> ts{for_backend(tensor, tg)};
+  wait_work(*this, "send", tg.pg->send(ts, dst, tag), impl_->options.timeout);
 }
 
 void C10dGroup::recv(at::Tensor& tensor, int src, int tag) {
+  if (guard::recv(*this, tensor, src, tag)) return;
   detail::check_rank_arg(*this, "recv", "src", src);
   TORCH_CHECK(src != rank(), "recv on ", describe(), ": a rank cannot receive from itself");
-  with_contiguous(tensor, [&](at::Tensor& t) {
+  const Target tg = impl_->target(tensor);
+  in_place(tensor, tg, [&](at::Tensor& t) {
     std::vector<at::Tensor> ts{t};
-    wait_work(*this, "recv", impl_->pg_for(t).recv(ts, src, tag), impl_->options.timeout);
+    wait_work(*this, "recv", tg.pg->recv(ts, src, tag), impl_->options.timeout);
   });
 }
 
 void C10dGroup::gather(const at::Tensor& input, std::vector<at::Tensor>& outputs, int dst) {
+  if (guard::gather(*this, input, outputs, dst)) return;
   detail::check_rank_arg(*this, "gather", "dst", dst);
-  std::vector<at::Tensor> ins{input.contiguous()};
+  const Target tg = impl_->target(input);
+  std::vector<at::Tensor> ins{for_backend(input, tg)};
   std::vector<std::vector<at::Tensor>> outs;
   if (rank() == dst) {
     outs.emplace_back();
@@ -302,12 +424,18 @@ void C10dGroup::gather(const at::Tensor& input, std::vector<at::Tensor>& outputs
   }
   c10d::GatherOptions o;
   o.rootRank = dst;
-  wait_work(*this, "gather", impl_->pg_for(input).gather(outs, ins, o), impl_->options.timeout);
-  if (rank() == dst) outputs = std::move(outs[0]);
+  wait_work(*this, "gather", tg.pg->gather(outs, ins, o), impl_->options.timeout);
+  if (rank() == dst) {
+    outputs = std::move(outs[0]);
+    if (tg.stage)
+      for (auto& t : outputs) t = t.to(input.device());
+  }
 }
 
 void C10dGroup::scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) {
+  if (guard::scatter(*this, output, inputs, src)) return;
   detail::check_rank_arg(*this, "scatter", "src", src);
+  const Target tg = impl_->target(output);
   std::vector<std::vector<at::Tensor>> ins;
   if (rank() == src) {
     TORCH_CHECK(static_cast<int>(inputs.size()) == size(), "scatter on ", describe(),
@@ -317,18 +445,19 @@ void C10dGroup::scatter(at::Tensor& output, const std::vector<at::Tensor>& input
       TORCH_CHECK(t.sizes() == output.sizes() && t.scalar_type() == output.scalar_type(),
                   "scatter on ", describe(), ": an input is ", t.scalar_type(), t.sizes(),
                   " but the output is ", output.scalar_type(), output.sizes());
-      ins[0].push_back(t.contiguous());
+      ins[0].push_back(for_backend(t, tg));
     }
   }
   c10d::ScatterOptions o;
   o.rootRank = src;
-  with_contiguous(output, [&](at::Tensor& out) {
+  in_place(output, tg, [&](at::Tensor& out) {
     std::vector<at::Tensor> outs{out};
-    wait_work(*this, "scatter", impl_->pg_for(out).scatter(outs, ins, o), impl_->options.timeout);
+    wait_work(*this, "scatter", tg.pg->scatter(outs, ins, o), impl_->options.timeout);
   });
 }
 
 std::shared_ptr<Group> C10dGroup::new_subgroup(const std::vector<int>& ranks) {
+  guard::new_subgroup(*this, ranks);
   detail::check_subgroup_ranks(*this, ranks);
   // Every rank counts the calls, so the n-th call gets the same store prefix everywhere;
   // only members take part in the new group's rendezvous.

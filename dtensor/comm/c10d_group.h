@@ -11,8 +11,18 @@
 // Asking for a backend this build lacks throws c10::Error saying so; backend_available()
 // answers without throwing (the harness uses it to skip).
 //
-// What Gloo in libtorch 1.13 lacks is emulated here: all_gather into one tensor (gather into
-// views), reduce_scatter (all_reduce then keep this rank's block), AVG (SUM then divide).
+// NOTE: [Backend routing]
+// A single backend gets every tensor, except that NCCL only moves CUDA tensors: a CPU tensor
+// given to an "nccl" group (object collectives, the harness's flags, small metadata) is
+// staged through the rank's current CUDA device and copied back. A per-device list sends
+// each tensor to the entry of its device type; a device without an entry is an error naming
+// the list and what to add (e.g. "cpu:gloo" given a CUDA tensor: add ",cuda:nccl").
+// Barriers go to the first entry.
+//
+// What a backend lacks is emulated here (native_collectives says which): Gloo in libtorch
+// 1.13 has no all_gather into one tensor (gather into views instead), no reduce_scatter
+// (all_reduce, then keep this rank's block) and no AVG (SUM, then divide). NCCL does all
+// of them natively (_allgather_base, _reduce_scatter_base, ReduceOp::AVG).
 // Errors from c10d (a peer died, a timeout) surface as CollectiveError naming the op and group.
 #pragma once
 
@@ -38,6 +48,39 @@ struct C10dGroupOptions {
 // True when `backend` (a name or a "device:backend,..." list) can be created by this build on
 // this machine; otherwise false and, if `why` is given, the reason.
 bool backend_available(const std::string& backend, std::string* why = nullptr);
+
+namespace detail {
+// One entry of a backend spec: "gloo" is {"", "gloo"}; "cpu:gloo,cuda:nccl" is
+// {{"cpu", "gloo"}, {"cuda", "nccl"}}.
+struct BackendEntry {
+  std::string device;
+  std::string backend;
+};
+// Throws c10::Error naming the spec and what is wrong (an empty entry, an unknown device, a
+// device listed twice, nccl for CPU tensors, a mix of plain and device:backend entries).
+std::vector<BackendEntry> parse_backend(const std::string& spec);
+
+// Where a tensor of `device_type` ("cpu", "cuda") goes: entries[entry], staged through the
+// rank's CUDA device when `stage_through_cuda`. NOTE: [Backend routing]; throws for a
+// device with no entry.
+struct BackendRoute {
+  size_t entry = 0;
+  bool stage_through_cuda = false;
+};
+BackendRoute route_tensor(const std::string& spec, const std::vector<BackendEntry>& entries,
+                          const std::string& device_type);
+
+// The collectives a backend runs natively; the others are emulated (file comment).
+struct NativeCollectives {
+  bool all_gather_base = false;      // all_gather into one tensor
+  bool reduce_scatter_base = false;  // reduce_scatter from one tensor
+  bool avg = false;                  // ReduceOp::AVG
+};
+NativeCollectives native_collectives(const std::string& backend);
+
+// True when `spec` sends CUDA tensors to nccl (the ranks then need one GPU each).
+bool backend_uses_nccl(const std::string& spec);
+}  // namespace detail
 
 class C10dGroup final : public Group {
  public:

@@ -1,6 +1,7 @@
 // dtensor/comm/rendezvous.cpp
 #include "dtensor/comm/rendezvous.h"
 
+#include "dtensor/comm/device.h"
 #include "dtensor/compat.h"
 
 #include <c10/util/Exception.h>
@@ -153,6 +154,7 @@ GroupPtr init_process_group(const InitOptions& options) {
   const std::string& m = options.init_method;
   c10::intrusive_ptr<c10d::Store> store;
   int rank = options.rank, world = options.world_size;
+  int local_rank = -1;
   if (m == "env://" || m.empty()) {
     auto info = rendezvous_from_env();
     TORCH_CHECK(info.has_value(),
@@ -165,6 +167,7 @@ GroupPtr init_process_group(const InitOptions& options) {
                 info->source, "'s ", info->world_size);
     rank = info->rank;
     world = info->world_size;
+    local_rank = info->local_rank;
     std::cerr << "dtensor: rendezvous from " << info->source << ": rank " << rank << " of "
               << world << " (local rank " << info->local_rank << "), master " << info->master_addr
               << ":" << info->master_port << std::endl;
@@ -192,6 +195,9 @@ GroupPtr init_process_group(const InitOptions& options) {
                   "'; expected env://, file://PATH or tcp://HOST:PORT");
     }
   }
+  if (m != "env://" && !m.empty()) local_rank = local_rank_from_env();
+  // NOTE: [Rank devices]: one GPU per rank, current before NCCL creates its communicators.
+  if (detail::backend_uses_nccl(options.backend)) use_rank_cuda_device(rank, local_rank);
   C10dGroupOptions go;
   go.backend = options.backend;
   go.timeout = options.timeout;

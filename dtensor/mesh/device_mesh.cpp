@@ -2,6 +2,8 @@
 // lookups, slicing and printing.
 #include "dtensor/mesh/device_mesh.h"
 
+#include "dtensor/comm/device.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -188,6 +190,7 @@ DeviceMesh::DeviceMesh(std::string device_type, const at::Tensor& mesh,
 }
 
 const std::string& DeviceMesh::device_type() const { return state_->device_type; }
+c10::Device DeviceMesh::device() const { return comm::rank_device(state_->device_type, state_->repr); }
 const at::Tensor& DeviceMesh::mesh() const { return state_->mesh; }
 int64_t DeviceMesh::ndim() const { return state_->mesh.dim(); }
 int64_t DeviceMesh::size() const { return state_->mesh.numel(); }

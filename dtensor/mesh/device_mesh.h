@@ -58,6 +58,11 @@ class DeviceMesh {
              std::vector<std::string> mesh_dim_names = {}, comm::GroupPtr world = nullptr);
 
   const std::string& device_type() const;
+  // Where this rank's local tensors live: cpu for a "cpu" mesh, this rank's CUDA device (the
+  // current one, NOTE: [Rank devices] in dtensor/comm/device.h) for a "cuda" mesh.
+  // distribute_tensor, from_local and the dtensor factories put local tensors there. A
+  // "cuda" mesh on a machine without GPUs throws here, naming the mesh.
+  c10::Device device() const;
   // The rank tensor: int64, contiguous, on CPU. Shared: do not modify it.
   const at::Tensor& mesh() const;
   int64_t ndim() const;

@@ -108,6 +108,18 @@ const bool registered = [] {
                      "logaddexp", "logaddexp2", "heaviside", "igamma", "igammac", "gcd", "lcm",
                      "log_sigmoid_forward", "relu6", "celu", "selu", "rrelu", "rrelu_with_noise", "threshold"}),
       Linear::kNone);
+  // The special polynomial and Bessel families (libtorch 2.x; absent names are never called).
+  reg({"aten::special_chebyshev_polynomial_t", "aten::special_chebyshev_polynomial_u",
+       "aten::special_chebyshev_polynomial_v", "aten::special_chebyshev_polynomial_w",
+       "aten::special_shifted_chebyshev_polynomial_t", "aten::special_shifted_chebyshev_polynomial_u",
+       "aten::special_shifted_chebyshev_polynomial_v", "aten::special_shifted_chebyshev_polynomial_w",
+       "aten::special_hermite_polynomial_h", "aten::special_hermite_polynomial_he",
+       "aten::special_laguerre_polynomial_l", "aten::special_legendre_polynomial_p", "aten::special_bessel_j0",
+       "aten::special_bessel_j1", "aten::special_bessel_y0", "aten::special_bessel_y1",
+       "aten::special_modified_bessel_i0", "aten::special_modified_bessel_i1", "aten::special_modified_bessel_k0",
+       "aten::special_modified_bessel_k1", "aten::special_scaled_modified_bessel_k0",
+       "aten::special_scaled_modified_bessel_k1", "aten::special_spherical_bessel_j0", "aten::special_airy_ai"},
+      Linear::kNone);
   // More *_backward ops: grad_output times a function of the forward input, so linear in
   // grad_output (their first operand).
   reg({"aten::log_sigmoid_backward", "aten::logit_backward", "aten::softplus_backward",
@@ -123,7 +135,7 @@ const bool registered = [] {
   reg({"aten::mul.Tensor", "aten::mul_.Tensor", "aten::mul.out"}, Linear::kAnyOne);
   reg({"aten::mul.Scalar", "aten::mul_.Scalar", "aten::div.Tensor", "aten::div_.Tensor", "aten::div.Scalar",
        "aten::div_.Scalar", "aten::neg", "aten::neg_", "aten::clone", "aten::detach", "aten::deg2rad",
-       "aten::deg2rad_", "aten::rad2deg", "aten::rad2deg_", "aten::alias", "aten::positive", "aten::zero_",
+       "aten::deg2rad_", "aten::rad2deg", "aten::rad2deg_", "aten::alias", "aten::positive",
        "aten::threshold_backward", "aten::gelu_backward", "aten::tanh_backward", "aten::sigmoid_backward",
        "aten::silu_backward", "aten::hardtanh_backward", "aten::leaky_relu_backward", "aten::elu_backward",
        "aten::lift_fresh", "aten::_conj", "aten::conj_physical", "aten::conj_physical_", "aten::real",
@@ -141,6 +153,21 @@ const bool registered = [] {
       return pointwise_options(c, zero ? Linear::kFirst : Linear::kNone);
     });
   }
+  // fill_ with a Scalar and zero_ keep whatever placement their input has, Partial included:
+  // every rank's local tensor holds the value (PyTorch registers aten.fill_.Scalar and
+  // aten.zero_ with the single-input strategy, so a Partial(sum) tensor filled with v has the
+  // value v * ranks once reduced, and a Partial(max) one v).
+  const Rule keep_placement = [](const OpCall& c) {
+    std::vector<DimOption> opts;
+    opts.push_back({{Replicate{}}, {Replicate{}}});
+    for (int64_t d = 0; d < static_cast<int64_t>(c.inputs[0]->tensor_meta.shape.size()); ++d)
+      opts.push_back({{Shard{d}}, {Shard{d}}});
+    for (auto op : {comm::ReduceOp::SUM, comm::ReduceOp::AVG, comm::ReduceOp::MIN, comm::ReduceOp::MAX})
+      opts.push_back({{Partial(op)}, {Partial(op)}});
+    return opts;
+  };
+  register_rule("aten::fill_.Scalar", keep_placement);
+  register_rule("aten::zero_", keep_placement);
   // A cast is linear between floating dtypes; rounding to an integer dtype is not.
   register_rule("aten::_to_copy", [](const OpCall& c) {
     const bool floating = c.output_meta.empty() || at::isFloatingType(c.output_meta[0].dtype) ||

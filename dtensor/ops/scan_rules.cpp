@@ -41,7 +41,29 @@ Rule scan(bool linear) {
   };
 }
 
+// Position of the schema argument `name`, or -1.
+int64_t arg_position(const OpCall& c, const char* name) {
+  const auto& formals = c.schema->arguments();
+  for (size_t i = 0; i < formals.size(); ++i)
+    if (formals[i].name() == name) return static_cast<int64_t>(i);
+  return -1;
+}
+
+// sort / topk / kthvalue-like ops: the values along `dim` depend on the whole dim, which is
+// replicated; every other dim keeps its shards (values and indices alike). Not linear.
+Rule along_dim() {
+  return [](const OpCall& c) {
+    const int64_t nd = c.inputs[0]->ndim();
+    std::vector<bool> whole(static_cast<size_t>(nd), false);
+    const int64_t pos = arg_position(c, "dim");
+    if (nd > 0) whole[normalize_shard_dim(pos < 0 ? -1 : arg_int(c, static_cast<size_t>(pos), -1), nd)] = true;
+    return keep_other_dims(c, whole, /*linear=*/false);
+  };
+}
+
 const bool registered = [] {
+  // Overloads that exist in libtorch 1.13 and 2.x alike (checked through the dispatcher).
+  for (const char* n : {"aten::sort", "aten::sort.stable", "aten::topk"}) register_rule(n, along_dim());
   for (const char* n : {"aten::cumsum", "aten::cumsum_"}) register_rule(n, scan(/*linear=*/true));
   for (const char* n : {"aten::cumprod", "aten::cumprod_", "aten::logcumsumexp", "aten::_logcumsumexp"}) register_rule(n, scan(/*linear=*/false));
   register_rule("aten::flip", [](const OpCall& c) {

@@ -1,6 +1,8 @@
 // dtensor/parallel/api.cpp
 #include "dtensor/parallel/api.h"
 
+#include "dtensor/tensor/dtensor.h"
+
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 
@@ -11,12 +13,49 @@ namespace dtensor {
 
 namespace {
 
-// fnmatch-style glob over one name component: '*' any run, '?' one character.
+// One fnmatch character class starting at pattern[p] == '[': "[1-2]", "[abc]", "[!0]".
+// Returns the index after ']' and sets `matched`; npos when there is no closing ']' (the '['
+// is then an ordinary character, as in Python's fnmatch).
+size_t match_class(const std::string& pattern, size_t p, char c, bool& matched) {
+  size_t i = p + 1;
+  const bool negate = i < pattern.size() && pattern[i] == '!';
+  if (negate) ++i;
+  bool in = false;
+  bool first = true;
+  for (; i < pattern.size() && (first || pattern[i] != ']'); ++i, first = false) {
+    if (i + 2 < pattern.size() && pattern[i + 1] == '-' && pattern[i + 2] != ']') {
+      in = in || (pattern[i] <= c && c <= pattern[i + 2]);
+      i += 2;
+    } else {
+      in = in || pattern[i] == c;
+    }
+  }
+  if (i >= pattern.size()) return std::string::npos;
+  matched = in != negate;
+  return i + 1;
+}
+
+// Python's fnmatch over one name component (what PyTorch's parallelize_module uses): '*' any
+// run, '?' one character, '[seq]' / '[!seq]' one character in (not in) seq, ranges a-b allowed.
 bool glob_match(const std::string& pattern, const std::string& name) {
   size_t p = 0, n = 0, star = std::string::npos, resume = 0;
   while (n < name.size()) {
-    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
-      ++p;
+    bool step = false;
+    size_t next = p + 1;
+    if (p < pattern.size() && pattern[p] == '[') {
+      bool in = false;
+      const size_t end = match_class(pattern, p, name[n], in);
+      if (end != std::string::npos) {
+        step = in;
+        next = end;
+      } else {
+        step = name[n] == '[';
+      }
+    } else if (p < pattern.size() && pattern[p] != '*') {
+      step = pattern[p] == '?' || pattern[p] == name[n];
+    }
+    if (step) {
+      p = next;
       ++n;
     } else if (p < pattern.size() && pattern[p] == '*') {
       star = p++;
@@ -108,9 +147,9 @@ std::vector<std::string> match_module_paths(torch::nn::Module& module, const std
 }
 
 torch::nn::Module& parallelize_module(torch::nn::Module& module, const DeviceMesh& mesh,
-                                      const ParallelizePlan& plan) {
+                                      const ParallelizePlan& plan, std::optional<int64_t> src_data_rank) {
   check_mesh(mesh);
-  shared(module);
+  auto self = shared(module);
   // 1. Resolve and check every entry (local; identical on every rank).
   struct Step {
     Match target;
@@ -121,30 +160,48 @@ torch::nn::Module& parallelize_module(torch::nn::Module& module, const DeviceMes
   for (const auto& entry : plan) {
     TORCH_CHECK(entry.style != nullptr, "parallelize_module: the plan entry '", entry.path, "' has no style");
     std::string failure;
-    std::vector<Match> found = matches(module, entry.path, failure);
-    TORCH_CHECK(!found.empty(), "parallelize_module: the plan entry '", entry.path, "' (",
-                entry.style->to_string(), ") matches no submodule: ", failure);
+    // "" is the module itself (PyTorch's shortcut for the root).
+    std::vector<Match> found = entry.path.empty() ? std::vector<Match>{{"", self}} : matches(module, entry.path, failure);
+    if (found.empty()) {
+      // NOTE: [Unmatched plan keys warn]
+      // PyTorch skips a plan key that resolves to no submodule with a warning (a plan written
+      // for a family of models may name modules some members lack). Every rank warns alike.
+      TORCH_WARN("parallelize_module: the plan entry '", entry.path, "' (", entry.style->to_string(),
+                 ") matches no submodule (", failure, "); skipping it");
+      continue;
+    }
     for (auto& m : found) {
       entry.style->check(*m.module, m.path);
       if (entry.style->distributes_parameters()) {
         auto [it, fresh] = distributed_by.emplace(m.module.get(), entry.path);
-        TORCH_CHECK(fresh, "parallelize_module: '", m.path, "' is matched by the plan entries '", it->second,
-                    "' and '", entry.path, "', which both distribute its parameters; give it one of them");
+        TORCH_CHECK(fresh, "parallelize_module: '", m.path.empty() ? std::string("the root module") : m.path,
+                    "' is matched by the plan entries '", it->second, "' and '", entry.path,
+                    "', which both distribute its parameters; give it one of them");
       }
       steps.push_back({m, entry.style.get()});
     }
   }
   // 2. Apply in plan order.
+  detail::SrcDataRankGuard src(src_data_rank);
   for (auto& s : steps) s.style->apply(*s.target.module, mesh, s.target.path);
   return module;
 }
 
-torch::nn::Module& parallelize_module(torch::nn::Module& module, const DeviceMesh& mesh, const ParallelStyle& style) {
+torch::nn::Module& parallelize_module(torch::nn::Module& module, const DeviceMesh& mesh, const ParallelStyle& style,
+                                      std::optional<int64_t> src_data_rank) {
   check_mesh(mesh);
   shared(module);
   style.check(module, "");
+  detail::SrcDataRankGuard src(src_data_rank);
   style.apply(module, mesh, "");
   return module;
+}
+
+torch::nn::Module& parallelize_module(torch::nn::Module& module, const ParallelizePlan& plan) {
+  return parallelize_module(module, current_mesh(), plan);
+}
+torch::nn::Module& parallelize_module(torch::nn::Module& module, const ParallelStyle& style) {
+  return parallelize_module(module, current_mesh(), style);
 }
 
 }  // namespace dtensor

@@ -12,11 +12,17 @@
 //   at::Tensor y = dtensor::nn::call(model, tokens);  // children called through nn::call
 //
 // Plan paths are dotted child names from `module` ("layers.0.attention.wq"); a component may
-// be a glob with `*` (any run of characters) and `?` (one character), matched against child
-// names, so "layers.*.attention.wq" covers every layer. Entries apply in plan order. The
-// whole plan is checked before anything is applied: a path that matches no submodule, a style
-// on a module it does not support, or two parameter-distributing styles on one module raise
-// on every rank before any collective.
+// be a glob as Python's fnmatch reads it (`*` any run of characters, `?` one character,
+// `[1-2]` / `[!0]` one character in / not in a set), matched against child names, so
+// "layers.*.attention.wq" covers every layer and "net[1-2]" the children net1 and net2. The
+// path "" is `module` itself. Entries apply in plan order. The whole plan is checked before
+// anything is applied: a style on a module it does not support, or two parameter-distributing
+// styles on one module raise on every rank before any collective. A path that matches no
+// submodule is skipped with a warning (TORCH_WARN), as PyTorch does.
+//
+// src_data_rank (PyTorch's keyword argument): the parameters are distributed from the rank at
+// this coordinate of the mesh (default 0); nullopt: no communication, each rank keeps its own
+// piece of its own values (distribute_tensor's src_data_rank).
 //
 // Collective: every rank of `mesh` must call it with the same module structure and plan.
 #pragma once
@@ -24,7 +30,9 @@
 #include "dtensor/mesh/device_mesh.h"
 #include "dtensor/parallel/style.h"
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -56,22 +64,38 @@ using ParallelizePlan = std::vector<PlanEntry>;
 // Applies `plan` to the submodules of `module`. `mesh` must be 1-D (slice a larger mesh, e.g.
 // mesh["tp"]). Returns `module`.
 torch::nn::Module& parallelize_module(torch::nn::Module& module, const DeviceMesh& mesh,
-                                      const ParallelizePlan& plan);
+                                      const ParallelizePlan& plan, std::optional<int64_t> src_data_rank = 0);
 // Applies one style to `module` itself.
 torch::nn::Module& parallelize_module(torch::nn::Module& module, const DeviceMesh& mesh,
-                                      const ParallelStyle& style);
+                                      const ParallelStyle& style, std::optional<int64_t> src_data_rank = 0);
+// The same on the current mesh (DeviceMeshGuard in dtensor/tensor/dtensor.h).
+torch::nn::Module& parallelize_module(torch::nn::Module& module, const ParallelizePlan& plan);
+torch::nn::Module& parallelize_module(torch::nn::Module& module, const ParallelStyle& style);
 
 // The same for a ModuleHolder (torch::nn::Linear, models::Transformer, ...); returns it.
 template <class Impl>
 torch::nn::ModuleHolder<Impl> parallelize_module(torch::nn::ModuleHolder<Impl> module, const DeviceMesh& mesh,
-                                                 const ParallelizePlan& plan) {
-  parallelize_module(static_cast<torch::nn::Module&>(*module), mesh, plan);
+                                                 const ParallelizePlan& plan,
+                                                 std::optional<int64_t> src_data_rank = 0) {
+  parallelize_module(static_cast<torch::nn::Module&>(*module), mesh, plan, src_data_rank);
   return module;
 }
 template <class Impl>
 torch::nn::ModuleHolder<Impl> parallelize_module(torch::nn::ModuleHolder<Impl> module, const DeviceMesh& mesh,
-                                                 const ParallelStyle& style) {
-  parallelize_module(static_cast<torch::nn::Module&>(*module), mesh, style);
+                                                 const ParallelStyle& style,
+                                                 std::optional<int64_t> src_data_rank = 0) {
+  parallelize_module(static_cast<torch::nn::Module&>(*module), mesh, style, src_data_rank);
+  return module;
+}
+
+template <class Impl>
+torch::nn::ModuleHolder<Impl> parallelize_module(torch::nn::ModuleHolder<Impl> module, const ParallelizePlan& plan) {
+  parallelize_module(static_cast<torch::nn::Module&>(*module), plan);
+  return module;
+}
+template <class Impl>
+torch::nn::ModuleHolder<Impl> parallelize_module(torch::nn::ModuleHolder<Impl> module, const ParallelStyle& style) {
+  parallelize_module(static_cast<torch::nn::Module&>(*module), style);
   return module;
 }
 

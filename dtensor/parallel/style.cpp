@@ -44,7 +44,9 @@ void check_linear_or_embedding(torch::nn::Module& module, const std::string& pat
 
 void distribute(torch::nn::Module& module, const std::string& name, at::Tensor& member, const DeviceMesh& mesh,
                 Placement p) {
-  if (member.defined()) nn::swap_parameter(module, name, distribute_tensor(member.detach(), mesh, {p}));
+  if (member.defined())
+    nn::swap_parameter(module, name,
+                       distribute_tensor(member.detach(), mesh, {p}, detail::SrcDataRankGuard::current()));
 }
 
 // The tensor at `what` as a DTensor in `given` (wrapping a plain local tensor), then in
@@ -203,7 +205,55 @@ void prepare(std::vector<c10::IValue>& values, const Layouts& given, const Layou
   }
 }
 
+std::string kwarg_layouts_string(const KwargLayouts& l) {
+  std::string out = "{";
+  for (const auto& [k, p] : l) out += (out.size() > 1 ? ", '" : "'") + k + "': " + to_string(p);
+  return out + "}";
+}
+
+// The entries of string-keyed dict inputs (keyword arguments) named in `given`.
+void prepare_kwargs(std::vector<c10::IValue>& values, const KwargLayouts& given, const KwargLayouts& desired,
+                    bool use_local, const DeviceMesh& mesh, const std::string& what) {
+  if (given.empty()) return;
+  for (auto& v : values) {
+    if (!v.isGenericDict()) continue;
+    c10::Dict<c10::IValue, c10::IValue> d = v.toGenericDict();
+    if (!d.keyType()->cast<c10::StringType>()) continue;
+    c10::Dict<c10::IValue, c10::IValue> out = d.copy();
+    for (const auto& [key, layout] : given) {
+      auto it = out.find(c10::IValue(key));
+      if (it == out.end()) continue;
+      const auto want = desired.find(key);
+      at::Tensor t = to_layout(it->value(), mesh, layout,
+                               want == desired.end() ? std::nullopt : std::optional<Placement>(want->second),
+                               what + ": keyword input '" + key + "'");
+      out.insert_or_assign(c10::IValue(key), use_local ? c10::IValue(to_local(t)) : c10::IValue(t));
+    }
+    v = c10::IValue(out);
+  }
+}
+
 }  // namespace
+
+namespace detail {
+namespace {
+thread_local std::optional<int64_t> t_src_data_rank = 0;
+}  // namespace
+SrcDataRankGuard::SrcDataRankGuard(std::optional<int64_t> src_data_rank) : prev_(t_src_data_rank) {
+  t_src_data_rank = src_data_rank;
+}
+SrcDataRankGuard::~SrcDataRankGuard() { t_src_data_rank = prev_; }
+std::optional<int64_t> SrcDataRankGuard::current() { return t_src_data_rank; }
+}  // namespace detail
+
+PrepareModuleInput& PrepareModuleInput::input_kwarg_layouts(KwargLayouts l) {
+  input_kwarg_layouts_ = std::move(l);
+  return *this;
+}
+PrepareModuleInput& PrepareModuleInput::desired_input_kwarg_layouts(KwargLayouts l) {
+  desired_input_kwarg_layouts_ = std::move(l);
+  return *this;
+}
 
 PrepareModuleInput& PrepareModuleInput::input_layouts(Layouts l) {
   input_layouts_ = std::move(l);
@@ -219,12 +269,22 @@ PrepareModuleInput& PrepareModuleInput::use_local_output(bool v) {
 }
 
 std::string PrepareModuleInput::to_string() const {
+  std::string kwargs;
+  if (!input_kwarg_layouts_.empty() || !desired_input_kwarg_layouts_.empty())
+    kwargs = ", input_kwarg_layouts=" + kwarg_layouts_string(input_kwarg_layouts_) +
+             ", desired_input_kwarg_layouts=" + kwarg_layouts_string(desired_input_kwarg_layouts_);
   return "PrepareModuleInput(input_layouts=" + layouts_string(input_layouts_) +
-         ", desired_input_layouts=" + layouts_string(desired_input_layouts_) +
+         ", desired_input_layouts=" + layouts_string(desired_input_layouts_) + kwargs +
          ", use_local_output=" + bool_string(use_local_output_) + ")";
 }
 
 void PrepareModuleInput::check(torch::nn::Module&, const std::string& path) const {
+  for (const auto& kv : desired_input_kwarg_layouts_)
+    TORCH_CHECK(input_kwarg_layouts_.count(kv.first), "PrepareModuleInput at ", where(path),
+                ": desired_input_kwarg_layouts names '", kv.first, "' but input_kwarg_layouts does not (",
+                kwarg_layouts_string(input_kwarg_layouts_), "); give both or neither");
+  // Keyword layouts alone are enough (PyTorch: input_layouts=None).
+  if (input_layouts_.empty() && desired_input_layouts_.empty() && !input_kwarg_layouts_.empty()) return;
   check_layout_lengths(input_layouts_, desired_input_layouts_, "PrepareModuleInput", "input_layouts",
                        "desired_input_layouts", path);
 }
@@ -233,8 +293,10 @@ void PrepareModuleInput::apply(torch::nn::Module& module, const DeviceMesh& mesh
   check(module, path);
   const std::string what = "PrepareModuleInput at " + where(path);
   nn::register_forward_pre_hook(module, [=, given = input_layouts_, desired = desired_input_layouts_,
+                                         kw = input_kwarg_layouts_, kw_desired = desired_input_kwarg_layouts_,
                                          local = use_local_output_](torch::nn::Module&, nn::ForwardInputs& inputs) {
-    prepare(inputs, given, desired, local, mesh, what, "input");
+    if (!given.empty()) prepare(inputs, given, desired, local, mesh, what, "input");
+    prepare_kwargs(inputs, kw, kw_desired, local, mesh, what);
   });
 }
 
@@ -273,6 +335,53 @@ void PrepareModuleOutput::apply(torch::nn::Module& module, const DeviceMesh& mes
     prepare(outs, given, desired, local, mesh, what, "output");
     out = tuple ? c10::IValue(c10::ivalue::Tuple::create(std::move(outs))) : outs[0];
   });
+}
+
+PrepareModuleInputOutput& PrepareModuleInputOutput::input_layouts(Layouts l) {
+  input_.input_layouts(std::move(l));
+  return *this;
+}
+PrepareModuleInputOutput& PrepareModuleInputOutput::desired_input_layouts(Layouts l) {
+  input_.desired_input_layouts(std::move(l));
+  return *this;
+}
+PrepareModuleInputOutput& PrepareModuleInputOutput::input_kwarg_layouts(KwargLayouts l) {
+  input_.input_kwarg_layouts(std::move(l));
+  return *this;
+}
+PrepareModuleInputOutput& PrepareModuleInputOutput::desired_input_kwarg_layouts(KwargLayouts l) {
+  input_.desired_input_kwarg_layouts(std::move(l));
+  return *this;
+}
+PrepareModuleInputOutput& PrepareModuleInputOutput::use_local_input(bool v) {
+  input_.use_local_output(v);
+  return *this;
+}
+PrepareModuleInputOutput& PrepareModuleInputOutput::output_layouts(Layouts l) {
+  output_.output_layouts(std::move(l));
+  return *this;
+}
+PrepareModuleInputOutput& PrepareModuleInputOutput::desired_output_layouts(Layouts l) {
+  output_.desired_output_layouts(std::move(l));
+  return *this;
+}
+PrepareModuleInputOutput& PrepareModuleInputOutput::use_local_output(bool v) {
+  output_.use_local_output(v);
+  return *this;
+}
+
+std::string PrepareModuleInputOutput::to_string() const {
+  return "PrepareModuleInputOutput(" + input_.to_string() + ", " + output_.to_string() + ")";
+}
+
+void PrepareModuleInputOutput::check(torch::nn::Module& module, const std::string& path) const {
+  input_.check(module, path);
+  output_.check(module, path);
+}
+
+void PrepareModuleInputOutput::apply(torch::nn::Module& module, const DeviceMesh& mesh, const std::string& path) const {
+  input_.apply(module, mesh, path);
+  output_.apply(module, mesh, path);
 }
 
 }  // namespace dtensor

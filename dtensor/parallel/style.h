@@ -22,6 +22,7 @@
 #include "dtensor/mesh/device_mesh.h"
 #include "dtensor/placement/placement.h"
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,6 +53,20 @@ class ParallelStyle {
 };
 
 namespace detail {
+// The src_data_rank of the parallelize_module call in progress on this thread (PyTorch sets
+// ParallelStyle.src_data_rank): styles distribute parameters from it. Default 0.
+class SrcDataRankGuard {
+ public:
+  explicit SrcDataRankGuard(std::optional<int64_t> src_data_rank);
+  ~SrcDataRankGuard();
+  SrcDataRankGuard(const SrcDataRankGuard&) = delete;
+  SrcDataRankGuard& operator=(const SrcDataRankGuard&) = delete;
+  static std::optional<int64_t> current();
+
+ private:
+  std::optional<int64_t> prev_;
+};
+
 // The options Colwise and Rowwise share (input_layouts, output_layouts, use_local_output),
 // with setters that return the concrete style so that they chain.
 template <class Style>
@@ -134,17 +149,34 @@ class SequenceParallel : public ParallelStyle {
   bool use_local_output_ = false;
 };
 
+// Layouts of named inputs (PyTorch's input_kwarg_layouts): the key of a forward argument that
+// is a c10::Dict<std::string, at::Tensor> (the C++ spelling of keyword arguments).
+using KwargLayouts = std::map<std::string, Placement>;
+
 // Converts a module's positional inputs: input i is taken as input_layouts[i] (a plain tensor
 // is wrapped with from_local; a DTensor is kept) and redistributed to desired_input_layouts[i];
-// nullopt entries are left alone. The module's parameters are untouched. (PyTorch's keyword
-// argument layouts have no counterpart: C++ forward() has positional arguments only.)
+// nullopt entries are left alone. Named inputs: a forward argument that is a
+// c10::Dict<std::string, at::Tensor> carries keyword arguments; its entry `key` is taken as
+// input_kwarg_layouts[key] and redistributed to desired_input_kwarg_layouts[key] (a key
+// missing there is only wrapped). With kwarg layouts alone, input_layouts may be empty. The
+// module's parameters are untouched.
+//
+//   struct Attn : torch::nn::Module {
+//     at::Tensor forward(at::Tensor x, c10::Dict<std::string, at::Tensor> kwargs);
+//   };
+//   PrepareModuleInput().input_kwarg_layouts({{"mask", Shard{0}}})
+//                       .desired_input_kwarg_layouts({{"mask", Replicate{}}});
 class PrepareModuleInput : public ParallelStyle {
  public:
   PrepareModuleInput& input_layouts(Layouts l);
   PrepareModuleInput& desired_input_layouts(Layouts l);
+  PrepareModuleInput& input_kwarg_layouts(KwargLayouts l);
+  PrepareModuleInput& desired_input_kwarg_layouts(KwargLayouts l);
   PrepareModuleInput& use_local_output(bool v);  // default false
   const Layouts& input_layouts() const { return input_layouts_; }
   const Layouts& desired_input_layouts() const { return desired_input_layouts_; }
+  const KwargLayouts& input_kwarg_layouts() const { return input_kwarg_layouts_; }
+  const KwargLayouts& desired_input_kwarg_layouts() const { return desired_input_kwarg_layouts_; }
   bool use_local_output() const { return use_local_output_; }
 
   void check(torch::nn::Module& module, const std::string& path) const override;
@@ -155,6 +187,8 @@ class PrepareModuleInput : public ParallelStyle {
  private:
   Layouts input_layouts_;
   Layouts desired_input_layouts_;
+  KwargLayouts input_kwarg_layouts_;
+  KwargLayouts desired_input_kwarg_layouts_;
   bool use_local_output_ = false;
 };
 
@@ -177,6 +211,32 @@ class PrepareModuleOutput : public ParallelStyle {
   Layouts output_layouts_;
   Layouts desired_output_layouts_;
   bool use_local_output_ = true;
+};
+
+// PrepareModuleInput and PrepareModuleOutput in one style (PyTorch's
+// PrepareModuleInputOutput): the inputs as PrepareModuleInput converts them (use_local_input,
+// default false), the outputs as PrepareModuleOutput (use_local_output, default true).
+class PrepareModuleInputOutput : public ParallelStyle {
+ public:
+  PrepareModuleInputOutput& input_layouts(Layouts l);
+  PrepareModuleInputOutput& desired_input_layouts(Layouts l);
+  PrepareModuleInputOutput& input_kwarg_layouts(KwargLayouts l);
+  PrepareModuleInputOutput& desired_input_kwarg_layouts(KwargLayouts l);
+  PrepareModuleInputOutput& use_local_input(bool v);  // default false
+  PrepareModuleInputOutput& output_layouts(Layouts l);
+  PrepareModuleInputOutput& desired_output_layouts(Layouts l);
+  PrepareModuleInputOutput& use_local_output(bool v);  // default true
+  const PrepareModuleInput& input() const { return input_; }
+  const PrepareModuleOutput& output() const { return output_; }
+
+  void check(torch::nn::Module& module, const std::string& path) const override;
+  void apply(torch::nn::Module& module, const DeviceMesh& mesh, const std::string& path) const override;
+  bool distributes_parameters() const override { return false; }
+  std::string to_string() const override;
+
+ private:
+  PrepareModuleInput input_;
+  PrepareModuleOutput output_;
 };
 
 }  // namespace dtensor

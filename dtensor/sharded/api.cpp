@@ -261,7 +261,13 @@ nn::RemovableHandle reshard_output(torch::nn::Module& module, std::shared_ptr<co
         if (!output.isTensor() || !is_dtensor(output.toTensor())) return;
         const at::Tensor out = output.toTensor();
         const DeviceMesh& mesh = get_spec(out).mesh;
-        if (mesh.ndim() != 1) return;
+        // A ChunkShardingSpec places shards on a 1-D list of ranks: an output on an N-D mesh
+        // has no 1-D layout to move from, so say so instead of passing it on unchanged.
+        TORCH_CHECK(mesh.ndim() == 1, "reshard_output of ", m.name(), ": the output is a DTensor on the ",
+                    mesh.ndim(), "-D mesh ", mesh.to_string(), " with placements ", to_string(get_spec(out).placements),
+                    ", but ", chunk->to_string(), " describes shards on a 1-D list of ranks; only outputs on "
+                    "1-D meshes can be resharded. Redistribute the output yourself (dtensor::redistribute) or "
+                    "produce it on a 1-D mesh");
         const auto meta = chunk->build_metadata(out.sizes().vec(), {});
         const std::vector<int> order = placement_group_ranks(meta.shards_metadata, *mesh.world());
         const at::Tensor mesh_ranks = mesh.mesh().flatten();

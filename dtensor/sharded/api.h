@@ -57,8 +57,9 @@ void shard_parameter(torch::nn::Module& module, const std::string& param_name, c
 // or partial: PyTorch's ShardedTensor and _PartialTensor) is resharded to `resharding_spec`, a
 // ChunkShardingSpec with one placement per rank of the mesh. In the mesh's rank order this is
 // a differentiable redistribute; in another order the data moves as a ShardedTensor reshard,
-// which autograd cannot follow (an output that requires grad is then an error). Other outputs
-// pass unchanged. Collective at each call. (PyTorch: _reshard_output.)
+// which autograd cannot follow (an output that requires grad is then an error). A DTensor
+// output on a mesh of 2 or more dims is an error (a ChunkShardingSpec is 1-D). Outputs that are
+// not DTensors pass unchanged. Collective at each call. (PyTorch: _reshard_output.)
 nn::RemovableHandle reshard_output(torch::nn::Module& module, std::shared_ptr<const ShardingSpec> resharding_spec);
 
 // Forward hook: a DTensor output with Shard(d) on a 1-D mesh becomes this rank's local shard

@@ -1,6 +1,7 @@
 // dtensor/tensor/api.cpp: distribute_tensor, from_local, to_local, redistribute, full_tensor,
 // printing, and their autograd (hand-written autograd Nodes: the saved state is a DTensorSpec,
 // which is not an IValue, so torch::autograd::Function's saved_data does not fit).
+#include "dtensor/comm/c10d_guard.h"
 #include "dtensor/comm/object_collectives.h"
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/tensor/dtensor_impl.h"
@@ -44,19 +45,39 @@ std::shared_ptr<N> new_node() {
   return std::shared_ptr<N>(new N(), torch::autograd::deleteNode);
 }
 
-std::vector<Placement> grad_placements(const std::vector<Placement>& ps) {
-  std::vector<Placement> out = ps;
-  for (auto& p : out)
-    if (is_partial(p)) p = Replicate{};
+// NOTE: [Gradients of Partial inputs]
+// The gradient of a DTensor input goes back to the input's placements, except on mesh dims
+// where the input is Partial: a Partial gradient (the same Partial) stays Partial, with no
+// collective (each rank's partial gradient is its share); any other gradient (Shard,
+// Replicate) becomes Replicate, since turning a gradient into a Partial is useless work that a
+// later reduction would undo (PyTorch's _redistribute backward: `(current.is_shard() or
+// current.is_replicate()) and target.is_partial()` -> Replicate).
+std::vector<Placement> backward_placements(const std::vector<Placement>& grad, const std::vector<Placement>& input) {
+  std::vector<Placement> out = input;
+  for (size_t i = 0; i < out.size(); ++i)
+    if (is_partial(out[i]) && !(i < grad.size() && grad[i] == out[i])) out[i] = Replicate{};
   return out;
 }
 
+// redistribute without the public API's refusal of Partial targets (ops and backward use it).
+at::Tensor redistribute_unchecked(const at::Tensor& dt, const DeviceMesh& mesh, std::vector<Placement> placements,
+                                  const RedistributeOptions& options);
+
 struct RedistributeBackward : Node {
   std::optional<DTensorSpec> input_spec;
+  std::optional<at::ScalarType> backward_dtype;
   std::string name() const override { return "dtensor::RedistributeBackward"; }
   variable_list apply(variable_list&& grads) override {
     if (!grads[0].defined()) return {at::Tensor()};
-    return {redistribute(grads[0], input_spec->mesh, grad_placements(input_spec->placements))};
+    at::Tensor g = grads[0];
+    if (!is_dtensor(g)) g = make_dtensor(g, *input_spec);  // a plain zero/ones gradient: same layout
+    const at::ScalarType original = input_spec->tensor_meta.dtype;
+    RedistributeOptions o;
+    o.forward_dtype = backward_dtype.value_or(original);
+    at::Tensor out = redistribute_unchecked(
+        g, input_spec->mesh, backward_placements(get_spec(g).placements, input_spec->placements), o);
+    if (out.scalar_type() != original) out = out.to(original);
+    return {out};
   }
 };
 
@@ -67,18 +88,34 @@ struct FromLocalBackward : Node {
     if (!grads[0].defined()) return {at::Tensor()};
     at::Tensor g = grads[0];
     if (!is_dtensor(g)) return {g};
-    return {to_local(redistribute(g, spec->mesh, grad_placements(spec->placements)))};
+    return {to_local(redistribute_unchecked(g, spec->mesh, backward_placements(get_spec(g).placements, spec->placements),
+                                            {}))};
   }
 };
 
 struct ToLocalBackward : Node {
   std::optional<DTensorSpec> spec;
+  std::optional<std::vector<Placement>> grad_placements;
   std::string name() const override { return "dtensor::ToLocalBackward"; }
   variable_list apply(variable_list&& grads) override {
     if (!grads[0].defined()) return {at::Tensor()};
-    return {from_local(grads[0], spec->mesh, spec->placements, false, spec->tensor_meta.shape)};
+    return {from_local(grads[0], spec->mesh, grad_placements ? *grad_placements : spec->placements, false,
+                       spec->tensor_meta.shape)};
   }
 };
+
+thread_local std::vector<DeviceMesh> t_mesh_stack;
+
+// The source rank of distribute_tensor: the rank at coordinate `k` on every mesh dim.
+int source_rank(const DeviceMesh& mesh, int64_t k) {
+  at::Tensor m = mesh.mesh();
+  for (int64_t i = 0; i < mesh.ndim(); ++i) {
+    TORCH_CHECK(k >= 0 && k < mesh.size(i), "distribute_tensor: src_data_rank ", k, " is not a coordinate of mesh dim ",
+                i, " (size ", mesh.size(i), ") of ", mesh.to_string());
+    m = m.select(0, k);
+  }
+  return static_cast<int>(m.item<int64_t>());
+}
 
 }  // namespace
 
@@ -96,24 +133,50 @@ const at::Tensor& local_tensor(const at::Tensor& t) {
   return unsafe_get_dtensor_impl(t)->local();
 }
 
-at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
-                             std::vector<Placement> placements) {
+// With the call check on (NOTE: [Call check], dtensor/comm/c10d_guard.cpp), ranks that pass
+// different placements (which the broadcast cannot see) all raise, naming each rank's call.
+static void check_same_distribution(comm::Group& world, const at::Tensor& tensor,
+                                    const std::vector<Placement>& placements) {
+  if (world.size() <= 1 || !comm::check_collectives_enabled()) return;
+  std::ostringstream os;
+  os << tensor.scalar_type() << tensor.sizes() << "," << to_string(placements);
+  const auto all = comm::all_gather_object(world, os.str());
+  bool same = true;
+  for (const auto& a : all) same = same && a == all[0];
+  if (same) return;
+  std::ostringstream msg;
+  msg << "distribute_tensor: ranks passed different tensors or placements on " << world.describe() << ":";
+  for (size_t r = 0; r < all.size(); ++r) msg << " [rank " << r << ": distribute_tensor(" << all[r] << ")]";
+  TORCH_CHECK(false, msg.str());
+}
+
+at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh, std::vector<Placement> placements,
+                             std::optional<int64_t> src_data_rank) {
   TORCH_CHECK(tensor.defined(), "distribute_tensor: the tensor is undefined");
   TORCH_CHECK(!is_dtensor(tensor), "distribute_tensor: the tensor is already a DTensor; use redistribute");
+  if (placements.empty()) placements.assign(static_cast<size_t>(mesh.ndim()), Replicate{});
   TORCH_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(), "distribute_tensor: ",
               placements.size(), " placements for the ", mesh.ndim(), "-D mesh ", mesh.to_string());
   placements = normalize_placements(placements, tensor.dim());
   at::Tensor local;
   {
     at::NoGradGuard no_grad;
-    // The mesh's first rank is the source: every rank starts from its values.
-    at::Tensor full = tensor.detach().clone(at::MemoryFormat::Contiguous);
-    const int src = static_cast<int>(mesh.mesh().flatten()[0].item<int64_t>());
-    const auto& world = mesh.world();
-    world->broadcast(full, world->group_rank_of(src));
+    // On the mesh's device: a CPU tensor distributed over a "cuda" mesh lands on each rank's GPU.
+    at::Tensor full = tensor.is_meta() ? tensor.detach() : tensor.detach().to(mesh.device());
+    // A meta tensor has no values to send: every rank builds its shard's metadata alone, as
+    // from_local does (Replicate -> anything is local).
+    if (src_data_rank.has_value() && !full.is_meta()) {
+      // The source rank's values reach every rank (PyTorch: group rank src_data_rank of each mesh dim).
+      full = full.clone(at::MemoryFormat::Contiguous);
+      const auto& world = mesh.world();
+      check_same_distribution(*world, tensor, placements);
+      const int src = source_rank(mesh, *src_data_rank);
+      world->broadcast(full, world->group_rank_of(src));
+    }
     TensorMeta meta = contiguous_meta(tensor.sizes().vec(), tensor.scalar_type());
     DTensorSpec replicated(mesh, std::vector<Placement>(placements.size(), Replicate{}), meta);
     local = detail::redistribute_local(full, replicated, placements);
+    if (local.is_alias_of(tensor)) local = local.clone();  // never alias the caller's tensor
     DTensorSpec spec(mesh, placements, meta);
     at::Tensor out = make_dtensor(local, spec);
     if (tensor.requires_grad()) out.set_requires_grad(true);
@@ -121,56 +184,136 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
   }
 }
 
+at::Tensor distribute_tensor(const at::Tensor& tensor, std::vector<Placement> placements) {
+  return distribute_tensor(tensor, current_mesh(), std::move(placements));
+}
+
+at::Tensor _shard_tensor(const at::Tensor& full, std::vector<Placement> placements, const DeviceMesh& mesh) {
+  return distribute_tensor(full, mesh, std::move(placements), std::nullopt);
+}
+
 at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, std::vector<Placement> placements,
                       bool run_check, std::optional<std::vector<int64_t>> shape) {
-  TORCH_CHECK(local.defined() && !is_dtensor(local), "from_local: expected a plain local tensor");
+  FromLocalOptions o;
+  o.run_check = run_check;
+  o.shape = std::move(shape);
+  if (o.shape) {
+    auto st = c10::contiguous_strides(*o.shape);
+    o.stride = std::vector<int64_t>(st.begin(), st.end());
+  }
+  return from_local(local, mesh, std::move(placements), o);
+}
+
+at::Tensor from_local(const at::Tensor& local, std::vector<Placement> placements, const FromLocalOptions& options) {
+  return from_local(local, current_mesh(), std::move(placements), options);
+}
+
+at::Tensor from_local(const at::Tensor& local_in, const DeviceMesh& mesh, std::vector<Placement> placements,
+                      const FromLocalOptions& options) {
+  TORCH_CHECK(local_in.defined() && !is_dtensor(local_in), "from_local: expected a plain local tensor");
+  if (placements.empty()) placements.assign(static_cast<size_t>(mesh.ndim()), Replicate{});
   TORCH_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(), "from_local: ",
               placements.size(), " placements for the ", mesh.ndim(), "-D mesh ", mesh.to_string());
-  placements = normalize_placements(placements, local.dim());
-  if (run_check) {
-    // Every rank sees every rank's (dtype, shape), so every rank raises the same error.
+  TORCH_CHECK(options.shape.has_value() == options.stride.has_value(), "from_local: found shape ",
+              options.shape ? c10::str(c10::IntArrayRef(*options.shape)) : "None", " and stride ",
+              options.stride ? c10::str(c10::IntArrayRef(*options.stride)) : "None",
+              "; pass both shape and stride, or neither");
+  placements = normalize_placements(placements, local_in.dim());
+  at::Tensor local = local_in;
+  // Local tensors live on the mesh's device type (as PyTorch, a local tensor on another device
+  // type is moved there, differentiably; meta stays meta); a CUDA local must be on this rank's GPU.
+  const at::Device device = local.is_meta() ? local.device() : mesh.device();
+  if (local.device().type() != device.type()) return from_local(local.to(device), mesh, std::move(placements), options);
+  TORCH_CHECK(local.device() == device, "from_local: the local tensor is on ", local.device(), " but rank ",
+              mesh.get_rank(), " of ", mesh.to_string(), " keeps its local tensors on ", device,
+              "; move it there (local.to(mesh.device()))");
+  if (options.run_check) {
+    // NOTE: every rank sees every rank's (dtype, requires_grad, shape), so every rank raises the
+    // same error. Without a given shape the local shapes must be equal (PyTorch's
+    // check_tensor_meta(check_shape_stride=True)): uneven shards need `shape`.
     std::vector<int64_t> mine = local.sizes().vec();
+    mine.push_back(local.requires_grad() ? 1 : 0);
     mine.push_back(static_cast<int64_t>(local.scalar_type()));
     auto all = comm::all_gather_object(*mesh.world(), mine);
+    auto dtype_of = [](const std::vector<int64_t>& v) {
+      return c10::toString(static_cast<at::ScalarType>(v.back()));
+    };
     for (size_t r = 0; r < all.size(); ++r) {
       TORCH_CHECK(all[r].size() == all[0].size() && all[r].back() == all[0].back(), "from_local(run_check): rank ",
-                  r, " passed a local tensor of dtype ", c10::toString(static_cast<at::ScalarType>(all[r].back())),
-                  " with ", all[r].size() - 1, " dims, but rank 0 passed ",
-                  c10::toString(static_cast<at::ScalarType>(all[0].back())), " with ", all[0].size() - 1,
+                  r, " passed a local tensor of dtype ", dtype_of(all[r]), " with ", all[r].size() - 2,
+                  " dims, but rank 0 passed ", dtype_of(all[0]), " with ", all[0].size() - 2,
                   " dims; every rank must pass the same dtype and number of dims");
-      for (size_t d = 0; d + 1 < all[0].size(); ++d) {
+      TORCH_CHECK(all[r][all[r].size() - 2] == all[0][all[0].size() - 2], "from_local(run_check): rank ", r,
+                  " passed a local tensor with requires_grad=", all[r][all[r].size() - 2] ? "true" : "false",
+                  " but rank 0 with requires_grad=", all[0][all[0].size() - 2] ? "true" : "false",
+                  "; every rank must pass the same requires_grad");
+      for (size_t d = 0; d + 2 < all[0].size(); ++d) {
         bool sharded = false;
         for (auto& p : placements) sharded = sharded || is_shard(p, static_cast<int64_t>(d));
         TORCH_CHECK(sharded || all[r][d] == all[0][d], "from_local(run_check): dim ", d,
                     " is not sharded by ", to_string(placements), " but rank ", r, " has size ", all[r][d],
                     " where rank 0 has ", all[0][d], "; replicated dims must match on every rank");
+        TORCH_CHECK(options.shape || all[r][d] == all[0][d], "from_local(run_check): the local tensors are uneven (dim ",
+                    d, ": rank ", r, " has size ", all[r][d], ", rank 0 has ", all[0][d],
+                    "); pass the global shape and stride for uneven shards");
+      }
+    }
+    // Replicate mesh dims take their first rank's values (PyTorch's mesh_broadcast).
+    if (mesh.get_coordinate().has_value()) {
+      for (int64_t i = 0; i < mesh.ndim(); ++i) {
+        if (!is_replicate(placements[static_cast<size_t>(i)])) continue;
+        if (local.is_same(local_in)) local = local_in.detach().clone(at::MemoryFormat::Contiguous);
+        mesh.get_group(i)->broadcast(local, 0);
       }
     }
   }
-  std::vector<int64_t> global = shape ? *shape : local.sizes().vec();
-  if (!shape) {
-    // Even shards assumed (as PyTorch); pass `shape` for uneven ones.
-    for (size_t i = 0; i < placements.size(); ++i)
-      if (is_shard(placements[i])) global[std::get<Shard>(placements[i]).dim] *= mesh.size(static_cast<int64_t>(i));
+  std::vector<int64_t> global, stride;
+  if (options.shape) {
+    global = *options.shape;
+    stride = *options.stride;
+    TORCH_CHECK(stride.size() == global.size(), "from_local: stride ", c10::IntArrayRef(stride), " has ",
+                stride.size(), " dims but shape ", c10::IntArrayRef(global), " has ", global.size());
+  } else {
+    // PyTorch's compute_global_tensor_info: even shards assumed; strides rescaled.
+    global = local.sizes().vec();
+    stride = local.strides().vec();
+    for (size_t i = 0; i < placements.size(); ++i) {
+      if (!is_shard(placements[i])) continue;
+      const int64_t d = std::get<Shard>(placements[i]).dim;
+      const int64_t k = mesh.size(static_cast<int64_t>(i));
+      for (size_t j = 0; j < stride.size(); ++j)
+        if (static_cast<int64_t>(j) != d && stride[j] >= stride[static_cast<size_t>(d)]) stride[j] *= k;
+      global[static_cast<size_t>(d)] *= k;
+    }
   }
-  DTensorSpec spec(mesh, placements, contiguous_meta(global, local.scalar_type()));
+  TensorMeta meta = contiguous_meta(global, local.scalar_type());
+  meta.stride = stride;
+  DTensorSpec spec(mesh, placements, meta);
   auto expected = compute_local_shape(global, mesh, placements);
   TORCH_CHECK(expected == local.sizes().vec(), "from_local: a local tensor of shape ", local.sizes(),
               " is not this rank's shard of ", c10::IntArrayRef(global), " under ", to_string(placements),
               " (expected ", c10::IntArrayRef(expected), ")");
-  // The spec's strides are contiguous, so the DTensor holds a contiguous local tensor (views of
-  // the DTensor rewrite sizes for contiguous locals; a transposed local, e.g. a gradient coming
-  // back through to_local, would otherwise fail to view). The autograd edge stays on `local`.
+  // NOTE: [Global strides of from_local]
+  // The DTensor reports PyTorch's global strides (given, or rescaled from the local ones: a
+  // permuted local tensor gives permuted global strides), but its local tensor is kept
+  // contiguous: the view rules rewrite sizes for contiguous locals (a transposed local would
+  // otherwise fail to view). The autograd edge stays on `local`.
   at::Tensor out = make_dtensor(local.is_contiguous() ? local : local.contiguous(), spec);
   auto node = new_node<FromLocalBackward>();
   node->spec = spec;
-  connect(local, out, node);
+  connect(local_in, out, node);
   return out;
 }
 
-at::Tensor to_local(const at::Tensor& dt) {
+at::Tensor to_local(const at::Tensor& dt, std::optional<std::vector<Placement>> grad_placements) {
   auto* impl = maybe_get_dtensor_impl(dt);
   TORCH_CHECK(impl != nullptr, "to_local: expected a DTensor");
+  if (grad_placements) {
+    TORCH_CHECK(static_cast<int64_t>(grad_placements->size()) == impl->spec().mesh.ndim(), "to_local: ",
+                grad_placements->size(), " grad_placements for the ", impl->spec().mesh.ndim(), "-D mesh ",
+                impl->spec().mesh.to_string());
+    grad_placements = normalize_placements(*grad_placements, dt.dim());
+  }
   at::Tensor out;
   {
     at::AutoDispatchBelowADInplaceOrView guard;
@@ -178,35 +321,136 @@ at::Tensor to_local(const at::Tensor& dt) {
   }
   auto node = new_node<ToLocalBackward>();
   node->spec = impl->spec();
+  node->grad_placements = std::move(grad_placements);
   connect(dt, out, node);
   return out;
 }
 
-at::Tensor redistribute(const at::Tensor& dt, const DeviceMesh& mesh, std::vector<Placement> placements) {
+namespace {
+
+at::Tensor redistribute_unchecked(const at::Tensor& dt, const DeviceMesh& mesh, std::vector<Placement> placements,
+                                  const RedistributeOptions& options) {
   auto* impl = maybe_get_dtensor_impl(dt);
   TORCH_CHECK(impl != nullptr, "redistribute: expected a DTensor");
   TORCH_CHECK(mesh == impl->spec().mesh, "redistribute: moving to another mesh is not supported (from ",
               impl->spec().mesh.to_string(), " to ", mesh.to_string(), ")");
   placements = normalize_placements(placements, dt.dim());
   at::Tensor local;
+  DTensorSpec from = impl->spec();
   {
     at::NoGradGuard no_grad;
-    local = detail::redistribute_local(impl->local(), impl->spec(), placements);
+    local = impl->local();
+    if (options.forward_dtype && *options.forward_dtype != local.scalar_type()) {
+      local = local.to(*options.forward_dtype);
+      from.tensor_meta.dtype = *options.forward_dtype;
+    }
+    local = detail::redistribute_local(local, from, placements);
   }
-  at::Tensor out = make_dtensor(local, DTensorSpec(mesh, placements, impl->spec().tensor_meta));
+  at::Tensor out = make_dtensor(local, DTensorSpec(mesh, placements, from.tensor_meta));
   auto node = new_node<RedistributeBackward>();
   node->input_spec = impl->spec();
+  node->backward_dtype = options.backward_dtype;
   connect(dt, out, node);
   return out;
 }
 
-at::Tensor redistribute(const at::Tensor& dt, std::vector<Placement> placements) {
-  return redistribute(dt, get_spec(dt).mesh, std::move(placements));
+}  // namespace
+
+at::Tensor redistribute(const at::Tensor& dt, const DeviceMesh& mesh, std::vector<Placement> placements,
+                        const RedistributeOptions& options) {
+  const DTensorSpec& spec = get_spec(dt);
+  TORCH_CHECK(static_cast<int64_t>(placements.size()) == spec.mesh.ndim(), "redistribute: ", placements.size(),
+              " placements given for a ", spec.mesh.ndim(), "-D mesh ", spec.mesh.to_string());
+  for (size_t i = 0; i < placements.size(); ++i)
+    TORCH_CHECK(!is_partial(placements[i]) || placements[i] == spec.placements[i], "Can not redistribute from ",
+                to_string(spec.placements[i]), " to ", to_string(placements[i]), " (mesh dim ", i, " of ",
+                spec.mesh.to_string(), "): redistributing to Partial is for internal use only. Partial is what "
+                "ops produce (a sum, a matmul of sharded operands); to get Partial values, compute them");
+  return redistribute_unchecked(dt, mesh, std::move(placements), options);
 }
 
-at::Tensor full_tensor(const at::Tensor& dt) {
+at::Tensor redistribute(const at::Tensor& dt, std::vector<Placement> placements, const RedistributeOptions& options) {
+  return redistribute(dt, get_spec(dt).mesh, std::move(placements), options);
+}
+
+namespace detail {
+at::Tensor redistribute_to_any(const at::Tensor& dt, std::vector<Placement> placements) {
+  return redistribute_unchecked(dt, get_spec(dt).mesh, std::move(placements), {});
+}
+}  // namespace detail
+
+at::Tensor full_tensor(const at::Tensor& dt, std::optional<std::vector<Placement>> grad_placements) {
   const DTensorSpec& spec = get_spec(dt);
-  return to_local(redistribute(dt, spec.mesh, std::vector<Placement>(spec.placements.size(), Replicate{})));
+  return to_local(redistribute(dt, spec.mesh, std::vector<Placement>(spec.placements.size(), Replicate{})),
+                  std::move(grad_placements));
+}
+
+DTensor::DTensor(const at::Tensor& local_tensor, const DTensorSpec& spec, bool requires_grad) {
+  TORCH_CHECK(local_tensor.defined() && !is_dtensor(local_tensor), "DTensor: expected a plain local tensor");
+  TORCH_CHECK(local_tensor.scalar_type() == spec.tensor_meta.dtype, "DTensor: the local tensor is ",
+              local_tensor.scalar_type(), " but the spec says ", spec.tensor_meta.dtype);
+  const auto expected = compute_local_shape(spec.tensor_meta.shape, spec.mesh, spec.placements);
+  TORCH_CHECK(!spec.mesh.get_coordinate().has_value() || expected == local_tensor.sizes().vec(),
+              "DTensor: a local tensor of shape ", local_tensor.sizes(), " is not this rank's shard of ",
+              spec.to_string(), " (expected ", c10::IntArrayRef(expected), ")");
+  tensor = make_dtensor(local_tensor.is_contiguous() ? local_tensor : local_tensor.contiguous(), spec);
+  if (requires_grad) tensor.set_requires_grad(true);
+}
+
+DeviceMeshGuard::DeviceMeshGuard(const DeviceMesh& mesh) { t_mesh_stack.push_back(mesh); }
+DeviceMeshGuard::~DeviceMeshGuard() { t_mesh_stack.pop_back(); }
+bool has_current_mesh() { return !t_mesh_stack.empty(); }
+const DeviceMesh& current_mesh() {
+  TORCH_CHECK(!t_mesh_stack.empty(), "no current DeviceMesh on this thread: pass the mesh, or create a "
+              "dtensor::DeviceMeshGuard(mesh) first (PyTorch: `with mesh:`)");
+  return t_mesh_stack.back();
+}
+
+std::vector<at::Tensor> split_tensor(const Shard& shard, const at::Tensor& tensor, int64_t num_chunks, bool with_padding,
+                                     std::vector<int64_t>* pad_sizes) {
+  TORCH_CHECK(num_chunks > 0, "split_tensor: num_chunks must be positive, got ", num_chunks);
+  const int64_t d = normalize_shard_dim(shard.dim, tensor.dim());
+  const int64_t n = tensor.size(d);
+  const int64_t full = shard_size_and_offset(n, num_chunks, 0).first;
+  std::vector<at::Tensor> out;
+  if (pad_sizes) pad_sizes->clear();
+  for (int64_t i = 0; i < num_chunks; ++i) {
+    auto so = shard_size_and_offset(n, num_chunks, i);
+    at::Tensor piece = tensor.narrow(d, std::min(so.second, n), so.first).contiguous();
+    const int64_t pad = full - so.first;
+    if (with_padding && pad > 0) {
+      auto shape = piece.sizes().vec();
+      shape[static_cast<size_t>(d)] = pad;
+      piece = at::cat({piece, at::zeros(shape, piece.options())}, d);
+    }
+    if (pad_sizes) pad_sizes->push_back(pad);
+    out.push_back(piece);
+  }
+  return out;
+}
+
+at::Tensor unpad_tensor(const Shard& shard, const at::Tensor& tensor, int64_t pad_size) {
+  const int64_t d = normalize_shard_dim(shard.dim, tensor.dim());
+  TORCH_CHECK(pad_size >= 0 && pad_size <= tensor.size(d), "unpad_tensor: pad_size ", pad_size,
+              " out of range for dim ", d, " of size ", tensor.size(d));
+  return pad_size == 0 ? tensor : tensor.narrow(d, 0, tensor.size(d) - pad_size);
+}
+
+at::Tensor shard_dim_alltoall(const at::Tensor& input, int64_t gather_dim, int64_t shard_dim, const DeviceMesh& mesh,
+                              int64_t mesh_dim) {
+  TORCH_CHECK(mesh_dim >= 0 && mesh_dim < mesh.ndim(), "shard_dim_alltoall: mesh_dim ", mesh_dim, " out of range for ",
+              mesh.to_string());
+  const int64_t a = normalize_shard_dim(gather_dim, input.dim());
+  const int64_t b = normalize_shard_dim(shard_dim, input.dim());
+  std::vector<int64_t> global = input.sizes().vec();
+  global[static_cast<size_t>(a)] *= mesh.size(mesh_dim);
+  std::vector<Placement> from(static_cast<size_t>(mesh.ndim()), Replicate{}), to = from;
+  from[static_cast<size_t>(mesh_dim)] = Shard{a};
+  to[static_cast<size_t>(mesh_dim)] = Shard{b};
+  // Only mesh dim `mesh_dim` moves; the others keep `input` as it is (Replicate -> Replicate).
+  DTensorSpec spec(mesh, from, contiguous_meta(global, input.scalar_type()));
+  at::NoGradGuard no_grad;
+  return detail::redistribute_local(input.contiguous(), spec, to);
 }
 
 std::string to_string(const at::Tensor& dt) {

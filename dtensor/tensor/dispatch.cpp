@@ -171,8 +171,12 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
               " reached the DTensor fallback without a DTensor argument, so there is no mesh to create it on "
               "(was the DTensor dispatch key included with an IncludeDispatchKeyGuard?). Create sharded "
               "tensors with dtensor::zeros/ones/empty/full/arange(size, mesh, placements) or distribute_tensor");
+  // NOTE: [Implicit replication of one-element tensors]
+  // A plain tensor with ONE element (any number of dims: 0-dim ones stay plain arguments above)
+  // has the same value on every rank by construction of any sane program, so it is treated as
+  // Replicate without a guard, as PyTorch's dispatcher does (numel() == 1).
   auto replicated = [&](const at::Tensor& t, size_t arg_index) {
-    TORCH_CHECK(ImplicitReplicationGuard::enabled(), "DTensor: ", call.name, " got a plain tensor of shape ",
+    TORCH_CHECK(ImplicitReplicationGuard::enabled() || t.numel() == 1, "DTensor: ", call.name, " got a plain tensor of shape ",
                 t.sizes(), " as argument '", schema.arguments()[arg_index].name(), "' mixed with DTensors on ",
                 mesh->to_string(),
                 ". Distribute it (distribute_tensor / from_local) or run inside a "

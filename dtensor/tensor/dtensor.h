@@ -35,38 +35,111 @@ const DTensorSpec& get_spec(const at::Tensor& t);
 // This rank's shard, WITHOUT autograd (the tensor the DTensor holds).
 const at::Tensor& local_tensor(const at::Tensor& t);
 
-// Collective. Shards (or replicates) `tensor` from the mesh's first rank: every rank passes a
-// tensor of the same shape and dtype; the values of the mesh's first rank are used. The result
-// is a leaf that requires grad when `tensor` does.
+// Collective. Shards (or replicates) `tensor`: every rank passes a tensor of the same shape and
+// dtype; the values of the source rank are used. The source is the rank at coordinate
+// `src_data_rank` on every mesh dim (default 0: the mesh's first rank, as PyTorch). With
+// src_data_rank = nullopt there is NO communication: each rank keeps its own piece of the
+// tensor it passed (PyTorch's src_data_rank=None). The result is a leaf that requires grad when
+// `tensor` does.
 at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
-                             std::vector<Placement> placements);
+                             std::vector<Placement> placements,
+                             std::optional<int64_t> src_data_rank = 0);
+// The same on the current mesh (DeviceMeshGuard); no placements: Replicate on every mesh dim.
+at::Tensor distribute_tensor(const at::Tensor& tensor, std::vector<Placement> placements = {});
+
+// Options of from_local (PyTorch's keyword arguments run_check, shape, stride).
+struct FromLocalOptions {
+  // Collective: every rank checks that the ranks agree on dtype and requires_grad (and on the
+  // local shape when `shape` is not given, as PyTorch's check_tensor_meta); a mismatch raises on
+  // EVERY rank naming the ranks. Replicate mesh dims then take the values of their first rank
+  // (a broadcast, as PyTorch).
+  bool run_check = false;
+  // Global shape and stride. Give both or neither (as PyTorch). Without them the local tensors
+  // are assumed even: shape = local shape times the mesh size on sharded dims, stride = the
+  // local strides rescaled (PyTorch's compute_global_tensor_info).
+  std::optional<std::vector<int64_t>> shape;
+  std::optional<std::vector<int64_t>> stride;
+};
 
 // Wraps this rank's `local` shard. Differentiable: the gradient of the DTensor flows back to
-// `local`. With run_check (collective) every rank checks that the ranks agree on dtype, and on
-// shape where the placements require it; a mismatch raises on EVERY rank naming the ranks.
-// Global shape: computed from the local shapes (shards may be uneven: it gathers the local
-// sizes when `shape` is not given and some dim is sharded).
+// `local` (a Partial gradient of a Partial DTensor stays Partial: the local gradient is this
+// rank's partial value, no collective, as PyTorch).
+at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh,
+                      std::vector<Placement> placements, const FromLocalOptions& options);
+// Older spelling: `shape` alone is accepted here (the stride is then contiguous).
 at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh,
                       std::vector<Placement> placements, bool run_check = false,
                       std::optional<std::vector<int64_t>> shape = std::nullopt);
+// The same on the current mesh (DeviceMeshGuard); no placements: Replicate on every mesh dim.
+at::Tensor from_local(const at::Tensor& local, std::vector<Placement> placements = {},
+                      const FromLocalOptions& options = {});
 
-// This rank's shard as a plain tensor. Differentiable (the gradient comes back as a DTensor
-// with the same placements).
-at::Tensor to_local(const at::Tensor& dtensor);
+// This rank's shard as a plain tensor. Differentiable: the gradient comes back as a DTensor
+// with `grad_placements` (PyTorch's hint for a gradient laid out differently from the DTensor),
+// by default the DTensor's own placements.
+at::Tensor to_local(const at::Tensor& dtensor,
+                    std::optional<std::vector<Placement>> grad_placements = std::nullopt);
+
+// Options of redistribute (PyTorch's keyword arguments).
+struct RedistributeOptions {
+  // Accepted for PyTorch's spelling. The collectives of comm::Group are synchronous, so the
+  // result is complete on return (PyTorch returns an AsyncCollectiveTensor that waits on first
+  // use; here there is nothing left to wait for).
+  bool async_op = false;
+  // The local tensor is cast to forward_dtype before the collectives; the result has it.
+  std::optional<at::ScalarType> forward_dtype;
+  // The gradient is cast to backward_dtype before its collectives, then back to the input's
+  // dtype (default: the input's dtype).
+  std::optional<at::ScalarType> backward_dtype;
+};
 
 // Collective. The same global tensor with other placements (every transition, uneven shards
-// included). Differentiable: the gradient is redistributed back (Partial inputs get a
-// Replicate gradient).
+// included). A Partial target is accepted only where the placement already is that Partial:
+// redistributing to Partial raises "Can not redistribute from X to Partial(...)" as PyTorch
+// (Partial is what ops produce, not a layout to ask for). Differentiable: the gradient is
+// redistributed back to the input's placements, except that a Partial input placement gets a
+// Replicate gradient unless the gradient already is that Partial (then it stays Partial, with
+// no collective), as PyTorch.
 at::Tensor redistribute(const at::Tensor& dtensor, const DeviceMesh& mesh,
-                        std::vector<Placement> placements);
-at::Tensor redistribute(const at::Tensor& dtensor, std::vector<Placement> placements);
+                        std::vector<Placement> placements, const RedistributeOptions& options = {});
+at::Tensor redistribute(const at::Tensor& dtensor, std::vector<Placement> placements,
+                        const RedistributeOptions& options = {});
 
-// Collective. The whole tensor on every rank, as a plain tensor. Differentiable.
-at::Tensor full_tensor(const at::Tensor& dtensor);
+// Collective. The whole tensor on every rank, as a plain tensor. Differentiable; the gradient
+// of the result is taken as `grad_placements` (default Replicate on every mesh dim).
+at::Tensor full_tensor(const at::Tensor& dtensor,
+                       std::optional<std::vector<Placement>> grad_placements = std::nullopt);
 
 // "DTensor(local_tensor=..., device_mesh=..., placements=(Shard(dim=0),), shape=[8, 4])"
 std::string to_string(const at::Tensor& dtensor);
 void print(std::ostream& os, const at::Tensor& dtensor);
+
+// ---- Placement helpers (PyTorch's Shard._split_tensor / _unpad_tensor, shard_dim_alltoall,
+// _shard_tensor) ----------------------------------------------------------------------------
+
+// Not collective. `tensor` cut along `shard.dim` into `num_chunks` torch.chunk pieces (NOTE:
+// [Uneven shards]: trailing pieces may be smaller or empty; there are always num_chunks). With
+// `with_padding` every piece is zero-padded to the first piece's size and `pad_sizes` (when
+// given) receives how much was added to each.
+std::vector<at::Tensor> split_tensor(const Shard& shard, const at::Tensor& tensor, int64_t num_chunks,
+                                     bool with_padding = false, std::vector<int64_t>* pad_sizes = nullptr);
+// Not collective. `tensor` without the last `pad_size` entries of `shard.dim`.
+at::Tensor unpad_tensor(const Shard& shard, const at::Tensor& tensor, int64_t pad_size);
+// Collective over mesh dim `mesh_dim` (PyTorch's shard_dim_alltoall): `input` is this rank's
+// piece of a tensor split EVENLY along `gather_dim` over that mesh dim; the result is its piece
+// of the same tensor split along `shard_dim` instead (torch.chunk pieces), with one all_to_all.
+// Plain local tensors in and out.
+at::Tensor shard_dim_alltoall(const at::Tensor& input, int64_t gather_dim, int64_t shard_dim,
+                              const DeviceMesh& mesh, int64_t mesh_dim);
+// Not collective: the DTensor whose local tensor is this rank's piece of `full` (every rank
+// passes the full tensor; PyTorch's _shard_tensor, distribute_tensor with src_data_rank=None).
+at::Tensor _shard_tensor(const at::Tensor& full, std::vector<Placement> placements, const DeviceMesh& mesh);
+
+namespace detail {
+// redistribute without the refusal of Partial targets (PyTorch's internal Redistribute.apply):
+// for ops, backward passes and tests of the Replicate -> Partial transition. Differentiable.
+at::Tensor redistribute_to_any(const at::Tensor& dtensor, std::vector<Placement> placements);
+}  // namespace detail
 
 // ---- Factories (torch.distributed.tensor.zeros / ones / empty / full) ---------------------
 //
@@ -97,14 +170,47 @@ at::Tensor arange(const at::Scalar& start, const at::Scalar& end, const at::Scal
                   const DeviceMesh& mesh, std::vector<Placement> placements,
                   at::TensorOptions options = {});
 
-// PyTorch spelling: DTensor::from_local(...) etc.
+// PyTorch spelling: DTensor::from_local(...), and the DTensor constructor.
+//
+//   at::Tensor t = dtensor::DTensor(local, spec, /*requires_grad=*/true);
+//
+// The constructor wraps `local` as the DTensor `spec` describes, without communication and
+// without autograd history (a leaf; PyTorch: DTensor(local_tensor, spec, requires_grad=...),
+// which its docs reserve for internals: prefer from_local, which is differentiable). `local`
+// must have this rank's local shape for the spec and the spec's dtype.
 struct DTensor {
+  DTensor(const at::Tensor& local_tensor, const DTensorSpec& spec, bool requires_grad);
+  operator at::Tensor() const { return tensor; }
+  at::Tensor tensor;
+
   static at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh,
                                std::vector<Placement> placements, bool run_check = false,
                                std::optional<std::vector<int64_t>> shape = std::nullopt) {
     return dtensor::from_local(local, mesh, std::move(placements), run_check, std::move(shape));
   }
+  static at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh,
+                               std::vector<Placement> placements, const FromLocalOptions& options) {
+    return dtensor::from_local(local, mesh, std::move(placements), options);
+  }
 };
+
+// The current mesh (PyTorch's `with mesh:`): while a guard is alive on this thread,
+// distribute_tensor, from_local and parallelize_module may omit the mesh. Guards nest.
+//
+//   {
+//     dtensor::DeviceMeshGuard use(mesh);
+//     at::Tensor x = dtensor::distribute_tensor(t, {dtensor::Shard{0}});   // on `mesh`
+//   }
+class DeviceMeshGuard {
+ public:
+  explicit DeviceMeshGuard(const DeviceMesh& mesh);
+  ~DeviceMeshGuard();
+  DeviceMeshGuard(const DeviceMeshGuard&) = delete;
+  DeviceMeshGuard& operator=(const DeviceMeshGuard&) = delete;
+};
+// The innermost DeviceMeshGuard's mesh on this thread; throws saying how to set one when none.
+const DeviceMesh& current_mesh();
+bool has_current_mesh();
 
 // While alive (per thread), plain tensors mixed with DTensors in an op are treated as
 // Replicate instead of raising (PyTorch's implicit_replication()).

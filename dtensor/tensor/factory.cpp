@@ -32,7 +32,15 @@ at::Tensor make_factory(const char* name, c10::IntArrayRef size, const DeviceMes
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "dtensor::", name, ": ", e.what_without_backtrace());
   }
-  if (!options.has_device()) options = options.device(at::Device(mesh.device_type()));
+  if (options.has_device()) {
+    TORCH_CHECK(options.device().type() == at::kMeta || options.device().type() == mesh.device().type(),
+                "dtensor::", name, ": the options ask for device ", options.device(), " but ", mesh.to_string(),
+                " keeps local tensors on ", mesh.device_type(), "; drop the device from the options (the mesh "
+                "decides) or use a mesh of that device type");
+    if (options.device().type() != at::kMeta) options = options.device(mesh.device());
+  } else {
+    options = options.device(mesh.device());
+  }
   const bool requires_grad = options.requires_grad();
   const at::TensorOptions local_options = options.requires_grad(false);
   const auto [local_shape, offset] = compute_local_shape_and_global_offset(size, mesh, placements);
@@ -75,7 +83,7 @@ at::Tensor full(c10::IntArrayRef size, const at::Scalar& fill_value, const Devic
 
 at::Tensor arange(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step, const DeviceMesh& mesh,
                   std::vector<Placement> placements, at::TensorOptions options) {
-  const at::TensorOptions plain = (options.has_device() ? options : options.device(at::Device(mesh.device_type())))
+  const at::TensorOptions plain = (options.has_device() ? options : options.device(mesh.device()))
                                       .requires_grad(false);
   at::Tensor whole = at::arange(start, end, step, plain);
   return make_factory("arange", whole.sizes(), mesh, std::move(placements), options.dtype(whole.scalar_type()),

@@ -134,6 +134,10 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from,
   const std::vector<Placement> to = normalize_placements(to_in, from.ndim());
   if (!from.mesh.get_coordinate().has_value()) return local;  // not in the mesh
   std::vector<Placement> cur = from.placements;
+  // On a mesh dim of one rank every placement holds the same local tensor (the whole dim,
+  // the whole sum): nothing to communicate.
+  for (int64_t i = 0; i < m; ++i)
+    if (from.mesh.size(i) == 1) cur[i] = to[i];
   at::Tensor t = local;
   // S(a) -> S(b) on a mesh dim that is the only one sharding a and b: one all_to_all.
   for (int64_t i = 0; i < m; ++i) {

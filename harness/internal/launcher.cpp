@@ -3,6 +3,7 @@
 #include "harness/internal/launcher.h"
 
 #include "dtensor/comm/c10d_group.h"
+#include "dtensor/comm/device.h"
 #include "dtensor/compat.h"
 
 #include <boost/process.hpp>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -418,11 +420,18 @@ void stop_fork_server() {
     so.timeout = std::chrono::milliseconds(req.timeout_ms);
     compat::disable_libuv(so);
     auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+    // NOTE: [Rank devices]: this rank's GPU is current before NCCL builds its communicators.
+    if (comm::detail::backend_uses_nccl(req.backend)) comm::use_rank_cuda_device(req.rank);
     comm::C10dGroupOptions go;
     go.backend = req.backend;
     go.timeout = std::chrono::milliseconds(req.timeout_ms);
     go.gloo_hostname = "127.0.0.1";
     group = comm::C10dGroup::create(store, req.rank, req.world_size, go);
+    // Gloo's create() can return in one rank while a peer is still finishing its handshake
+    // with it; a rank whose body then ends at once (a skip) would exit under that peer
+    // ("connection closed by peer"). The barrier keeps every rank until all are connected
+    // (DESIGN.md D12).
+    group->barrier();
     comm::set_default_group(group);
   } catch (const std::exception& e) {
     auto* ce = dynamic_cast<const c10::Error*>(&e);
@@ -492,6 +501,7 @@ struct RankSet::Impl {
   };
   std::vector<Pending> pending;
   bool healthy = true;
+  int live_slot = -1;  // NOTE: [Nothing left in TMPDIR]
 
   void start(const std::string& test_id);
   void pump(int wait_ms);
@@ -516,11 +526,98 @@ struct RankSet::Impl {
   }
 };
 
+// NOTE: [Nothing left in TMPDIR]
+// A rank set's directory (dtensor-ranks-<orchestrator pid>-XXXXXX: ctl.sock, rank<r>.log) is
+// removed by ~RankSet. When the orchestrator is stopped by SIGTERM, SIGINT or SIGHUP (a ctest
+// timeout, Ctrl-C), a handler removes the directories of the live rank sets (async-signal-safe:
+// their file names are known) and then dies of the signal as it would have. After a SIGKILL,
+// the next rank set started in the same TMPDIR removes the directories of dead orchestrators.
+namespace {
+constexpr int kMaxLiveDirs = 8;
+struct LiveDir {
+  std::atomic<bool> used{false};
+  char path[512];
+  int ranks = 0;
+};
+LiveDir g_live_dirs[kMaxLiveDirs];
+
+void remove_dir_now(const char* dir, int ranks) {
+  char f[600];
+  std::snprintf(f, sizeof f, "%s/ctl.sock", dir);
+  ::unlink(f);
+  for (int r = 0; r < ranks; ++r) {
+    std::snprintf(f, sizeof f, "%s/rank%d.log", dir, r);
+    ::unlink(f);
+  }
+  ::rmdir(dir);
+}
+
+void on_stop_signal(int sig) {
+  for (auto& d : g_live_dirs)
+    if (d.used.load()) remove_dir_now(d.path, d.ranks);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+int register_live_dir(const std::string& path, int ranks) {
+  static const bool installed = [] {
+    for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
+      struct sigaction prev {};
+      ::sigaction(sig, nullptr, &prev);
+      if (prev.sa_handler != SIG_DFL) continue;  // the program handles it itself
+      struct sigaction sa {};
+      sa.sa_handler = on_stop_signal;
+      ::sigaction(sig, &sa, nullptr);
+    }
+    return true;
+  }();
+  (void)installed;
+  for (int i = 0; i < kMaxLiveDirs; ++i) {
+    auto& d = g_live_dirs[i];
+    if (d.used.load()) continue;
+    std::snprintf(d.path, sizeof d.path, "%s", path.c_str());
+    d.ranks = ranks;
+    d.used = true;
+    return i;
+  }
+  return -1;
+}
+
+void unregister_live_dir(int slot) {
+  if (slot >= 0) g_live_dirs[slot].used = false;
+}
+
+// Directories of orchestrators that no longer exist (killed by SIGKILL).
+void remove_stale_dirs(const std::string& tmpdir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(tmpdir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::string prefix = "dtensor-ranks-";
+    if (name.rfind(prefix, 0) != 0) continue;
+    const auto dash = name.find('-', prefix.size());
+    if (dash == std::string::npos) continue;
+    pid_t pid = 0;
+    try {
+      pid = static_cast<pid_t>(std::stol(name.substr(prefix.size(), dash - prefix.size())));
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+      std::error_code rm;
+      fs::remove_all(it->path(), rm);
+    }
+  }
+}
+}  // namespace
+
 void RankSet::Impl::start(const std::string& test_id) {
-  std::string tmpl = env_or("TMPDIR", "/tmp") + "/dtensor-ranks-XXXXXX";
+  const std::string tmpdir = env_or("TMPDIR", "/tmp");
+  remove_stale_dirs(tmpdir);
+  std::string tmpl = tmpdir + "/dtensor-ranks-" + std::to_string(::getpid()) + "-XXXXXX";
   TORCH_CHECK(::mkdtemp(tmpl.data()) != nullptr, "cannot create a temp dir from ", tmpl, ": ",
               std::strerror(errno));
   dir = tmpl;
+  live_slot = register_live_dir(dir.string(), n);
   const std::string ctl = (dir / "ctl.sock").string();
   listen_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
@@ -663,6 +760,7 @@ RankSet::~RankSet() {
   impl_->store.reset();
   std::error_code ec;
   if (!impl_->dir.empty()) fs::remove_all(impl_->dir, ec);
+  unregister_live_dir(impl_->live_slot);
 }
 
 bool RankSet::healthy() const { return impl_->healthy; }

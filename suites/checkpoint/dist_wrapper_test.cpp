@@ -4,6 +4,7 @@
 #include "dtensor/checkpoint/checkpoint.h"
 #include "dtensor/comm/comm.h"
 #include "harness/harness.h"
+#include "suites/testing/counting_group.h"
 #include "suites/testing/errors.h"
 #include "suites/testing/rank_modes.h"
 
@@ -83,6 +84,19 @@ TEST(DistWrapper, WithoutDistStillReportsFailures) {
 // ---- 4 ranks ---------------------------------------------------------------------------------------
 
 DTENSOR_RANK_FIXTURES(DistWrapperGloo, DistWrapperThreads);
+
+// PyTorch's _DistWrapper.barrier(): dist.barrier(group) when use_dist, nothing otherwise.
+DTENSOR_TEST_F(DistWrapperThreads, Barrier) {
+  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
+  DistWrapper dist(counting, /*use_dist=*/true);
+  dist.barrier();
+  EXPECT_EQ(counting->counts()["barrier"], 1);
+  EXPECT_EQ(counting->collectives(), 1);
+  counting->reset();
+  DistWrapper local(counting, /*use_dist=*/false);
+  local.barrier();
+  EXPECT_EQ(counting->collectives(), 0);
+}
 
 DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, ObjectCollectives) {
   const int r = t.rank();

@@ -1,7 +1,12 @@
-// Collectives of every Group implementation, run the way a user runs them: as 4 ranks, once
-// as processes over Gloo (C10dGroup) and once as threads (ThreadGroup). Each behaviour is
-// written once (COMM_TEST) and instantiated for both fixtures.
+// Collectives of every Group implementation, run the way a user runs them: as 4 ranks, as
+// processes over Gloo (C10dGroup), over Gloo through a per-device backend list ("cpu:gloo",
+// routed by tensor device: NOTE: [Backend routing]), as threads (ThreadGroup), and on GPU
+// machines over NCCL (the bodies' CPU tensors are staged through each rank's GPU, so every
+// native NCCL collective runs) and "cpu:gloo,cuda:nccl". Each behaviour is written once
+// (COMM_TEST) and instantiated for every fixture; the NCCL ones skip, with the reason, where
+// this build has no NCCL or the machine too few GPUs.
 #include "dtensor/comm/comm.h"
+#include "dtensor/comm/device.h"
 #include "harness/harness.h"
 
 #include <ATen/ATen.h>
@@ -12,8 +17,23 @@ namespace {
 using comm::ReduceOp;
 
 class GlooCollectives : public testing::MultiProcessTest {
+ public:
+  int world_size() const override { return 4; }  // the bodies are written for 4 ranks
+
  protected:
   std::chrono::milliseconds timeout() const override { return std::chrono::seconds(60); }
+};
+class GlooListCollectives : public GlooCollectives {
+ public:
+  std::string backend() const override { return "cpu:gloo"; }
+};
+class NcclCollectives : public GlooCollectives {
+ public:
+  std::string backend() const override { return "nccl"; }
+};
+class MixedCollectives : public GlooCollectives {
+ public:
+  std::string backend() const override { return "cpu:gloo,cuda:nccl"; }
 };
 class ThreadCollectives : public testing::MultiThreadedTest {
  protected:
@@ -23,6 +43,9 @@ class ThreadCollectives : public testing::MultiThreadedTest {
 #define COMM_TEST(name)                                                 \
   void name##_body(testing::MultiRankTest& t);                          \
   DTENSOR_TEST_F(GlooCollectives, name) { name##_body(*this); }        \
+  DTENSOR_TEST_F(GlooListCollectives, name) { name##_body(*this); }    \
+  DTENSOR_TEST_F(NcclCollectives, name) { name##_body(*this); }        \
+  DTENSOR_TEST_F(MixedCollectives, name) { name##_body(*this); }       \
   DTENSOR_TEST_F(ThreadCollectives, name) { name##_body(*this); }      \
   void name##_body(testing::MultiRankTest& t)
 
@@ -205,6 +228,57 @@ COMM_TEST(SubgroupsFromRankLists) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("listed twice"), std::string::npos) << e.what();
   }
+}
+
+// A tensor whose device has no entry in the list is refused on every rank before any
+// collective runs, with the list and what to add.
+DTENSOR_TEST_F(GlooListCollectives, DeviceWithoutBackendIsRefused) {
+  if (group().backend() != "cpu:gloo") GTEST_SKIP() << "DTENSOR_BACKEND overrides the fixture's cpu:gloo";
+  at::Tensor meta = at::empty({4}, at::TensorOptions().device(at::kMeta));
+  try {
+    group().all_reduce(meta);
+    ADD_FAILURE() << "a meta tensor was accepted by cpu:gloo";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("backend 'cpu:gloo' has no process group for meta tensors"),
+              std::string::npos)
+        << e.what();
+  }
+  at::Tensor x = at::ones({2});  // the group is still usable
+  group().all_reduce(x);
+  EXPECT_EQ(x[0].item<float>(), 4);
+}
+
+// CUDA tensors stay on the rank's GPU (NOTE: [Rank devices]) through NCCL's native
+// all_gather / reduce_scatter / AVG.
+DTENSOR_TEST_F(NcclCollectives, CudaTensorsOnTheRanksGpu) {
+  if (group().backend() != "nccl") GTEST_SKIP() << "DTENSOR_BACKEND overrides the fixture's nccl";
+  const at::Device dev = comm::rank_device("cuda");
+  EXPECT_EQ(dev.index(), rank() % testing::gpu_count());
+  const int n = group().size();
+  const auto opts = at::TensorOptions().device(dev);
+  at::Tensor x = at::full({2}, rank() + 1.0, opts);
+  group().all_reduce(x, ReduceOp::AVG);
+  EXPECT_EQ(x.device(), dev);
+  EXPECT_FLOAT_EQ(x[0].item<float>(), (n + 1) / 2.0f);
+  at::Tensor all = at::empty({2 * n}, opts);
+  group().all_gather_into(all, at::full({2}, static_cast<double>(rank()), opts));
+  EXPECT_TRUE(at::equal(all.cpu(), at::arange(n, at::kFloat).repeat_interleave(2)));
+  at::Tensor mine = at::empty({2}, opts);
+  group().reduce_scatter_into(mine, at::arange(2 * n, opts.dtype(at::kFloat)), ReduceOp::AVG);
+  EXPECT_TRUE(at::equal(mine.cpu(), at::arange(2 * rank(), 2 * rank() + 2, at::kFloat)));
+}
+
+// Each tensor goes to the backend of its device.
+DTENSOR_TEST_F(MixedCollectives, CpuToGlooCudaToNccl) {
+  if (group().backend() != "cpu:gloo,cuda:nccl") GTEST_SKIP() << "DTENSOR_BACKEND overrides the fixture's backend";
+  at::Tensor c = at::ones({3});
+  at::Tensor g = at::ones({3}, at::TensorOptions().device(comm::rank_device("cuda")));
+  group().all_reduce(c);
+  group().all_reduce(g);
+  EXPECT_EQ(c.device(), at::Device(at::kCPU));
+  EXPECT_TRUE(g.is_cuda());
+  EXPECT_EQ(c[0].item<float>(), group().size());
+  EXPECT_EQ(g[0].item<float>(), group().size());
 }
 
 // Only the in-memory group can tell mismatched collectives apart; it must raise on EVERY rank.

@@ -17,7 +17,9 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace dtensor {
@@ -95,7 +97,7 @@ DTENSOR_TEST_F(ConverterThreaded, CountsOn1dMesh) {
       {"[1,4]: size-1 dim", {values({1, 4})}, kPlain, 2},
       {"[2,8,4]", {values({2, 8, 4})}, kPlain, 3},
       {"[8,4] x [4] x scalar x None", {m84, values({4}), IValue(2), IValue()}, kPlain, 3 * 2},
-      {"bool [8,4]: replicate only", {at::ones({8, 4}, at::kBool)}, kPlain, 1},
+      {"bool [8,4]: sharded like any tensor", {at::ones({8, 4}, at::kBool)}, kPlain, 3},
       {"0-dim: replicate only", {at::scalar_tensor(3.0)}, kPlain, 1},
       {"int64 [8]", {at::arange(8)}, kPlain, 2},
       {"no tensor: one empty combination", {IValue(1), IValue(2.5)}, kPlain, 1},
@@ -108,13 +110,13 @@ DTENSOR_TEST_F(ConverterThreaded, CountsWithPartialAndUneven) {
   expect_counts(mesh, {
       {"partial [8,4]", {values({8, 4})}, kPartial, 4},
       {"partial [8,4] x [8,4]", {values({8, 4}), values({8, 4})}, kPartial, 4 * 4},
-      {"partial bool", {at::ones({8, 4}, at::kBool)}, kPartial, 1},
+      {"partial bool: no Partial", {at::ones({8, 4}, at::kBool)}, kPartial, 3},
       {"partial 0-dim", {at::scalar_tensor(3.0)}, kPartial, 1},
       {"partial [6,5]", {values({6, 5})}, kPartial, 2},
       {"uneven [6,5]", {values({6, 5})}, kUneven, 3},
       {"uneven [1,5]", {values({1, 5})}, kUneven, 2},
       {"uneven [2,4]: fewer rows than ranks", {values({2, 4})}, kUneven, 3},
-      {"uneven bool", {at::ones({6, 5}, at::kBool)}, kUneven, 1},
+      {"uneven bool", {at::ones({6, 5}, at::kBool)}, kUneven, 3},
       {"uneven + partial [6,5]", {values({6, 5})}, with(false, true, true), 4},
   });
 }
@@ -131,10 +133,48 @@ DTENSOR_TEST_F(ConverterThreaded, CountsOn2dMesh) {
       {"mesh_2d [2,3]: {R, S0} per dim, no (S0, S0)", {values({2, 3})}, kMesh2d, 3},
       {"mesh_2d uneven [2,3]", {values({2, 3})}, with(true, false, true), 9},
       {"mesh_2d partial [8,4]", {values({8, 4})}, with(true, true, false), 16},
-      {"mesh_2d bool", {at::ones({8, 4}, at::kBool)}, kMesh2d, 1},
+      {"mesh_2d bool", {at::ones({8, 4}, at::kBool)}, kMesh2d, 9},
+      {"mesh_2d partial bool: no Partial", {at::ones({8, 4}, at::kBool)}, with(true, true, false), 9},
       {"mesh_2d 0-dim", {at::scalar_tensor(1.0)}, kMesh2d, 1},
       {"mesh_2d [8,4] x [8,4]", {values({8, 4}), values({8, 4})}, kMesh2d, 81},
   });
+}
+
+// NOTE: [Converter covering design]: above the cap, every pair of tensors still sees every
+// pair of their choices (so every tensor every choice), all Replicate comes first, and the
+// random extras are the same on every run.
+DTENSOR_TEST_F(ConverterThreaded, CapVisitsAPairwiseCoveringDesign) {
+  DeviceMesh mesh = init_device_mesh("cpu", {2, 2});
+  DTensorConverterOptions o = with(true, true, false);
+  o.max_combinations = 48;
+  const std::vector<IValue> three = {values({8, 4}), values({8, 4}, 1), values({8, 4}, 2)};
+  DTensorConverter c(mesh, three, o);
+  ASSERT_EQ(c.num_combinations(), 16 * 16 * 16);
+  const std::vector<int64_t>& plan = c.plan();
+  EXPECT_EQ(plan.front(), 0);
+  EXPECT_EQ(std::set<int64_t>(plan.begin(), plan.end()).size(), plan.size());
+  EXPECT_GE(c.num_visited(), 256);
+  EXPECT_LT(c.num_visited(), 4096);
+  std::set<std::tuple<int64_t, int64_t, std::string, std::string>> pairs;
+  for (int64_t index : plan) {
+    const auto combination = c.combination(index);
+    for (int64_t i = 0; i < 3; ++i)
+      for (int64_t j = i + 1; j < 3; ++j)
+        pairs.emplace(i, j, dtensor::to_string(combination[i]), dtensor::to_string(combination[j]));
+  }
+  EXPECT_EQ(pairs.size(), 3u * 16 * 16);
+  EXPECT_PRED2(contains, c.design(), "pairwise covering");
+  DTensorConverter again(mesh, three, o);
+  EXPECT_EQ(again.plan(), plan);
+
+  // Two tensors: every pair of choices is the whole product, whatever the cap.
+  DTensorConverter two(mesh, {values({8, 4}), values({8, 4}, 1)}, o);
+  EXPECT_EQ(two.num_visited(), 256);
+  // Under the cap: the product, in order.
+  o.max_combinations = 300;
+  DTensorConverter full(mesh, {values({8, 4}), values({8, 4}, 1)}, o);
+  EXPECT_EQ(full.design(), "full product");
+  EXPECT_EQ(full.plan()[5], 5);
 }
 
 DTENSOR_TEST_F(ConverterThreaded, ChoicesAreFullPlacementLists) {
@@ -288,7 +328,7 @@ DTENSOR_TEST_F(ConverterThreaded, ConvertsBoolZeroDimAndLists) {
       IValue(c10::List<at::Tensor>({values({8, 4}), values({4})})),
   };
   DTensorConverter converter(mesh, args);
-  EXPECT_EQ(check_conversions(converter, args), 1 * 1 * 3 * 2);
+  EXPECT_EQ(check_conversions(converter, args), 3 * 1 * 3 * 2);
   std::vector<IValue> converted;
   DTensorConverter again(mesh, args);
   ASSERT_TRUE(again.next(converted));

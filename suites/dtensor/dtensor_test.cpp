@@ -2,6 +2,7 @@
 // even and uneven, forward and backward), from_local/to_local, ops through the dispatcher,
 // errors, and an MLP whose gradients equal the plain ones.
 #include "dtensor/comm/comm.h"
+#include "dtensor/comm/device.h"
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
 #include "suites/testing/errors.h"
@@ -9,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <functional>
 #include <sstream>
 
 namespace dtensor {
@@ -37,7 +39,9 @@ void check_every_1d_transition(testing::MultiRankTest& t) {
       for (const auto& to : all_placements_1d()) {
         SCOPED_TRACE(::testing::Message() << c10::IntArrayRef(shape) << " " << to_string(from) << " -> " << to_string(to));
         at::Tensor x = distribute_tensor(g, mesh, {from});
-        at::Tensor y = redistribute(x, {to});
+        // Every transition of the engine, Partial targets included (the public redistribute
+        // refuses those: RedistributeRefusesPartialTargets).
+        at::Tensor y = detail::redistribute_to_any(x, {to});
         EXPECT_EQ(get_spec(y).placements, std::vector<Placement>{to});
         EXPECT_EQ(y.sizes(), g.sizes());
         EXPECT_EQ(local_tensor(y).sizes().vec(), compute_local_shape(shape, mesh, {to}));
@@ -62,7 +66,7 @@ DTENSOR_TEST_F(DTensorThreads, RedistributeEveryTransition2D) {
       ASSERT_TRUE(at::allclose(full_tensor(x), g, 1e-5, 1e-5)) << to_string(from);
       for (const auto& to : ps) {
         SCOPED_TRACE(::testing::Message() << c10::IntArrayRef(shape) << " " << to_string(from) << " -> " << to_string(to));
-        at::Tensor y = redistribute(x, to);
+        at::Tensor y = detail::redistribute_to_any(x, to);
         EXPECT_EQ(local_tensor(y).sizes().vec(), compute_local_shape(shape, mesh, to));
         EXPECT_TRUE(at::allclose(full_tensor(y), g, 1e-5, 1e-5));
       }
@@ -79,7 +83,7 @@ DTENSOR_TEST_F(DTensorThreads, GradientFlowsBackThroughRedistribute) {
       SCOPED_TRACE(to_string(from) + " -> " + to_string(to));
       at::Tensor x = distribute_tensor(g.clone().requires_grad_(true), mesh, {from});
       ASSERT_TRUE(x.requires_grad());
-      at::Tensor y = full_tensor(redistribute(x, {to}));
+      at::Tensor y = full_tensor(detail::redistribute_to_any(x, {to}));
       (y * w).sum().backward();
       ASSERT_TRUE(x.grad().defined());
       // d/dx sum(x * w) = w; a Partial input gets a Replicate gradient.
@@ -116,6 +120,46 @@ DTENSOR_TEST_F(DTensorThreads, FromLocalRunCheckFailsOnEveryRank) {
   EXPECT_NE(err.find("rank 1 passed a local tensor of dtype Double"), std::string::npos) << err;
   err = error_of([&] { from_local(at::ones({3}), mesh, {Shard{0}}, false, std::vector<int64_t>{8}); });
   EXPECT_NE(err.find("is not this rank's shard of [8]"), std::string::npos) << err;
+}
+
+// The mesh decides where local tensors live (DeviceMesh::device, NOTE: [Rank devices]).
+DTENSOR_TEST_F(DTensorThreads, LocalTensorsLiveOnTheMeshDevice) {
+  auto mesh = init_device_mesh("cpu", {4});
+  EXPECT_EQ(mesh.device(), at::Device(at::kCPU));
+  EXPECT_TRUE(to_local(distribute_tensor(at::ones({8}), mesh, {Shard{0}})).is_cpu());
+  EXPECT_TRUE(to_local(dtensor::zeros({8}, mesh, {Shard{0}})).is_cpu());
+  EXPECT_TRUE(to_local(dtensor::arange(0, 8, 1, mesh, {Shard{0}})).is_cpu());
+  // A factory asked for another device type than its mesh's says so.
+  std::string err = error_of(
+      [&] { dtensor::ones({8}, mesh, {Shard{0}}, at::TensorOptions().device(at::kCUDA, 0)); });
+  EXPECT_NE(err.find("dtensor::ones: the options ask for device cuda:0 but DeviceMesh('cpu', [0, 1, 2, 3]) "
+                     "keeps local tensors on cpu"),
+            std::string::npos)
+      << err;
+
+  auto cuda = init_device_mesh("cuda", {4});
+  if (testing::gpu_count() == 0) {
+    // Every entry point names the mesh instead of building CPU tensors for a "cuda" mesh.
+    const std::string none =
+        "DeviceMesh('cuda', [0, 1, 2, 3]): local tensors go on a CUDA device, but this machine has none";
+    for (const auto& [what, fn] : std::vector<std::pair<std::string, std::function<void()>>>{
+             {"device", [&] { cuda.device(); }},
+             {"distribute_tensor", [&] { distribute_tensor(at::ones({8}), cuda, {Shard{0}}); }},
+             {"from_local", [&] { from_local(at::ones({2}), cuda, {Shard{0}}); }},
+             {"zeros", [&] { dtensor::zeros({8}, cuda, {Shard{0}}); }}}) {
+      err = error_of(fn);
+      EXPECT_NE(err.find(none), std::string::npos) << what << ": " << err;
+    }
+  } else {
+    const int index = comm::use_rank_cuda_device(rank());  // threads: each rank its own GPU
+    const at::Device dev = cuda.device();
+    EXPECT_EQ(dev.index(), index);
+    at::Tensor d = distribute_tensor(at::arange(8, at::kFloat), cuda, {Shard{0}});
+    EXPECT_EQ(to_local(d).device(), dev);
+    EXPECT_TRUE(at::equal(full_tensor(d).cpu(), at::arange(8, at::kFloat)));
+    EXPECT_EQ(to_local(from_local(at::ones({2}), cuda, {Shard{0}})).device(), dev);  // moved, as PyTorch
+    EXPECT_EQ(to_local(dtensor::zeros({8}, cuda, {Shard{0}})).device(), dev);
+  }
 }
 
 DTENSOR_TEST_F(DTensorThreads, MixingPlainTensorsNamesTheOp) {
@@ -344,7 +388,7 @@ DTENSOR_TEST_F(DTensorThreads, PartialAvgMinMaxRedistribute) {
     }
     // Replicate -> Partial(op) -> Replicate gives the value back.
     at::Tensor r = distribute_tensor(g, mesh, {Replicate{}});
-    EXPECT_TRUE(at::allclose(full_tensor(redistribute(r, {Partial(op)})), g, 1e-5, 1e-5));
+    EXPECT_TRUE(at::allclose(full_tensor(detail::redistribute_to_any(r, {Partial(op)})), g, 1e-5, 1e-5));
   }
 }
 

@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <unistd.h>
 #include <map>
 
 namespace dtensor {
@@ -15,6 +18,7 @@ namespace {
 
 using testing::CaseRecord;
 using testing::contains;
+using testing::error_of;
 
 CaseRecord rec(const std::string& op, const std::string& mesh, const std::string& dir, const std::string& status,
                const std::string& reason = "", const std::string& fallback = "") {
@@ -75,16 +79,66 @@ TEST(OpCoverage, ReasonClasses) {
   EXPECT_EQ(opcov::reason_class(x), "crash");
 }
 
-TEST(OpCoverage, SummaryCountsVerifiedNamesPerMeshAndDirection) {
+// NOTE: [Strict coverage]: aten::mul has overloads besides mul.Tensor (mul.Scalar, mul.out,
+// ...) that never ran: the name is not covered, nor verified, until they are covered or
+// excluded with a reason. The previous (loose) count ignored them.
+TEST(OpCoverage, SummaryCountsANameOnlyWhenEveryOverloadIsCoveredOrExcluded) {
   auto records = sample_records();
   auto rows = opcov::classify_ops(records);
   auto s = opcov::summarize(records, rows);
-  EXPECT_EQ(s.verified_names.at("1d fwd"), 1);  // aten::mul
+  EXPECT_EQ(s.overloads_by_status.at("covered"), 1);
+  EXPECT_EQ(s.op_names_covered, 0);
+  EXPECT_EQ(s.op_names_covered_loose, 1);  // aten::mul
+  EXPECT_EQ(s.verified_names_loose.at("1d fwd"), 1);
+  EXPECT_EQ(s.verified_names.count("1d fwd"), 0u);
+  EXPECT_EQ(s.cases_by_status.at("pass"), 4);
+  EXPECT_EQ(s.cases_skipped, 2);
+
+  const auto ex = opcov::Exclusions::parse("# other mul overloads\naten::mul\\.(?!Tensor$).+  not sampled in this test\n", "x.txt");
+  rows = opcov::classify_ops(records, ex);
+  s = opcov::summarize(records, rows);
+  EXPECT_EQ(row_of(rows, "aten::mul.Scalar").status, "excluded");
+  EXPECT_EQ(row_of(rows, "aten::mul.Scalar").reason, "not sampled in this test");
+  EXPECT_EQ(row_of(rows, "aten::mul.Tensor").status, "covered");
+  EXPECT_EQ(s.op_names_covered, 1);
+  EXPECT_EQ(s.verified_names.at("1d fwd"), 1);
   EXPECT_EQ(s.verified_names.at("2d bwd"), 1);
   EXPECT_EQ(s.verified_names.at("both fwd"), 1);
-  EXPECT_EQ(s.overloads_by_status.at("covered"), 1);
-  EXPECT_GE(s.op_names_covered, 1);
-  EXPECT_EQ(s.cases_by_status.at("pass"), 4);
+  EXPECT_PRED2(contains, opcov::headline(s), "1 of " + std::to_string(s.op_names) + " aten op names are covered");
+  EXPECT_PRED2(contains, opcov::headline(s), "2 cases were skipped");
+
+  EXPECT_PRED2(contains, error_of([] { opcov::Exclusions::parse("aten::x\n", "x.txt"); }),
+               "x.txt:1: an exclusion needs a reason");
+  EXPECT_PRED2(contains, error_of([] { opcov::Exclusions::parse("aten::(x why\n", "x.txt"); }),
+               "x.txt:1: 'aten::(x' is not a valid regular expression");
+}
+
+// NOTE: [Trivial cases]: passes that verified nothing do not cover an overload, and rules
+// count as exercised only where a forward case ran.
+TEST(OpCoverage, TrivialPassesDoNotCoverAndRulesAreCountedAsExercised) {
+  auto records = sample_records();
+  CaseRecord t = rec("aten::tile", "1d", "fwd", "pass");
+  t.trivial = "every output is empty";
+  records.push_back(t);
+  auto rows = opcov::classify_ops(records);
+  EXPECT_EQ(row_of(rows, "aten::tile").status, "trivial");
+  auto s = opcov::summarize(records, rows);
+  EXPECT_EQ(s.trivial_passes, 1);
+  EXPECT_TRUE(row_of(rows, "aten::mul.Tensor").has_rule);
+  EXPECT_LT(s.rule_overloads_exercised, s.rule_overloads);
+  EXPECT_GE(s.rule_overloads_exercised, 1);  // mul.Tensor
+  EXPECT_EQ(s.rule_overloads_exercised + static_cast<int>(s.rule_overloads_not_exercised.size()), s.rule_overloads);
+}
+
+// The checked-in exclusions parse, and each names at least one operator of this libtorch
+// (an entry that matches nothing is stale).
+TEST(OpCoverage, TheCheckedInExclusionsParseAndMatchOperators) {
+  const auto ex = opcov::Exclusions::load(opcov::default_exclusions_path());
+  const auto rows = opcov::classify_ops({}, ex);
+  for (const auto& e : ex.entries()) {
+    const bool used = std::any_of(rows.begin(), rows.end(), [&](const opcov::OpRow& r) { return r.excluded == e.reason; });
+    EXPECT_TRUE(used) << "coverage_exclusions.txt:" << e.line << " (" << e.pattern << ") matches no operator";
+  }
 }
 
 TEST(OpCoverage, RendersMarkdownAndASelfContainedPage) {
@@ -95,6 +149,7 @@ TEST(OpCoverage, RendersMarkdownAndASelfContainedPage) {
   info.world_size = 4;
   const std::string md = opcov::summary_markdown(info, records, rows, s);
   EXPECT_PRED2(contains, md, "**" + std::to_string(s.op_names_covered) + " of " + std::to_string(s.op_names) + " ops**");
+  EXPECT_PRED2(contains, md, opcov::headline(s));
   EXPECT_PRED2(contains, md, "| wrong result | 1 |");
   EXPECT_PRED2(contains, md, "### aten::sort (test)");
   EXPECT_PRED2(contains, md, "build/tools/opcov --ops '^aten::sort$'");
@@ -103,10 +158,44 @@ TEST(OpCoverage, RendersMarkdownAndASelfContainedPage) {
   EXPECT_PRED2(contains, html, "<th title=\"1-D forward, by the first tensor's placement\">Shard(dim=0)</th>");
   EXPECT_PRED2(contains, html, "<select id=\"fam\">");
   EXPECT_EQ(html.find("http"), std::string::npos) << "the page must not load anything from the network";
+  // Summary first, then the grid; a reproduce command for the failing op.
+  EXPECT_LT(html.find("id=\"summary\""), html.find("id=\"ops\""));
+  EXPECT_PRED2(contains, html, "<table id=\"families\">");
+  EXPECT_PRED2(contains, html, "<code>build/tools/opcov --ops '^aten::sort$'");
   const auto j = opcov::coverage_json(info, records, rows, s);
   EXPECT_EQ(j.at("schema_version"), opcov::kSchemaVersion);
   EXPECT_EQ(j.at("records").size(), records.size());
   EXPECT_EQ(j.at("ops").size(), rows.size());
+}
+
+// report.html in a real browser (Debian's chromium, headless): it loads without a console
+// error, and the filter (opened through the page's #q=... hash) shows the one matching row.
+// A page with a script error is caught the same way (the check can fail).
+TEST(OpCoverage, ReportLoadsInHeadlessChromiumAndFilters) {
+  const char* chromium = "/usr/bin/chromium";
+  if (::access(chromium, X_OK) != 0)
+    GTEST_SKIP() << chromium << " is not installed (ci/setup installs Debian's chromium package)";
+  auto records = sample_records();
+  auto rows = opcov::classify_ops(records);
+  auto s = opcov::summarize(records, rows);
+  testing::TempDir dir;
+  {
+    std::ofstream(dir.path() + "/report.html") << opcov::report_html({}, records, rows, s);
+    std::ofstream(dir.path() + "/broken.html") << "<!DOCTYPE html><html><body><script>no_such_function();</script></body></html>";
+  }
+  auto load = [&](const std::string& page) {
+    return testing::run_program(chromium, {"--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                                           "--user-data-dir=" + dir.path() + "/profile", "--enable-logging=stderr",
+                                           "--v=0", "--dump-dom", "file://" + dir.path() + "/" + page},
+                                {}, std::chrono::seconds(60));
+  };
+  auto broken = load("broken.html");
+  EXPECT_PRED2(contains, broken.output, "no_such_function is not defined");
+  auto run = load("report.html#q=aten::mul.Tensor");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(run.output.find("CONSOLE"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("Uncaught"), std::string::npos) << run.output;
+  EXPECT_PRED2(contains, run.output, "<span id=\"count\">1 of " + std::to_string(rows.size()) + " operators</span>");
 }
 
 // The program, as the README runs it (small selection to stay fast).

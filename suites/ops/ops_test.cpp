@@ -11,6 +11,7 @@
 #include "converters/op_suite.h"
 #include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
+#include "dtensor/tensor/dtensor_impl.h"
 #include "harness/dtensor_test_base.h"
 #include "harness/harness.h"
 #include "suites/testing/errors.h"
@@ -139,15 +140,76 @@ DTENSOR_TEST_F(OpCheck, InvalidSampleIsASkipWithTheReason) {
   EXPECT_EQ(r.forward.combinations, 0);
 }
 
-DTENSOR_TEST_F(OpCheck, CapsCombinationsEvenlyAndAlwaysTriesReplicate) {
+DTENSOR_TEST_F(OpCheck, CapCoversEveryPairOfPlacementsAndStartsWithReplicate) {
   auto mesh = build_device_mesh();
   auto o = partial_and_uneven();
   o.converter.max_combinations = 5;
   auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::add", "Tensor");
   auto r = testing::check_op(mesh, op, {at::ones({8, 4}), at::ones({8, 4}), 1}, o);
   EXPECT_EQ(r.total_combinations, 16);
-  EXPECT_EQ(r.forward.combinations, 5);
+  // Two operands of 4 placements: every pair is the whole product, whatever the cap.
+  EXPECT_EQ(r.forward.combinations, 16);
+  ASSERT_FALSE(r.plan.empty());
+  EXPECT_EQ(r.plan.front(), 0);
+  EXPECT_PRED2(contains, r.design, "pairwise covering (16)");
   EXPECT_EQ(r.forward.status, CheckStatus::kPass) << r.forward.reason;
+}
+
+// NOTE: [Trivial cases]: an empty output, an all-NaN output, or (when asked) an input handed
+// back unchanged pass without testing anything, and say so.
+DTENSOR_TEST_F(OpCheck, FlagsCasesThatTestNothing) {
+  auto mesh = build_device_mesh();
+  auto tile = c10::Dispatcher::singleton().findSchemaOrThrow("aten::tile", "");
+  auto empty = testing::check_op(mesh, tile, {at::ones({8, 4}), std::vector<int64_t>{1, 0}}, {});
+  EXPECT_EQ(empty.forward.status, CheckStatus::kPass) << empty.forward.reason;
+  EXPECT_EQ(empty.forward.trivial, "every output is empty");
+  auto acos = c10::Dispatcher::singleton().findSchemaOrThrow("aten::acos", "");
+  auto nan = testing::check_op(mesh, acos, {at::full({8, 4}, 3.0)}, {});
+  EXPECT_EQ(nan.forward.trivial, "every output is NaN");
+  auto relu = c10::Dispatcher::singleton().findSchemaOrThrow("aten::relu", "");
+  testing::OpCheckOptions o;
+  o.identity_is_trivial = true;
+  auto same = testing::check_op(mesh, relu, {at::ones({8, 4})}, o);
+  EXPECT_EQ(same.forward.trivial, "every output equals an input unchanged");
+  auto works = testing::check_op(mesh, relu, {at::arange(32, at::kFloat).view({8, 4}) - 16}, o);
+  EXPECT_EQ(works.forward.trivial, "");
+}
+
+// NOTE: [Output specs agree]: a DTensor output whose local shard does not have the shape its
+// spec implies is caught even when the gathered values would look right.
+DTENSOR_TEST_F(OpCheck, ChecksTheLocalShapeAgainstTheOutputSpec) {
+  auto mesh = build_device_mesh();
+  auto r = testing::check_op(
+      mesh, "lies_about_its_spec",
+      [&](std::vector<c10::IValue> a) {
+        at::Tensor x = a[0].toTensor();
+        if (!is_dtensor(x)) return std::vector<c10::IValue>{x * 2};
+        // The whole tensor on every rank, labelled Shard(0) of an [8, 4] tensor.
+        at::Tensor whole = full_tensor(x).detach() * 2;
+        TensorMeta meta{{8, 4}, {4, 1}, at::kFloat, 0};
+        return std::vector<c10::IValue>{make_dtensor(whole, DTensorSpec(mesh, {Shard{0}}, meta))};
+      },
+      -1, {at::arange(32, at::kFloat).view({8, 4})}, {});
+  EXPECT_EQ(r.forward.status, CheckStatus::kFail);
+  EXPECT_PRED2(contains, r.forward.reason, "local shape [8, 4] is not the [2, 4] its spec implies");
+}
+
+// A backward whose forward failed somewhere is not a verified backward.
+DTENSOR_TEST_F(OpCheck, BackwardIsNotAPassWhenTheForwardFailed) {
+  auto mesh = build_device_mesh();
+  testing::OpCheckOptions o;
+  o.backward = true;
+  auto r = testing::check_op(
+      mesh, "wrong_when_sharded",
+      [](std::vector<c10::IValue> a) {
+        at::Tensor x = a[0].toTensor();
+        if (is_dtensor(x) && !get_spec(x).is_replicated()) return std::vector<c10::IValue>{x * 3};
+        return std::vector<c10::IValue>{x * 2};
+      },
+      -1, {at::ones({8, 4})}, o);
+  EXPECT_EQ(r.forward.status, CheckStatus::kFail);
+  EXPECT_EQ(r.backward.status, CheckStatus::kFail);
+  EXPECT_PRED2(contains, r.backward.reason, "not checked on every placement: the forward failed");
 }
 
 // NOTE: [Seeded random samples]: with a seed, a random op matches on every placement; without

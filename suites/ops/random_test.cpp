@@ -141,7 +141,7 @@ DTENSOR_TEST_F(RandomThreads, ExplicitGeneratorIsUsedOnEveryRank) {
 DTENSOR_TEST_F(RandomThreads, DropoutOfAPartialTensorStaysPartial) {
   auto mesh = build_device_mesh();
   at::Tensor g = at::arange(32, at::kFloat).view({8, 4});
-  at::Tensor x = redistribute(distribute_tensor(g, mesh, {Replicate{}}), {Partial{}});
+  at::Tensor x = detail::redistribute_to_any(distribute_tensor(g, mesh, {Replicate{}}), {Partial{}});
   manual_seed(5, mesh);
   auto [out, mask] = at::native_dropout(x, 0.5, true);
   EXPECT_EQ(get_spec(out).placements, std::vector<Placement>{Partial{}});
@@ -168,7 +168,7 @@ DTENSOR_TEST_F(RandomThreads, BadFactoryAndInPlaceCallsFailWithTheReason) {
                "random tensor is not a sum of per-rank values: use Shard or Replicate");
   EXPECT_PRED2(contains, error_of([&] { rand({8, 4}, mesh, {Shard{0}, Shard{1}}); }),
                "dtensor::rand: 2 placements for the 1-D mesh");
-  at::Tensor partial = redistribute(distribute_tensor(at::ones({8, 4}), mesh, {Replicate{}}), {Partial{}});
+  at::Tensor partial = detail::redistribute_to_any(distribute_tensor(at::ones({8, 4}), mesh, {Replicate{}}), {Partial{}});
   EXPECT_PRED2(contains, error_of([&] { partial.normal_(); }),
                "no valid sharding for aten::normal_ with inputs (Partial(sum),)[8, 4] (an in-place op keeps the "
                "placements of the tensor it writes; redistribute that tensor first)");

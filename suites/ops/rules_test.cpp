@@ -35,12 +35,12 @@ DTENSOR_TEST_F(MatrixRules, ProductsKeepPartialAvg) {
   auto mesh = build_device_mesh();
   const at::Tensor a = values({8, 4}, 1), b = values({4, 6}, 2), bias = values({6}, 3);
   const Partial avg(comm::ReduceOp::AVG);
-  at::Tensor pa = redistribute(distribute_tensor(a, mesh, {Replicate{}}), {avg});
+  at::Tensor pa = detail::redistribute_to_any(distribute_tensor(a, mesh, {Replicate{}}), {avg});
   at::Tensor rb = distribute_tensor(b, mesh, {Replicate{}});
   at::Tensor mm = at::mm(pa, rb);
   EXPECT_EQ(get_spec(mm).placements, std::vector<Placement>{avg});
   EXPECT_TRUE(at::allclose(full_tensor(mm), at::mm(a, b)));
-  at::Tensor pbias = redistribute(distribute_tensor(bias, mesh, {Replicate{}}), {avg});
+  at::Tensor pbias = detail::redistribute_to_any(distribute_tensor(bias, mesh, {Replicate{}}), {avg});
   at::Tensor addmm = at::addmm(pbias, pa, rb, 0.5, 2);
   EXPECT_EQ(get_spec(addmm).placements, std::vector<Placement>{avg});
   EXPECT_TRUE(at::allclose(full_tensor(addmm), at::addmm(bias, a, b, 0.5, 2)));

@@ -309,6 +309,17 @@ DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, OutputHooksLeaveOtherOutp
                "must place one shard on each rank of the output's DeviceMesh('cpu', [0, 1, 2, 3])");
 }
 
+// Issue 15, item 19: an output on a 2-D mesh used to pass through unchanged, silently.
+DTENSOR_TEST_F(ShardModuleThreads, ReshardOutputOnA2DMeshRaises) {
+  auto mesh = init_device_mesh("cpu", {2, 2});
+  torch::nn::Identity id;
+  sharded::reshard_output(*id, chunk(0));
+  at::Tensor x = distribute_tensor(input(), mesh, {Shard{0}, Replicate{}});
+  EXPECT_PRED2(contains, error_of([&] { nn::call(*id, x); }),
+               "the output is a DTensor on the 2-D mesh DeviceMesh('cpu', [[0, 1], [2, 3]]) with placements "
+               "(Shard(dim=0), Replicate()), but ChunkShardingSpec");
+}
+
 DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, ReshardOutputInAnotherOrderNeedsNoGrad) {
   models::MLPModule mlp;
   ShardingPlan plan = megatron_plan();

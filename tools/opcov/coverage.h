@@ -11,14 +11,25 @@
 //
 // NOTE: [Op coverage statuses]
 // Every operator overload of the dispatcher's "aten" namespace gets one status:
-//   covered   it has cases, and every case that ran passed (rule or decomposition);
+//   covered   it has cases, every case that ran passed (rule or decomposition), and at least
+//             one forward pass is not trivial (NOTE: [Trivial cases]);
+//   trivial   every case that ran passed, but each verified nothing (empty, all-NaN, an input
+//             unchanged);
+//   excluded  not covered, and listed with a reason in suites/ops/coverage_exclusions.txt;
 //   failing   some case failed, errored for another reason than a missing rule, timed out,
 //             or is an expected failure;
 //   fallback  it has no rule (or decomposes into an op without one) and passes through the
 //             opt-in replicate fallback (NOTE: [Replicate fallback]);
 //   no rule   it has no rule and nothing above holds (not exercised, or fails without one);
 //   untested  it has a rule but no sample ran (should not happen: the suite requires samples).
-// An op name (aten::add) counts as covered when each of its overloads that ran is covered.
+// NOTE: [Strict coverage]
+// An op name (aten::add) is covered when EVERY overload of it is covered or excluded with a
+// reason, and at least one is covered. It is verified on a (mesh, direction) when every
+// overload that is not excluded has a non-trivial pass there and no case that did not pass
+// (backward: an overload whose backward does not apply -- it writes an input, no output is
+// differentiable -- is passed over, but one overload must have a non-trivial backward pass).
+// The "loose" figures are the previous definitions (an overload that never ran was ignored),
+// kept to compare.
 #pragma once
 
 #include "converters/op_suite.h"
@@ -26,6 +37,7 @@
 #include <nlohmann/json.hpp>
 
 #include <map>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -44,7 +56,27 @@ struct OpRow {
   bool composite = false;  // has a CompositeImplicitAutograd kernel (decomposes above DTensor)
   bool generated = false;  // its samples came from its schema
   std::map<std::string, int> cases;  // status -> count
+  std::string excluded;  // the exclusion's reason when listed ("" when not)
 };
+
+// suites/ops/coverage_exclusions.txt: `<regex over aten::name.overload> <reason...>` per line,
+// `#` comments. Throws naming file and line for a malformed line or regex.
+struct Exclusion {
+  std::string pattern, reason;
+  int line = 0;
+};
+class Exclusions {
+ public:
+  static Exclusions load(const std::string& path);
+  static Exclusions parse(const std::string& text, const std::string& source_name);
+  const Exclusion* match(const std::string& op) const;
+  const std::vector<Exclusion>& entries() const { return entries_; }
+
+ private:
+  std::vector<Exclusion> entries_;
+  std::vector<std::regex> res_;
+};
+std::string default_exclusions_path();
 
 // Run metadata written into coverage.json and the report headers.
 struct RunInfo {
@@ -54,10 +86,14 @@ struct RunInfo {
   std::string libtorch;  // TORCH_VERSION
   std::string command;
   std::string source;  // "opcov run" or "results of <dir>"
+  // Status per overload of a previous report (--previous coverage.json): report.html lists
+  // the changes. Empty: none given.
+  std::map<std::string, std::string> previous_status;
 };
 
 // One row per aten operator overload of the dispatcher (sorted), statuses from `records`.
-std::vector<OpRow> classify_ops(const std::vector<testing::CaseRecord>& records);
+std::vector<OpRow> classify_ops(const std::vector<testing::CaseRecord>& records,
+                                const Exclusions& exclusions = {});
 
 // A short class for a case's reason: "no rule: aten::x", "wrong values", "no valid strategy",
 // "shape inference", "crash", "timeout", "expected failure", "other error".
@@ -69,12 +105,27 @@ struct Summary {
   int overloads = 0, overloads_covered = 0;
   std::map<std::string, int> overloads_by_status;
   int rule_names = 0, rule_overloads = 0;  // ops with a registered rule
+  // Rule overloads with a forward case that ran (not skipped), and those without one.
+  int rule_overloads_exercised = 0;
+  std::vector<std::string> rule_overloads_not_exercised;
+  int op_names_covered_loose = 0;  // NOTE: [Strict coverage]: the previous definition
+  int overloads_excluded = 0;
+  int cases_skipped = 0;        // cases not checked (invalid sample, nothing differentiable, ...)
+  int64_t refused = 0;          // combinations refused as documented inside passing cases
+  int trivial_passes = 0;       // passing cases that verified nothing (NOTE: [Trivial cases])
+  int covering_cases = 0;       // cases that ran a covering design instead of the full product
+  int64_t combinations_run = 0, combinations_total = 0;
   // Distinct op names with every 1-D / 2-D, forward / backward case passing (hand-written
   // and generated samples), keyed "1d fwd", "1d bwd", "2d fwd", "2d bwd", "both fwd".
   std::map<std::string, int> verified_names;
+  std::map<std::string, int> verified_names_loose;
   std::map<std::string, int> cases_by_status;
 };
 Summary summarize(const std::vector<testing::CaseRecord>& records, const std::vector<OpRow>& rows);
+
+// The headline sentence (summary.md, report.html, the terminal): strict numbers, with their
+// definitions, the caps, skips, trivial passes and refusals.
+std::string headline(const Summary& s);
 
 nlohmann::json coverage_json(const RunInfo& info, const std::vector<testing::CaseRecord>& records,
                              const std::vector<OpRow>& rows, const Summary& summary);

@@ -18,6 +18,7 @@
 // out, and a new child resumes at the next op.
 #include "converters/op_db.h"
 #include "converters/op_suite.h"
+#include "dtensor/comm/device.h"
 #include "dtensor/comm/thread_group.h"
 #include "harness/main.h"
 #include "tools/opcov/coverage.h"
@@ -68,8 +69,13 @@ coverage.json, summary.md and report.html.
   --no-generated          only ops with hand-written samples
   --meshes LIST           1d,2d (default: both)
   --world-size N          ranks (default: DTENSOR_WORLD_SIZE or 4)
+  --device cpu|cuda       where local tensors live (default: cpu); with cuda every rank thread
+                          runs its ops on CUDA device 0 (the collectives stay in memory)
   --timeout SECONDS       an op taking longer is recorded as a timeout (default: 120)
   --expected-failures F   default: suites/ops/expected_failures.txt of the source tree
+  --previous FILE         an earlier coverage.json: report.html lists what changed since
+  --exclusions F          overloads left out of the strict count, with reasons
+                          (default: suites/ops/coverage_exclusions.txt of the source tree)
   --print-failures        print every case that did not pass
   --quiet                 no progress line
 )";
@@ -83,8 +89,11 @@ struct Options {
   bool generated = true;
   std::vector<std::string> meshes{"1d", "2d"};
   int world_size = 4;
+  std::string device = "cpu";
   std::chrono::seconds timeout = kDefaultOpTimeout;
   std::string expected_failures;
+  std::string exclusions;
+  std::string previous;
   bool print_failures = false;
   bool quiet = false;
 };
@@ -102,6 +111,7 @@ Options parse(int argc, char** argv) {
   Options o;
   if (const char* ws = std::getenv("DTENSOR_WORLD_SIZE")) o.world_size = std::atoi(ws);
   o.expected_failures = testing::default_expected_failures_path();
+  o.exclusions = default_exclusions_path();
   auto value = [&](int& i) -> std::string {
     TORCH_CHECK(i + 1 < argc, "opcov: ", argv[i], " needs a value\n", kUsage);
     return argv[++i];
@@ -121,8 +131,11 @@ Options parse(int argc, char** argv) {
     else if (a == "--no-generated") o.generated = false;
     else if (a == "--meshes") o.meshes = split(value(i), ',');
     else if (a == "--world-size") o.world_size = std::atoi(value(i).c_str());
+    else if (a == "--device") o.device = value(i);
     else if (a == "--timeout") o.timeout = std::chrono::seconds(std::atoi(value(i).c_str()));
     else if (a == "--expected-failures") o.expected_failures = value(i);
+    else if (a == "--exclusions") o.exclusions = value(i);
+    else if (a == "--previous") o.previous = value(i);
     else if (a == "--print-failures") o.print_failures = true;
     else if (a == "--quiet") o.quiet = true;
     else if (a == "--help" || a == "-h") {
@@ -132,6 +145,7 @@ Options parse(int argc, char** argv) {
   }
   TORCH_CHECK(o.results.empty() || fs::is_directory(o.results), "opcov: --results ", o.results, " is not a directory");
   TORCH_CHECK(o.world_size >= 1, "opcov: --world-size must be >= 1");
+  TORCH_CHECK(o.device == "cpu" || o.device == "cuda", "opcov: --device takes cpu or cuda, got '", o.device, "'");
   TORCH_CHECK(o.timeout.count() > 0, "opcov: --timeout must be > 0 seconds");
   for (const auto& m : o.meshes)
     TORCH_CHECK(m == "1d" || m == "2d", "opcov: --meshes takes 1d and/or 2d, got '", m, "'");
@@ -186,7 +200,7 @@ void write_line(int fd, const nlohmann::json& j) {
       size_t i = start;
       try {
         std::map<std::string, std::optional<DeviceMesh>> meshes;
-        for (const auto& m : o.meshes) meshes[m] = testing::suite_mesh(m, group);
+        for (const auto& m : o.meshes) meshes[m] = testing::suite_mesh(m, group, o.device);
         for (; i < tasks.size(); ++i) {
           const Task& t = tasks[i];
           std::vector<CaseRecord> records;
@@ -258,12 +272,18 @@ class Progress {
 // Records for a task whose child crashed or hung: every sample, both directions.
 void add_broken_task(const Task& t, const std::string& status, const std::string& reason,
                      std::vector<CaseRecord>& out) {
-  for (const auto& s : t.op->make_samples()) {
+  // A generated op has one sample, "generated"; making it would run the op (NOTE: [Generated
+  // samples that do work]), which is what crashed: never in this process.
+  std::vector<std::string> variants;
+  if (t.op->generated) variants = {"generated"};
+  else
+    for (const auto& s : t.op->make_samples()) variants.push_back(s.variant);
+  for (const std::string& variant : variants) {
     for (const char* dir : {"fwd", "bwd"}) {
       CaseRecord r;
       r.op = t.op->op;
       r.family = t.op->family;
-      r.variant = s.variant;
+      r.variant = variant;
       r.mesh = t.mesh;
       r.direction = dir;
       r.status = status;
@@ -380,9 +400,21 @@ void write_file(const fs::path& p, const std::string& text) {
   out << text;
 }
 
+// CUDA devices, counted in a throwaway child: this process forks the case runners, and a
+// process that touched CUDA cannot give it to its forked children.
+int probe_gpu_count() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(std::min(comm::cuda_device_count(), 100));
+  int st = 0;
+  if (pid < 0 || ::waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 0;
+  return WEXITSTATUS(st);
+}
+
 int run(int argc, char** argv) {
   Progress clock(0, false);  // measures the whole run
   const Options o = parse(argc, argv);
+  TORCH_CHECK(o.device != "cuda" || probe_gpu_count() > 0,
+              "opcov: --device cuda, but this machine has no CUDA device (or libtorch was built without CUDA)");
   RunInfo info;
   info.started = now_iso();
   info.world_size = o.world_size;
@@ -391,6 +423,18 @@ int run(int argc, char** argv) {
   info.source = o.results.empty() ? "every sample run by opcov"
                                   : "hand-written samples from " + o.results + ", generated ones run by opcov";
   const auto xf = testing::ExpectedFailures::load(o.expected_failures);
+  const Exclusions exclusions = Exclusions::load(o.exclusions);
+  if (!o.previous.empty()) {
+    std::ifstream in(o.previous);
+    TORCH_CHECK(in.good(), "opcov: cannot read --previous ", o.previous);
+    nlohmann::json j;
+    try {
+      in >> j;
+      for (const auto& op : j.at("ops")) info.previous_status[op.at("op").get<std::string>()] = op.at("status").get<std::string>();
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "opcov: --previous ", o.previous, " is not a coverage.json: ", e.what());
+    }
+  }
   const std::vector<Task> tasks = make_tasks(o);
   std::cerr << "[opcov] " << tasks.size() << " (op, mesh) tasks, world size " << o.world_size << "\n";
   std::vector<CaseRecord> records = run_tasks(o, tasks);
@@ -401,8 +445,8 @@ int run(int argc, char** argv) {
   }
   testing::apply_expected_failures(records, xf);
   info.duration_s = clock.seconds();
-  const std::vector<OpRow> rows = classify_ops(records);
-  const Summary s = summarize(records, rows);
+  const std::vector<OpRow> rows = classify_ops(records, exclusions);
+  Summary s = summarize(records, rows);
   fs::create_directories(o.out);
   write_file(fs::path(o.out) / "coverage.json", coverage_json(info, records, rows, s).dump(1) + "\n");
   write_file(fs::path(o.out) / "summary.md", summary_markdown(info, records, rows, s));
@@ -412,10 +456,15 @@ int run(int argc, char** argv) {
       if (r.status != "pass" && r.status != "skip")
         std::cout << r.op << " [" << r.variant << ", " << r.mesh << ", " << r.direction << "] " << r.status
                   << (r.failing_placements.empty() ? "" : " with " + r.failing_placements) << ": " << r.reason << "\n";
-  std::cout << "[opcov] " << s.op_names_covered << " of " << s.op_names << " ops covered (" << s.overloads_covered
-            << " of " << s.overloads << " overloads); cases:";
+  std::cout << "[opcov] cases:";
   for (const auto& kv : s.cases_by_status) std::cout << " " << kv.first << " " << kv.second;
-  std::cout << "\n[opcov] wrote " << (fs::path(o.out) / "coverage.json").string() << ", summary.md, report.html in "
+  std::cout << "\n[opcov] verified op names (strict): forward " << s.verified_names["1d fwd"] << " (1-D) / "
+            << s.verified_names["2d fwd"] << " (2-D), backward " << s.verified_names["1d bwd"] << " / "
+            << s.verified_names["2d bwd"] << "; loose (previous definitions): " << s.op_names_covered_loose
+            << " names covered\n";
+  std::cout << "[opcov] " << headline(s) << "\n";
+  std::cout << "[opcov] " << s.op_names_covered << " of " << s.op_names << " ops covered (strict); report: "
+            << fs::absolute(fs::path(o.out) / "report.html").string() << " (also coverage.json, summary.md), "
             << std::fixed << std::setprecision(1) << info.duration_s << " s\n";
   return 0;
 }

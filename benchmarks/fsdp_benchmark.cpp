@@ -1,0 +1,228 @@
+// FSDP figures (issue 12): tp_benchmark's wider Transformer (dim 256, 8 heads, vocab 1024,
+// seq 64, 2 layers, dropout 0), one training step (forward, cross-entropy, backward, Adam
+// step) with a global batch of 8 sequences:
+//   mode 0: one rank, the whole batch;
+//   mode 1: fully_shard on 4 ranks (blocks, then the root), 2 sequences per rank;
+//   mode 2: the model replicated on 4 ranks with one flat all-reduce of the gradients after
+//           backward (DDP-like), 2 sequences per rank;
+// ranks as threads (ThreadGroup) and as Gloo processes (the harness's worker pool). Counters:
+// state_bytes (this rank's parameters + gradients + Adam state), state_ratio (state_bytes over
+// the unsharded model's), peak_bytes (peak of allocated CPU memory during a step, threads only:
+// NOTE: [Per-rank memory accounting]), peak_bound (PyTorch's memory-test bound: sharded states
+// + 2 x the largest unsharded group + activations, the activations measured as the peak of a
+// plain model's step on 2 sequences above its states), collectives per step.
+//
+//   build/benchmarks/fsdp_benchmark --benchmark_repetitions=5 --benchmark_report_aggregates_only
+#include "benchmarks/process_bench.h"
+#include "benchmarks/tracking_allocator.h"
+#include "dtensor/comm/comm.h"
+#include "dtensor/fsdp/fsdp.h"
+#include "dtensor/nn/nn.h"
+#include "dtensor/tensor/dtensor.h"
+#include "models/models.h"
+#include "suites/testing/counting_group.h"
+
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adam.h>
+
+#include <algorithm>
+#include <mutex>
+
+namespace dtensor {
+namespace {
+
+constexpr int kWorld = 4;
+constexpr int64_t kGlobalBatch = 8;
+using bench::TrackingAllocator;
+
+enum Mode { kOneRank = 0, kFsdp = 1, kDdp = 2 };
+
+models::ModelArgs bench_args() {
+  models::ModelArgs a;
+  a.dropout_p = 0.0;
+  a.dim = 256;
+  a.n_heads = 8;
+  a.vocab_size = 1024;
+  a.max_seq_len = 64;
+  return a;
+}
+
+int64_t local_bytes(const at::Tensor& t) {
+  if (!t.defined()) return 0;
+  const at::Tensor& l = is_dtensor(t) ? local_tensor(t) : t;
+  return l.numel() * static_cast<int64_t>(l.element_size());
+}
+
+struct Trainer {
+  Trainer(Mode mode, int64_t batch, int rank, comm::GroupPtr group) : args(bench_args()), mode(mode), group(group) {
+    model = models::Transformer(args);
+    if (mode == kFsdp) {
+      fsdp::FullyShardOptions opts;
+      opts.mesh = init_device_mesh("cpu", {group->size()}, {}, group);
+      for (size_t i = 0; i < model->layers->size(); ++i) {
+        int64_t bytes = 0;
+        for (const auto& p : model->layers[i]->parameters()) bytes += local_bytes(p);
+        largest_group_bytes = std::max(largest_group_bytes, bytes);
+        fsdp::fully_shard(*model->layers->ptr(i), opts);
+      }
+      int64_t root_bytes = 0;
+      for (const auto& p : nn::parameters(*model)) root_bytes += is_dtensor(p) ? 0 : local_bytes(p);
+      largest_group_bytes = std::max(largest_group_bytes, root_bytes);
+      fsdp::fully_shard(model, opts);
+    }
+    opt = std::make_unique<torch::optim::Adam>(nn::parameters(*model), torch::optim::AdamOptions(1e-3));
+    const int64_t seq = args.max_seq_len;
+    at::Tensor all = (at::arange(kGlobalBatch * seq, at::kLong) * 7 + 1).remainder(args.vocab_size).view({kGlobalBatch, seq});
+    tokens = all.narrow(0, rank * batch, batch);
+    targets = tokens.roll(1, 1).flatten();
+  }
+  void step() {
+    opt->zero_grad();
+    at::Tensor logits = nn::call(model, tokens);
+    torch::nn::functional::cross_entropy(logits.view({-1, args.vocab_size}), targets).backward();
+    if (mode == kDdp) all_reduce_grads();
+    opt->step();
+  }
+  // One flat all-reduce of every gradient, averaged.
+  void all_reduce_grads() {
+    std::vector<at::Tensor> grads;
+    for (const auto& p : nn::parameters(*model)) grads.push_back(p.grad().flatten());
+    at::Tensor flat = at::cat(grads);
+    group->all_reduce(flat, comm::ReduceOp::SUM);
+    flat.div_(group->size());
+    int64_t off = 0;
+    for (const auto& p : nn::parameters(*model)) {
+      at::Tensor g = p.mutable_grad();
+      g.copy_(flat.narrow(0, off, g.numel()).view_as(g));
+      off += g.numel();
+    }
+  }
+  // Parameters + gradients + Adam state of this rank.
+  int64_t state_bytes() const {
+    int64_t n = 0;
+    for (const auto& p : opt->param_groups()[0].params()) n += local_bytes(p) + local_bytes(p.grad());
+    for (const auto& kv : opt->state()) {
+      const auto& s = static_cast<const torch::optim::AdamParamState&>(*kv.second);
+      n += local_bytes(s.exp_avg()) + local_bytes(s.exp_avg_sq());
+    }
+    return n;
+  }
+
+  models::ModelArgs args;
+  Mode mode;
+  comm::GroupPtr group;
+  models::Transformer model{nullptr};
+  std::unique_ptr<torch::optim::Adam> opt;
+  at::Tensor tokens, targets;
+  int64_t largest_group_bytes = 0;
+};
+
+// Peak bytes of `slot` during one step, and the bytes allocated before it.
+std::pair<int64_t, int64_t> step_peak(Trainer& t, int slot) {
+  auto& mem = TrackingAllocator::install();
+  const int64_t before = mem.current(slot);
+  mem.reset_peak(slot);
+  t.step();
+  return {mem.peak(slot), before};
+}
+
+// The unsharded model's states and a plain step's activation bytes on `batch` sequences
+// (measured once, on the calling thread's slot 0).
+struct Reference {
+  int64_t state_bytes = 0, activation_bytes = 0;
+};
+const Reference& reference() {
+  static const Reference r = [] {
+    TrackingAllocator::install();
+    Trainer t(kOneRank, kGlobalBatch / kWorld, 0, nullptr);
+    t.step();
+    auto [peak, before] = step_peak(t, 0);
+    Reference out;
+    out.state_bytes = t.state_bytes();
+    out.activation_bytes = peak - before;
+    return out;
+  }();
+  return r;
+}
+
+void BM_StepOneRank(benchmark::State& state) {
+  TrackingAllocator::install();
+  Trainer t(kOneRank, kGlobalBatch, 0, nullptr);
+  t.step();
+  state.counters["state_bytes"] = static_cast<double>(t.state_bytes());
+  state.counters["peak_bytes"] = static_cast<double>(step_peak(t, 0).first);
+  for (auto _ : state) t.step();
+}
+
+struct Figures {
+  std::mutex mu;
+  int64_t collectives = 0, state_bytes = 0, peak_bytes = 0, largest_group_bytes = 0;
+};
+
+void BM_StepThreads(benchmark::State& state) {
+  const Mode mode = static_cast<Mode>(state.range(0));
+  const Reference& ref = reference();
+  auto world = comm::ThreadWorld::create(kWorld);
+  Figures fig;
+  bench::RankThreads ranks(kWorld, [&](int r) -> bench::RankThreads::Step {
+    TrackingAllocator::set_slot(r + 1);
+    auto counting = std::make_shared<testing::CountingGroup>(std::make_shared<comm::ThreadGroup>(world, r));
+    auto t = std::make_shared<Trainer>(mode, kGlobalBatch / kWorld, r, counting);
+    t->step();  // warm-up: Adam state
+    counting->reset();
+    const int64_t peak = step_peak(*t, r + 1).first;
+    std::lock_guard<std::mutex> lk(fig.mu);
+    if (r == 0) {
+      fig.collectives = counting->collectives();
+      fig.state_bytes = t->state_bytes();
+      fig.largest_group_bytes = t->largest_group_bytes;
+    }
+    fig.peak_bytes = std::max(fig.peak_bytes, peak);
+    return [t] { t->step(); };
+  });
+  if (!ranks.error().empty()) {
+    state.SkipWithError(ranks.error().c_str());
+    return;
+  }
+  state.counters["collectives"] = static_cast<double>(fig.collectives);
+  state.counters["state_bytes"] = static_cast<double>(fig.state_bytes);
+  state.counters["state_ratio"] = static_cast<double>(fig.state_bytes) / static_cast<double>(ref.state_bytes);
+  state.counters["peak_bytes"] = static_cast<double>(fig.peak_bytes);
+  if (mode == kFsdp) {
+    state.counters["peak_bound"] =
+        static_cast<double>(fig.state_bytes + 2 * fig.largest_group_bytes + ref.activation_bytes);
+  }
+  for (auto _ : state) ranks.step();
+}
+
+constexpr int kProcessIters = 9;
+class FsdpBenchProcess : public testing::MultiProcessTest {};
+
+void process_body(testing::MultiRankTest& t, Mode mode) {
+  auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
+  Trainer trainer(mode, kGlobalBatch / t.group().size(), t.rank(), counting);
+  trainer.step();
+  counting->reset();
+  trainer.step();
+  const int64_t collectives = counting->collectives();
+  bench::report_median_ms(t, kProcessIters, [&] { trainer.step(); },
+                          {{"collectives", static_cast<double>(collectives)},
+                           {"state_bytes", static_cast<double>(trainer.state_bytes())}});
+}
+DTENSOR_TEST_F(FsdpBenchProcess, Step_mode1) { process_body(*this, kFsdp); }
+DTENSOR_TEST_F(FsdpBenchProcess, Step_mode2) { process_body(*this, kDdp); }
+
+void BM_StepProcesses(benchmark::State& state) {
+  bench::run_in_worker_pool(state, kWorld, "FsdpBenchProcess.Step_mode" + std::to_string(state.range(0)));
+}
+
+BENCHMARK(BM_StepOneRank)->Unit(benchmark::kMillisecond)->MinTime(0.5);
+BENCHMARK(BM_StepThreads)->ArgName("mode")->Arg(kFsdp)->Arg(kDdp)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_StepProcesses)->ArgName("mode")->Arg(kFsdp)->Arg(kDdp)->Unit(benchmark::kMillisecond)->UseManualTime()->Iterations(1);
+
+}  // namespace
+}  // namespace dtensor
+
+int main(int argc, char** argv) { return dtensor::bench::main(argc, argv); }

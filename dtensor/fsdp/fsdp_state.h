@@ -1,0 +1,128 @@
+// dtensor/fsdp/fsdp_state.h: the state behind one fully_shard-ed module (PyTorch's FSDPState
+// with its FSDPParamGroup and FSDPParams). Internal to dtensor/fsdp; users hold FSDPModule.
+#pragma once
+
+#include "dtensor/comm/group.h"
+#include "dtensor/fsdp/fully_shard.h"
+#include "dtensor/nn/hooks.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtensor {
+namespace fsdp {
+
+// One registration of a managed parameter: module `module` holds it under `name` (a tied
+// parameter has several).
+struct Registration {
+  torch::nn::Module* module;
+  std::string name;
+};
+
+// One sharded parameter (NOTE: [FSDP parameter layout]).
+struct FSDPParam {
+  std::string fqn;  // relative to the fully_shard-ed module
+  std::vector<Registration> regs;
+  // The DTensor leaf the modules hold between forwards and optimizers step.
+  at::Tensor sharded;
+  int64_t shard_dim = 0;
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> padded_shard_shape;  // global_shape with ceil(d/ws) on shard_dim
+  int64_t padded_numel = 0;
+  int64_t chunk = 0;  // ceil(d/ws)
+  at::ScalarType orig_dtype = at::kFloat;
+  bool requires_grad = true;
+  // The unsharded leaf the modules hold while unsharded (storage freed otherwise).
+  at::Tensor unsharded;
+  // Unsharded gradient accumulated while gradient sync is off.
+  at::Tensor accumulated_grad;
+
+  // Rows (on shard_dim) of the shard of shard-group rank `rank`.
+  int64_t rows_of(int64_t rank) const;
+  void swap_into_modules(const at::Tensor& value) const;
+};
+
+class FSDPState;
+// A process-wide id for `state` (for autograd functions, whose context holds IValues).
+int64_t register_state_id(const std::shared_ptr<FSDPState>& state);
+
+class FSDPState : public std::enable_shared_from_this<FSDPState> {
+ public:
+  enum class Status { kSharded, kPostForward, kUnsharded };
+
+  FSDPState(torch::nn::Module& module, FullyShardOptions options, DeviceMesh mesh);
+
+  // The module while alive (nullptr after its death).
+  const torch::nn::Module* module_alive() const;
+  std::vector<Placement> placements_for(int64_t shard_dim) const;
+  at::ScalarType compute_dtype() const;
+  void set_orig_dtype(at::ScalarType dt) { orig_dtype_ = dt; }
+  // The tensors the modules held before sharding (weakly: a dead one is no longer shared).
+  void remember_original(const at::Tensor& t) { originals_.emplace_back(t.getIntrusivePtr()); }
+  bool holds_original(const c10::TensorImpl* impl) const;
+  void add_param(const std::string& fqn, std::vector<Registration> regs, const at::Tensor& tensor, int64_t shard_dim);
+  int64_t flat_numel() const;
+  // States of the fully_shard-ed modules below this one's module (and this one).
+  std::vector<std::shared_ptr<FSDPState>> states_below(bool include_self);
+
+  // Collective over the shard group (or the post-forward group).
+  void unshard();
+  // after_forward: per reshard_after_forward (possibly into the smaller group); otherwise fully.
+  void reshard(bool after_forward);
+  int64_t post_forward_size() const;
+  void ensure_post_forward_group(int64_t n);
+
+  void pre_forward(nn::ForwardInputs& inputs);
+  void post_forward(c10::IValue& output);
+  void pre_backward();
+  void post_backward();
+  // From the autograd function on the group's inputs: post_backward once per backward.
+  void post_backward_from_hook();
+  void reduce_scatter_grads(std::vector<at::Tensor> grads);
+  void lazy_init();
+  // Root only.
+  void record_forward(const std::shared_ptr<FSDPState>& state);
+  void queue_final_callback();
+  void final_callback();
+
+  torch::nn::Module* module_;
+  std::weak_ptr<torch::nn::Module> module_weak_;
+  FullyShardOptions options_;
+  DeviceMesh mesh_;
+  c10::Device device_{c10::kCPU};
+  comm::GroupPtr shard_group_, replicate_group_;
+  int64_t shard_size_ = 1, shard_rank_ = 0, replicate_size_ = 1;
+  at::ScalarType orig_dtype_ = at::kFloat;
+  std::vector<FSDPParam> params_;
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> originals_;
+
+  // Settings (FSDPModule).
+  std::optional<ReshardAfterForward> reshard_after_forward_;
+  bool reshard_after_backward_ = true;
+  bool requires_gradient_sync_ = true;
+  bool is_last_backward_ = true;
+  std::optional<double> divide_factor_;
+  std::vector<std::weak_ptr<FSDPState>> forward_prefetch_, backward_prefetch_;
+
+  // Runtime.
+  Status status_ = Status::kSharded;
+  at::Tensor full_;                 // all-gather output kept for a reshard into a smaller group
+  at::Tensor post_forward_piece_;   // this rank's piece of it while kPostForward
+  comm::GroupPtr post_forward_group_;
+  bool is_root_ = false;
+  std::weak_ptr<FSDPState> root_;
+  bool pre_backward_done_ = false;
+  bool post_backward_done_ = false;
+  int64_t id_ = -1;
+  // Root only: states forwarded with grad enabled since the last backward, in forward order.
+  std::vector<std::weak_ptr<FSDPState>> forwarded_;
+  bool callback_queued_ = false;
+};
+
+}  // namespace fsdp
+}  // namespace dtensor

@@ -1,0 +1,692 @@
+// dtensor/fsdp/fully_shard.cpp: FSDP2 (NOTE: [FSDP parameter layout], NOTE: [FSDP hooks]).
+#include "dtensor/fsdp/fully_shard.h"
+
+#include "dtensor/comm/group.h"
+#include "dtensor/fsdp/fsdp_state.h"
+#include "dtensor/nn/hooks.h"
+#include "dtensor/nn/module_surgery.h"
+#include "dtensor/tensor/dtensor.h"
+#include "dtensor/tensor/dtensor_impl.h"
+#include "dtensor/utils/storage.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
+
+#include <algorithm>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace dtensor {
+namespace fsdp {
+
+namespace {
+
+std::mutex g_mu;
+std::unordered_map<const torch::nn::Module*, std::weak_ptr<FSDPState>> g_states;
+
+std::shared_ptr<FSDPState> lookup_state(const torch::nn::Module& module) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_states.find(&module);
+  if (it == g_states.end()) return nullptr;
+  auto state = it->second.lock();
+  if (!state || state->module_alive() != &module) return nullptr;
+  return state;
+}
+
+void register_state(const torch::nn::Module& module, const std::shared_ptr<FSDPState>& state) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (auto it = g_states.begin(); it != g_states.end();) {
+    it = it->second.expired() ? g_states.erase(it) : std::next(it);
+  }
+  g_states[&module] = state;
+}
+
+// Every live state (any module, any rank thread).
+std::vector<std::shared_ptr<FSDPState>> live_states() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  std::vector<std::shared_ptr<FSDPState>> out;
+  for (auto& kv : g_states) {
+    if (auto s = kv.second.lock()) out.push_back(s);
+  }
+  return out;
+}
+
+std::string module_type(const torch::nn::Module& m) { return m.name(); }
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * std::max<int64_t>(shape[i + 1], 1);
+  return strides;
+}
+
+// A tensor over `t`'s storage with its own version counter: writes through it do not bump the
+// version of `t`, which autograd saved in forward (PyTorch: _unsafe_preserve_version_counter).
+at::Tensor storage_alias(const at::Tensor& t) {
+  at::NoGradGuard no_grad;
+  return at::empty({0}, t.options().requires_grad(false)).set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+}
+
+// Calls fn on every tensor in an IValue (tensors, lists, tuples), replacing it by fn's result.
+void map_tensors(c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  if (v.isTensor()) {
+    v = fn(v.toTensor());
+  } else if (v.isTensorList()) {
+    auto list = v.toTensorList();
+    for (size_t i = 0; i < list.size(); ++i) list.set(i, fn(list.get(i)));
+    v = list;
+  } else if (v.isTuple()) {
+    std::vector<c10::IValue> elems = v.toTupleRef().elements().vec();
+    for (auto& e : elems) map_tensors(e, fn);
+    v = c10::ivalue::Tuple::create(std::move(elems));
+  } else if (v.isList()) {
+    auto list = v.toList();
+    for (size_t i = 0; i < list.size(); ++i) {
+      c10::IValue e = list.get(i);
+      map_tensors(e, fn);
+      list.set(i, e);
+    }
+    v = list;
+  }
+}
+
+// States by id, for the autograd function below (whose context holds IValues only).
+std::mutex g_ids_mu;
+std::unordered_map<int64_t, std::weak_ptr<FSDPState>> g_by_id;
+int64_t g_next_id = 0;
+
+// Identity on one forward input of a group; its backward (when the gradient of that input is
+// complete, after the group's backward) runs the group's post-backward (PyTorch:
+// RegisterPostBackwardFunction).
+struct RegisterPostBackward : public torch::autograd::Function<RegisterPostBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t id) {
+    ctx->saved_data["id"] = id;
+    return x.view_as(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    std::shared_ptr<FSDPState> state;
+    {
+      std::lock_guard<std::mutex> lock(g_ids_mu);
+      auto it = g_by_id.find(ctx->saved_data["id"].toInt());
+      if (it != g_by_id.end()) state = it->second.lock();
+    }
+    if (state) state->post_backward_from_hook();
+    return {grads[0], at::Tensor()};
+  }
+};
+
+}  // namespace
+
+int64_t register_state_id(const std::shared_ptr<FSDPState>& state) {
+  std::lock_guard<std::mutex> lock(g_ids_mu);
+  for (auto it = g_by_id.begin(); it != g_by_id.end();) it = it->second.expired() ? g_by_id.erase(it) : std::next(it);
+  const int64_t id = g_next_id++;
+  g_by_id[id] = state;
+  return id;
+}
+
+void FSDPState::post_backward_from_hook() {
+  if (post_backward_done_ || !pre_backward_done_) return;
+  post_backward_done_ = true;
+  post_backward();
+}
+
+std::string ReshardAfterForward::to_string() const {
+  if (!is_int_) return value_ == -1 ? "true" : "false";
+  return std::to_string(value_);
+}
+
+// ---- FSDPParam --------------------------------------------------------------------------
+
+int64_t FSDPParam::rows_of(int64_t rank) const {
+  return std::max<int64_t>(0, std::min(chunk, global_shape[shard_dim] - rank * chunk));
+}
+
+void FSDPParam::swap_into_modules(const at::Tensor& value) const {
+  for (const auto& reg : regs) nn::swap_parameter(*reg.module, reg.name, value);
+}
+
+// ---- FSDPState --------------------------------------------------------------------------
+
+FSDPState::FSDPState(torch::nn::Module& module, FullyShardOptions options, DeviceMesh mesh)
+    : module_(&module), module_weak_(module.shared_from_this()), options_(std::move(options)), mesh_(std::move(mesh)) {
+  const int64_t shard_mesh_dim = mesh_.ndim() - 1;
+  shard_group_ = mesh_.get_group(shard_mesh_dim);
+  shard_size_ = mesh_.size(shard_mesh_dim);
+  shard_rank_ = mesh_.get_local_rank(shard_mesh_dim);
+  if (mesh_.ndim() == 2) {
+    replicate_group_ = mesh_.get_group(0);
+    replicate_size_ = mesh_.size(0);
+  }
+  reshard_after_forward_ = options_.reshard_after_forward;
+  device_ = mesh_.device_type() == "cpu" ? c10::Device(c10::kCPU) : c10::Device(mesh_.device_type());
+}
+
+bool FSDPState::holds_original(const c10::TensorImpl* impl) const {
+  for (const auto& w : originals_) {
+    if (!w.expired() && w._unsafe_get_target() == impl) return true;
+  }
+  return false;
+}
+
+const torch::nn::Module* FSDPState::module_alive() const {
+  auto m = module_weak_.lock();
+  return m ? m.get() : nullptr;
+}
+
+std::vector<Placement> FSDPState::placements_for(int64_t shard_dim) const {
+  if (mesh_.ndim() == 2) return {Replicate{}, Shard{shard_dim}};
+  return {Shard{shard_dim}};
+}
+
+at::ScalarType FSDPState::compute_dtype() const {
+  return options_.mp_policy.param_dtype.value_or(orig_dtype_);
+}
+
+void FSDPState::add_param(const std::string& fqn, std::vector<Registration> regs, const at::Tensor& tensor,
+                          int64_t shard_dim) {
+  FSDPParam p;
+  p.fqn = fqn;
+  p.regs = std::move(regs);
+  p.shard_dim = shard_dim;
+  p.global_shape = tensor.sizes().vec();
+  p.orig_dtype = tensor.scalar_type();
+  p.requires_grad = tensor.requires_grad();
+  const int64_t d = p.global_shape[shard_dim];
+  p.chunk = (d + shard_size_ - 1) / shard_size_;
+  p.padded_shard_shape = p.global_shape;
+  p.padded_shard_shape[shard_dim] = p.chunk;
+  p.padded_numel = 1;
+  for (int64_t s : p.padded_shard_shape) p.padded_numel *= s;
+
+  at::Tensor local;
+  {
+    at::NoGradGuard no_grad;
+    const int64_t rows = p.rows_of(shard_rank_);
+    local = tensor.detach().narrow(shard_dim, std::min(shard_rank_ * p.chunk, d), rows).clone(at::MemoryFormat::Contiguous);
+    if (options_.offload_policy.offload) local = local.to(c10::Device(c10::kCPU));
+  }
+  TensorMeta meta{p.global_shape, contiguous_strides(p.global_shape), p.orig_dtype, 0};
+  p.sharded = make_dtensor(local, DTensorSpec(mesh_, placements_for(shard_dim), meta));
+  if (p.requires_grad) p.sharded.set_requires_grad(true);
+  // The unsharded parameter: a leaf whose storage is allocated while unsharded.
+  p.unsharded = at::empty(p.global_shape, tensor.options().dtype(compute_dtype()).device(device_).requires_grad(false));
+  utils::free_storage(p.unsharded);
+  if (p.requires_grad) p.unsharded.set_requires_grad(true);
+  p.swap_into_modules(p.sharded);
+  params_.push_back(std::move(p));
+}
+
+int64_t FSDPState::flat_numel() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.padded_numel;
+  return n;
+}
+
+void FSDPState::unshard() {
+  if (status_ == Status::kUnsharded || params_.empty()) return;
+  const int64_t S = flat_numel();
+  const at::ScalarType dtype = compute_dtype();
+  at::Tensor full = at::empty({shard_size_ * S}, at::TensorOptions().dtype(dtype).device(device_));
+  {
+    at::NoGradGuard no_grad;
+    if (status_ == Status::kPostForward) {
+      post_forward_group_->all_gather_into(full, post_forward_piece_);
+      post_forward_piece_ = at::Tensor();
+    } else {
+      at::Tensor input = at::zeros({S}, full.options());
+      int64_t off = 0;
+      for (const auto& p : params_) {
+        const at::Tensor& local = local_tensor(p.sharded);
+        const int64_t rows = p.rows_of(shard_rank_);
+        if (rows > 0) {
+          input.narrow(0, off, p.padded_numel).view(p.padded_shard_shape).narrow(p.shard_dim, 0, rows)
+              .copy_(local.to(device_, dtype));
+        }
+        off += p.padded_numel;
+      }
+      shard_group_->all_gather_into(full, input);
+    }
+    int64_t off = 0;
+    for (auto& p : params_) {
+      utils::alloc_storage(p.unsharded, p.global_shape);
+      at::Tensor out = storage_alias(p.unsharded);
+      for (int64_t r = 0; r < shard_size_; ++r) {
+        const int64_t rows = p.rows_of(r);
+        if (rows == 0) continue;
+        out.narrow(p.shard_dim, r * p.chunk, rows)
+            .copy_(full.narrow(0, r * S + off, p.padded_numel).view(p.padded_shard_shape).narrow(p.shard_dim, 0, rows));
+      }
+      off += p.padded_numel;
+    }
+  }
+  if (post_forward_size() > 1 && post_forward_size() < shard_size_) full_ = full;  // kept to reshard into the smaller group
+  status_ = Status::kUnsharded;
+  for (const auto& p : params_) p.swap_into_modules(p.unsharded);
+}
+
+int64_t FSDPState::post_forward_size() const {
+  if (!reshard_after_forward_.has_value()) return is_root_ ? 1 : shard_size_;
+  const ReshardAfterForward& r = *reshard_after_forward_;
+  if (!r.is_int()) return r.value() == -1 ? shard_size_ : 1;
+  return r.value();
+}
+
+void FSDPState::reshard(bool after_forward) {
+  if (status_ != Status::kUnsharded || params_.empty()) return;
+  const int64_t n = after_forward ? post_forward_size() : shard_size_;
+  if (n == 1) return;  // reshard_after_forward false
+  for (const auto& p : params_) p.swap_into_modules(p.sharded);
+  if (n < shard_size_) {
+    TORCH_INTERNAL_ASSERT(full_.defined(), "fully_shard: no all-gather output to reshard from");
+    ensure_post_forward_group(n);
+    const int64_t piece = full_.numel() / n;
+    post_forward_piece_ = full_.narrow(0, (shard_rank_ % n) * piece, piece).clone();
+    status_ = Status::kPostForward;
+  } else {
+    status_ = Status::kSharded;
+  }
+  full_ = at::Tensor();
+  for (auto& p : params_) utils::free_storage(p.unsharded);
+}
+
+void FSDPState::ensure_post_forward_group(int64_t n) {
+  if (post_forward_group_ && post_forward_group_->size() == n) return;
+  // Collective over the shard group: every rank creates every sub-group of n consecutive ranks.
+  post_forward_group_ = nullptr;
+  for (int64_t start = 0; start < shard_size_; start += n) {
+    std::vector<int> ranks;
+    for (int64_t r = start; r < start + n; ++r) ranks.push_back(static_cast<int>(r));
+    auto g = shard_group_->new_subgroup(ranks);
+    if (g) post_forward_group_ = g;
+  }
+}
+
+void FSDPState::pre_forward(nn::ForwardInputs& inputs) {
+  if (root_.expired()) lazy_init();
+  if (auto root = root_.lock()) {
+    if (at::GradMode::is_enabled()) root->record_forward(shared_from_this());
+  }
+  if (options_.mp_policy.param_dtype && options_.mp_policy.cast_forward_inputs) {
+    const at::ScalarType dt = *options_.mp_policy.param_dtype;
+    for (auto& in : inputs) {
+      map_tensors(in, [dt](const at::Tensor& t) { return t.is_floating_point() ? t.to(dt) : t; });
+    }
+  }
+  unshard();
+  for (auto& w : forward_prefetch_) {
+    if (auto s = w.lock()) s->unshard();
+  }
+  if (at::GradMode::is_enabled() && !params_.empty()) {
+    for (auto& in : inputs) {
+      map_tensors(in, [this](const at::Tensor& t) {
+        return t.requires_grad() && !is_dtensor(t) ? RegisterPostBackward::apply(t, id_) : t;
+      });
+    }
+  }
+}
+
+void FSDPState::post_forward(c10::IValue& output) {
+  reshard(/*after_forward=*/true);
+  if (options_.mp_policy.output_dtype) {
+    const at::ScalarType dt = *options_.mp_policy.output_dtype;
+    map_tensors(output, [dt](const at::Tensor& t) { return t.is_floating_point() ? t.to(dt) : t; });
+  }
+  if (!at::GradMode::is_enabled()) return;
+  std::weak_ptr<FSDPState> weak = shared_from_this();
+  map_tensors(output, [weak](const at::Tensor& t) {
+    if (t.requires_grad()) {
+      t.register_hook([weak](const at::Tensor&) {
+        if (auto s = weak.lock()) s->pre_backward();
+      });
+    }
+    return t;
+  });
+}
+
+void FSDPState::pre_backward() {
+  if (pre_backward_done_) return;
+  pre_backward_done_ = true;
+  if (auto root = root_.lock()) root->queue_final_callback();
+  unshard();
+  for (auto& w : backward_prefetch_) {
+    if (auto s = w.lock()) s->unshard();
+  }
+}
+
+void FSDPState::record_forward(const std::shared_ptr<FSDPState>& state) {
+  for (auto& w : forwarded_) {
+    if (w.lock() == state) return;
+  }
+  forwarded_.push_back(state);
+}
+
+void FSDPState::queue_final_callback() {
+  if (callback_queued_) return;
+  callback_queued_ = true;
+  std::weak_ptr<FSDPState> weak = shared_from_this();
+  torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+    if (auto s = weak.lock()) s->final_callback();
+  });
+}
+
+void FSDPState::final_callback() {
+  callback_queued_ = false;
+  auto forwarded = std::move(forwarded_);
+  forwarded_.clear();
+  for (auto it = forwarded.rbegin(); it != forwarded.rend(); ++it) {
+    if (auto s = it->lock()) {
+      if (!s->post_backward_done_) s->post_backward();
+      s->pre_backward_done_ = false;
+      s->post_backward_done_ = false;
+    }
+  }
+}
+
+void FSDPState::post_backward() {
+  // Unsharded gradients, moved out of the unsharded parameters (plus earlier accumulation).
+  std::vector<at::Tensor> grads(params_.size());
+  bool any = false;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    FSDPParam& p = params_[i];
+    at::Tensor g = p.unsharded.grad();
+    if (g.defined()) p.unsharded.mutable_grad() = at::Tensor();
+    if (p.accumulated_grad.defined()) {
+      g = g.defined() ? p.accumulated_grad.add_(g) : p.accumulated_grad;
+      p.accumulated_grad = at::Tensor();
+    }
+    grads[i] = g;
+    any = any || g.defined();
+  }
+  // Reshard first: the unsharded parameters are freed before the reduce-scatter buffers exist.
+  if (reshard_after_backward_ && is_last_backward_) reshard(/*after_forward=*/false);
+  if (!requires_gradient_sync_) {
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].accumulated_grad = grads[i];
+  } else if (any) {
+    reduce_scatter_grads(std::move(grads));
+  }
+}
+
+void FSDPState::reduce_scatter_grads(std::vector<at::Tensor> grads) {
+  at::NoGradGuard no_grad;
+  const at::ScalarType reduce_dtype =
+      options_.mp_policy.reduce_dtype.value_or(options_.mp_policy.param_dtype.value_or(orig_dtype_));
+  int64_t S = 0;
+  std::vector<bool> has_grad(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    has_grad[i] = grads[i].defined();
+    if (has_grad[i]) S += params_[i].padded_numel;
+  }
+  at::Tensor input = at::zeros({shard_size_ * S}, at::TensorOptions().dtype(reduce_dtype).device(device_));
+  int64_t off = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const FSDPParam& p = params_[i];
+    if (!grads[i].defined()) continue;
+    at::Tensor g = grads[i].to(reduce_dtype);
+    for (int64_t r = 0; r < shard_size_; ++r) {
+      const int64_t rows = p.rows_of(r);
+      if (rows == 0) continue;
+      input.narrow(0, r * S + off, p.padded_numel).view(p.padded_shard_shape).narrow(p.shard_dim, 0, rows)
+          .copy_(g.narrow(p.shard_dim, r * p.chunk, rows));
+    }
+    off += p.padded_numel;
+    g.reset();
+    grads[i].reset();  // each unsharded gradient is freed once copied
+  }
+  at::Tensor output = at::empty({S}, input.options());
+  shard_group_->reduce_scatter_into(output, input, comm::ReduceOp::SUM);
+  if (replicate_group_) replicate_group_->all_reduce(output, comm::ReduceOp::SUM);
+  output.div_(divide_factor_.value_or(static_cast<double>(shard_size_ * replicate_size_)));
+  off = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    FSDPParam& p = params_[i];
+    if (!has_grad[i]) continue;
+    at::Tensor local = output.narrow(0, off, p.padded_numel)
+                           .view(p.padded_shard_shape)
+                           .narrow(p.shard_dim, 0, p.rows_of(shard_rank_))
+                           .to(p.orig_dtype)
+                           .clone(at::MemoryFormat::Contiguous);
+    if (options_.offload_policy.offload) local = local.to(c10::Device(c10::kCPU));
+    off += p.padded_numel;
+    at::Tensor existing = p.sharded.grad();
+    if (existing.defined() && is_dtensor(existing)) {
+      const_cast<at::Tensor&>(local_tensor(existing)).add_(local);
+    } else {
+      p.sharded.mutable_grad() = make_dtensor(local, get_spec(p.sharded));
+    }
+  }
+}
+
+void FSDPState::lazy_init() {
+  is_root_ = true;
+  root_ = shared_from_this();
+  // Every fully_shard-ed module below this one gets this root.
+  std::function<void(torch::nn::Module&)> visit = [&](torch::nn::Module& m) {
+    for (const auto& child : m.children()) {
+      if (auto s = lookup_state(*child)) {
+        if (s.get() != this && s->root_.expired()) {
+          s->root_ = shared_from_this();
+          s->is_root_ = false;
+        }
+      }
+      visit(*child);
+    }
+  };
+  visit(*module_);
+}
+
+std::vector<std::shared_ptr<FSDPState>> FSDPState::states_below(bool include_self) {
+  std::vector<std::shared_ptr<FSDPState>> out;
+  if (include_self) out.push_back(shared_from_this());
+  std::function<void(torch::nn::Module&)> visit = [&](torch::nn::Module& m) {
+    for (const auto& child : m.children()) {
+      if (auto s = lookup_state(*child)) out.push_back(s);
+      visit(*child);
+    }
+  };
+  visit(*module_);
+  return out;
+}
+
+// ---- fully_shard --------------------------------------------------------------------------
+
+namespace {
+
+[[noreturn]] void fail(const torch::nn::Module& module, const std::string& what) {
+  TORCH_CHECK(false, "fully_shard(", module_type(module), "): ", what);
+}
+
+}  // namespace
+
+FSDPModule fully_shard(torch::nn::Module& module, FullyShardOptions options) {
+  // ---- Checks, before anything changes ----
+  if (lookup_state(module)) fail(module, "fully_shard was already applied to this module");
+  std::shared_ptr<torch::nn::Module> owner;
+  try {
+    owner = module.shared_from_this();
+  } catch (const std::bad_weak_ptr&) {
+    fail(module, "the module must be owned by a std::shared_ptr (a ModuleHolder or std::make_shared)");
+  }
+  DeviceMesh mesh = options.mesh ? *options.mesh : init_device_mesh("cpu", {comm::default_group()->size()});
+  if (mesh.ndim() != 1 && mesh.ndim() != 2) {
+    fail(module, "the mesh must have 1 dim (FSDP) or 2 dims (replicate, shard) for HSDP, got " +
+                     std::to_string(mesh.ndim()) + " dims: " + mesh.to_string());
+  }
+  if (!mesh.get_coordinate().has_value()) fail(module, "the mesh " + mesh.to_string() + " does not contain this rank");
+  const int64_t shard_size = mesh.size(mesh.ndim() - 1);
+  if (options.reshard_after_forward && options.reshard_after_forward->is_int()) {
+    const int64_t n = options.reshard_after_forward->value();
+    if (n <= 0 || shard_size % n != 0) {
+      fail(module, "reshard_after_forward=" + std::to_string(n) + " must be a positive divisor of the shard group size " +
+                       std::to_string(shard_size));
+    }
+  }
+
+  // Managed modules: this one and its descendants, stopping at fully_shard-ed ones.
+  std::vector<std::pair<std::string, torch::nn::Module*>> managed;
+  std::vector<std::shared_ptr<FSDPState>> child_states;
+  std::function<void(const std::string&, torch::nn::Module&)> walk = [&](const std::string& prefix, torch::nn::Module& m) {
+    managed.emplace_back(prefix, &m);
+    for (const auto& item : m.named_children()) {
+      if (auto s = lookup_state(*item.value())) {
+        child_states.push_back(s);
+        continue;
+      }
+      walk(prefix.empty() ? item.key() : prefix + "." + item.key(), *item.value());
+    }
+  };
+  walk("", module);
+  // Parameters another group (below, or a sibling) sharded.
+  const auto others = live_states();
+  auto owned_elsewhere = [&](const c10::TensorImpl* impl) {
+    for (const auto& s : others) {
+      if (s->holds_original(impl)) return true;
+    }
+    return false;
+  };
+  std::unordered_set<const c10::TensorImpl*> ignored;
+  for (const auto& t : options.ignored_params) ignored.insert(t.unsafeGetTensorImpl());
+
+  struct Pending {
+    std::string fqn;
+    std::vector<Registration> regs;
+    at::Tensor tensor;
+    int64_t shard_dim;
+  };
+  std::vector<Pending> pending;
+  std::unordered_map<const c10::TensorImpl*, size_t> index;
+  for (auto& entry : managed) {
+    for (const auto& item : entry.second->named_parameters(/*recurse=*/false)) {
+      const at::Tensor& t = item.value();
+      if (!t.defined() || ignored.count(t.unsafeGetTensorImpl())) continue;
+      const std::string fqn = entry.first.empty() ? item.key() : entry.first + "." + item.key();
+      auto found = index.find(t.unsafeGetTensorImpl());
+      if (found != index.end()) {
+        pending[found->second].regs.push_back({entry.second, item.key()});
+        continue;
+      }
+      if (owned_elsewhere(t.unsafeGetTensorImpl())) {
+        fail(module, "parameter '" + fqn + "' is shared with another fully_shard-ed module (one group per parameter)");
+      }
+      if (is_dtensor(t)) {
+        fail(module, "parameter '" + fqn + "' is already a DTensor (" + get_spec(t).to_string() +
+                         "); FSDP over tensor-parallel parameters (2-D) is not supported yet");
+      }
+      if (t.dim() == 0) fail(module, "parameter '" + fqn + "' is a scalar; FSDP shards dim 0 and needs at least 1 dim");
+      if (!t.is_contiguous()) fail(module, "parameter '" + fqn + "' is not contiguous");
+      if (!nn::has_parameter_member(*entry.second, item.key())) {
+        fail(module, "parameter '" + fqn + "' of " + module_type(*entry.second) +
+                         " cannot be swapped: register its member with dtensor::nn::register_parameter_member");
+      }
+      int64_t shard_dim = 0;
+      if (options.shard_placement_fn) {
+        if (auto s = options.shard_placement_fn(t)) {
+          const int64_t d = s->dim < 0 ? s->dim + t.dim() : s->dim;
+          if (d < 0 || d >= t.dim()) {
+            fail(module, "shard_placement_fn gave Shard(" + std::to_string(s->dim) + ") for parameter '" + fqn +
+                             "' with " + std::to_string(t.dim()) + " dims");
+          }
+          shard_dim = d;
+        }
+      }
+      index[t.unsafeGetTensorImpl()] = pending.size();
+      pending.push_back({fqn, {{entry.second, item.key()}}, t, shard_dim});
+    }
+  }
+  if (!pending.empty()) {
+    const at::ScalarType dt = pending.front().tensor.scalar_type();
+    for (const auto& p : pending) {
+      if (p.tensor.scalar_type() != dt) {
+        std::ostringstream msg;
+        msg << "parameters of one group must share a dtype (one flat all-gather";
+        if (options.mp_policy.param_dtype) msg << " under the mixed-precision policy";
+        msg << "): '" << pending.front().fqn << "' is " << dt << " but '" << p.fqn << "' is " << p.tensor.scalar_type();
+        fail(module, msg.str());
+      }
+    }
+  }
+
+  // ---- Sharding (no communication) ----
+  auto state = std::make_shared<FSDPState>(module, std::move(options), mesh);
+  state->set_orig_dtype(pending.empty() ? at::kFloat : pending.front().tensor.scalar_type());
+  for (auto& p : pending) {
+    state->remember_original(p.tensor);
+    state->add_param(p.fqn, std::move(p.regs), p.tensor, p.shard_dim);
+  }
+  std::weak_ptr<FSDPState> weak = state;
+  // The hooks hold the state (alive as long as the module).
+  nn::register_forward_pre_hook(module, [state](torch::nn::Module&, nn::ForwardInputs& inputs) {
+    state->pre_forward(inputs);
+  });
+  nn::register_forward_hook(module, [weak](torch::nn::Module&, const nn::ForwardInputs&, c10::IValue& output) {
+    if (auto s = weak.lock()) s->post_forward(output);
+  });
+  register_state(module, state);
+  state->id_ = register_state_id(state);
+  return FSDPModule(state);
+}
+
+std::optional<FSDPModule> get_fsdp_module(const torch::nn::Module& module) {
+  if (auto s = lookup_state(module)) return FSDPModule(s);
+  return std::nullopt;
+}
+
+// ---- FSDPModule ---------------------------------------------------------------------------
+
+void FSDPModule::unshard() { state_->unshard(); }
+void FSDPModule::reshard() { state_->reshard(/*after_forward=*/false); }
+
+void FSDPModule::set_requires_gradient_sync(bool value, bool recurse) {
+  for (auto& s : state_->states_below(true)) {
+    if (!recurse && s != state_) continue;
+    s->requires_gradient_sync_ = value;
+  }
+}
+void FSDPModule::set_reshard_after_forward(ReshardAfterForward value, bool recurse) {
+  const int64_t shard_size = state_->shard_size_;
+  if (value.is_int() && (value.value() <= 0 || shard_size % value.value() != 0)) {
+    TORCH_CHECK(false, "set_reshard_after_forward: ", value.value(), " must be a positive divisor of the shard group size ",
+                shard_size);
+  }
+  for (auto& s : state_->states_below(true)) {
+    if (!recurse && s != state_) continue;
+    s->reshard_after_forward_ = value;
+  }
+}
+void FSDPModule::set_reshard_after_backward(bool value, bool recurse) {
+  for (auto& s : state_->states_below(true)) {
+    if (!recurse && s != state_) continue;
+    s->reshard_after_backward_ = value;
+  }
+}
+void FSDPModule::set_is_last_backward(bool value) {
+  for (auto& s : state_->states_below(true)) s->is_last_backward_ = value;
+}
+void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
+  state_->forward_prefetch_.clear();
+  for (const auto& m : modules) state_->forward_prefetch_.push_back(m.state_);
+}
+void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
+  state_->backward_prefetch_.clear();
+  for (const auto& m : modules) state_->backward_prefetch_.push_back(m.state_);
+}
+void FSDPModule::set_gradient_divide_factor(double factor) {
+  TORCH_CHECK(factor > 0, "set_gradient_divide_factor: the factor must be positive, got ", factor);
+  state_->divide_factor_ = factor;
+}
+torch::nn::Module& FSDPModule::module() const { return *state_->module_; }
+const DeviceMesh& FSDPModule::mesh() const { return state_->mesh_; }
+std::vector<at::Tensor> FSDPModule::sharded_parameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto& p : state_->params_) out.push_back(p.sharded);
+  return out;
+}
+bool FSDPModule::is_root() const { return state_->is_root_; }
+bool FSDPModule::is_unsharded() const { return state_->status_ == FSDPState::Status::kUnsharded; }
+
+}  // namespace fsdp
+}  // namespace dtensor

@@ -1,0 +1,126 @@
+// dtensor/fsdp/state_dict.cpp
+#include "dtensor/fsdp/state_dict.h"
+
+#include "dtensor/fsdp/fsdp_state.h"
+#include "dtensor/nn/module_surgery.h"
+#include "dtensor/tensor/dtensor.h"
+#include "dtensor/tensor/dtensor_impl.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <map>
+#include <unordered_map>
+
+namespace dtensor {
+namespace fsdp {
+
+namespace {
+
+// Unsharded parameter -> its sharded DTensor, for every fully_shard-ed module in the tree.
+std::unordered_map<const c10::TensorImpl*, at::Tensor> sharded_of(const torch::nn::Module& module) {
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> out;
+  auto add = [&](const torch::nn::Module& m) {
+    if (auto f = get_fsdp_module(m)) {
+      for (const auto& p : f->state()->params_) out[p.unsharded.unsafeGetTensorImpl()] = p.sharded;
+    }
+  };
+  add(module);
+  for (const auto& m : module.modules(/*include_self=*/false)) add(*m);
+  return out;
+}
+
+// The registered tensors by name (parameters with the sharded DTensor of an unsharded one).
+std::vector<std::pair<std::string, at::Tensor>> entries(const torch::nn::Module& module) {
+  const auto sharded = sharded_of(module);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& kv : nn::named_parameters(module)) {
+    auto it = sharded.find(kv.second.unsafeGetTensorImpl());
+    out.emplace_back(kv.first, it == sharded.end() ? kv.second : it->second);
+  }
+  for (const auto& kv : module.named_buffers()) out.emplace_back(kv.key(), kv.value());
+  return out;
+}
+
+}  // namespace
+
+StateDict sharded_state_dict(const torch::nn::Module& module) {
+  StateDict out;
+  for (auto& kv : entries(module)) out.emplace_back(kv.first, kv.second.detach());
+  return out;
+}
+
+StateDict full_state_dict(const torch::nn::Module& module, bool rank0_only) {
+  StateDict out;
+  bool keep = true;
+  for (auto& kv : entries(module)) {
+    at::NoGradGuard no_grad;
+    if (is_dtensor(kv.second)) {
+      if (rank0_only) keep = get_spec(kv.second).mesh.get_rank() == 0;
+      out.emplace_back(kv.first, full_tensor(kv.second.detach()));
+    } else {
+      out.emplace_back(kv.first, kv.second.detach().clone());
+    }
+  }
+  if (rank0_only && !keep) out.clear();
+  return out;
+}
+
+at::Tensor shard_like(const at::Tensor& full, const at::Tensor& like) {
+  TORCH_CHECK(!is_dtensor(full), "shard_like: `full` must be a plain tensor, got a DTensor");
+  const DTensorSpec& spec = get_spec(like);
+  TORCH_CHECK(full.sizes().vec() == spec.tensor_meta.shape, "shard_like: the full tensor has shape ", full.sizes(),
+              " but the DTensor's global shape is ", c10::IntArrayRef(spec.tensor_meta.shape));
+  const auto& coord = spec.mesh.get_coordinate();
+  TORCH_CHECK(coord.has_value(), "shard_like: this rank is not on the DTensor's mesh");
+  at::Tensor local = full.detach();
+  for (size_t i = 0; i < spec.placements.size(); ++i) {
+    const Placement& p = spec.placements[i];
+    if (std::holds_alternative<Replicate>(p)) continue;
+    TORCH_CHECK(std::holds_alternative<Shard>(p), "shard_like: Partial placements have no shard of a full tensor");
+    const int64_t d = std::get<Shard>(p).dim, n = spec.mesh.size(static_cast<int64_t>(i)), c = (*coord)[i];
+    const int64_t size = local.size(d), chunk = (size + n - 1) / n;
+    const int64_t start = std::min(size, c * chunk), rows = std::max<int64_t>(0, std::min(chunk, size - c * chunk));
+    local = local.narrow(d, start, rows);
+  }
+  return make_dtensor(local.to(spec.tensor_meta.dtype).contiguous().clone(), spec);
+}
+
+void load_state_dict(torch::nn::Module& module, const StateDict& state, bool strict) {
+  auto targets = entries(module);
+  std::map<std::string, at::Tensor> values(state.begin(), state.end());
+  // Checks first.
+  for (const auto& kv : targets) {
+    auto it = values.find(kv.first);
+    if (it == values.end()) {
+      TORCH_CHECK(!strict, "fsdp::load_state_dict: missing entry '", kv.first, "'");
+      continue;
+    }
+    TORCH_CHECK(it->second.sizes() == kv.second.sizes(), "fsdp::load_state_dict: entry '", kv.first, "' has shape ",
+                it->second.sizes(), " but the module's has ", kv.second.sizes());
+  }
+  if (strict) {
+    for (const auto& kv : values) {
+      bool found = false;
+      for (const auto& t : targets) found = found || t.first == kv.first;
+      TORCH_CHECK(found, "fsdp::load_state_dict: unexpected entry '", kv.first, "'");
+    }
+  }
+  for (auto& kv : targets) {
+    auto it = values.find(kv.first);
+    if (it == values.end()) continue;
+    at::NoGradGuard no_grad;
+    const at::Tensor& value = it->second;
+    if (is_dtensor(kv.second)) {
+      const DTensorSpec& spec = get_spec(kv.second);
+      at::Tensor shard = is_dtensor(value) ? redistribute(value.detach(), spec.mesh, spec.placements)
+                                           : shard_like(value, kv.second);
+      const_cast<at::Tensor&>(local_tensor(kv.second)).copy_(local_tensor(shard));
+    } else {
+      kv.second.copy_(is_dtensor(value) ? full_tensor(value.detach()) : value);
+    }
+  }
+}
+
+}  // namespace fsdp
+}  // namespace dtensor

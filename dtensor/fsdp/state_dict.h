@@ -1,0 +1,49 @@
+// dtensor/fsdp/state_dict.h
+//
+// State dicts of fully_shard-ed models (PyTorch: model.state_dict() with DTensor parameters,
+// torch.distributed.checkpoint.state_dict's get/set_model_state_dict with full_state_dict).
+//
+//   auto sharded = dtensor::fsdp::sharded_state_dict(*model);   // DTensors, no communication
+//   auto full = dtensor::fsdp::full_state_dict(*model);         // collective: plain tensors
+//   dtensor::fsdp::load_state_dict(*other, full);               // each rank keeps its shard
+//
+// Names are those of named_parameters() then named_buffers(), tied parameters once (under
+// their first name). Optimizer state of a sharded parameter (Adam's exp_avg, exp_avg_sq) is
+// created by the optimizer like the parameter, so it is a DTensor with the parameter's spec;
+// shard_like() turns a full saved state tensor into that shard.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dtensor {
+namespace fsdp {
+
+using StateDict = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Parameters (the sharded DTensors of fully_shard-ed modules, even while unsharded; plain
+// tensors for others) and buffers, detached. No communication.
+StateDict sharded_state_dict(const torch::nn::Module& module);
+
+// Collective over the meshes of the sharded parameters (every rank): every value as a full
+// plain tensor. rank0_only: only global rank 0 gets the entries (others get an empty dict).
+StateDict full_state_dict(const torch::nn::Module& module, bool rank0_only = false);
+
+// Copies `state` into the module's parameters and buffers, by name. Into a sharded parameter:
+// a DTensor value is redistributed to the parameter's mesh and placements (collective; any
+// placements), a plain value is the full tensor and each rank keeps its shard (no
+// communication). Into a plain parameter: the value (full_tensor of a DTensor). strict: every
+// name must match both ways. Checks names and shapes before writing anything; errors name the
+// entry.
+void load_state_dict(torch::nn::Module& module, const StateDict& state, bool strict = true);
+
+// This rank's shard of the full plain tensor `full`, as a DTensor with the spec of the
+// DTensor `like` (Shard and Replicate placements; no communication).
+at::Tensor shard_like(const at::Tensor& full, const at::Tensor& like);
+
+}  // namespace fsdp
+}  // namespace dtensor

@@ -1,0 +1,381 @@
+// PyTorch parity of the DTensor API (issue 15), written as PyTorch's own tests are
+// (test/distributed/tensor/test_dtensor.py, test_redistribute.py, test_pointwise_ops.py,
+// common_dtensor.py): the same inputs, placements, expected placements, values and collective
+// counts.
+#include "dtensor/comm/comm.h"
+#include "dtensor/tensor/dtensor.h"
+#include "harness/harness.h"
+#include "suites/testing/counting_group.h"
+#include "suites/testing/child_process.h"
+#include "suites/testing/errors.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+namespace dtensor {
+namespace {
+
+using testing::contains;
+using testing::CountingGroup;
+using testing::error_of;
+
+class Parity : public testing::MultiThreadedTest {
+ protected:
+  // A 1-D mesh over the 4 ranks whose collectives are counted.
+  DeviceMesh counted_mesh(std::vector<int64_t> shape = {4}) {
+    counting_ = std::make_shared<CountingGroup>(group_ptr());
+    return init_device_mesh("cpu", shape, {}, counting_);
+  }
+  std::shared_ptr<CountingGroup> counting_;
+};
+class ParityGloo : public testing::MultiProcessTest {};
+
+// ---- 12. Redistributing to Partial is refused (test_redistribute.py test_replicate_to_partial) --
+
+DTENSOR_TEST_F(Parity, RedistributeRefusesPartialTargets) {
+  auto mesh = counted_mesh();
+  at::Tensor local = at::arange(36, at::kFloat).reshape({12, 3}).requires_grad_(true);
+  at::Tensor replica = distribute_tensor(local, mesh, {Replicate{}});
+  EXPECT_PRED2(contains, error_of([&] { redistribute(replica, mesh, {Partial{}}); }),
+               "Can not redistribute from Replicate() to Partial(sum)");
+  at::Tensor shard = distribute_tensor(local, mesh, {Shard{0}});
+  EXPECT_PRED2(contains, error_of([&] { redistribute(shard, {Partial{}}); }),
+               "Can not redistribute from Shard(dim=0) to Partial(sum)");
+  at::Tensor partial = from_local(at::ones({3, 3}), mesh, {Partial{}});
+  EXPECT_PRED2(contains, error_of([&] { redistribute(partial, {Partial(comm::ReduceOp::AVG)}); }),
+               "Can not redistribute from Partial(sum) to Partial(avg)");
+  // The same Partial is no move at all.
+  counting_->reset();
+  EXPECT_EQ(get_spec(redistribute(partial, {Partial{}})).placements, std::vector<Placement>{Partial{}});
+  EXPECT_EQ(counting_->collectives(), 0);
+  // The internal transition (PyTorch's Redistribute.apply) still exists, without communication.
+  counting_->reset();
+  at::Tensor p = detail::redistribute_to_any(replica, {Partial{}});
+  EXPECT_EQ(p.sizes(), local.sizes());
+  EXPECT_EQ(counting_->collectives(), 0);
+  EXPECT_TRUE(at::allclose(full_tensor(p), local));
+}
+
+// ---- 13. The gradient of a Partial input stays Partial, with no collective ---------------------
+
+DTENSOR_TEST_F(Parity, PartialInputGradientStaysPartial) {
+  auto mesh = counted_mesh();
+  at::Tensor local = at::full({2, 3}, rank() + 1.0).requires_grad_(true);
+  at::Tensor x = from_local(local, mesh, {Partial{}});
+  at::Tensor y = x * 2;  // linear: stays Partial
+  ASSERT_EQ(get_spec(y).placements, std::vector<Placement>{Partial{}});
+  at::Tensor out = to_local(y);  // its gradient comes back Partial (to_local's default hint)
+  counting_->reset();
+  out.sum().backward();
+  // Each rank's share of the gradient: no all_reduce (PyTorch keeps Partial -> Partial).
+  EXPECT_EQ(counting_->collectives(), 0) << c10::str(counting_->counts().size());
+  EXPECT_TRUE(at::equal(local.grad(), at::full({2, 3}, 2.0)));
+
+  // A Replicate gradient of a Partial input becomes Replicate (no Replicate -> Partial).
+  at::Tensor leaf = DTensor(at::full({2, 3}, rank() + 1.0f), get_spec(x), true);
+  at::Tensor r = redistribute(leaf, {Replicate{}});
+  EXPECT_TRUE(at::equal(local_tensor(r), at::full({2, 3}, 10.0)));
+  counting_->reset();
+  (r * 3).sum().backward();
+  EXPECT_EQ(counting_->collectives(), 0);
+  EXPECT_EQ(get_spec(leaf.grad()).placements, std::vector<Placement>{Replicate{}});
+  EXPECT_TRUE(at::equal(local_tensor(leaf.grad()), at::full({2, 3}, 3.0)));
+}
+
+// ---- 14. run_check checks requires_grad (PyTorch's check_tensor_meta) -------------------------
+
+DTENSOR_TEST_F(Parity, FromLocalRunCheckComparesRequiresGradAndBroadcastsReplicas) {
+  auto mesh = init_device_mesh("cpu", {4});
+  at::Tensor local = at::ones({2, 3}).requires_grad_(rank() != 1);
+  EXPECT_PRED2(contains, error_of([&] { from_local(local, mesh, {Shard{0}}, /*run_check=*/true); }),
+               "rank 1 passed a local tensor with requires_grad=false but rank 0 with requires_grad=true");
+  // Uneven local shapes need the global shape (check_tensor_meta compares shapes).
+  at::Tensor uneven = at::ones({rank() < 3 ? 3 : 1, 2});
+  EXPECT_PRED2(contains, error_of([&] { from_local(uneven, mesh, {Shard{0}}, true); }),
+               "the local tensors are uneven (dim 0: rank 3 has size 1, rank 0 has 3)");
+  FromLocalOptions o;
+  o.run_check = true;
+  o.shape = std::vector<int64_t>{10, 2};
+  o.stride = std::vector<int64_t>{2, 1};
+  EXPECT_EQ(from_local(uneven, mesh, {Shard{0}}, o).sizes(), (c10::IntArrayRef{10, 2}));
+  // Replicate: the first rank's values reach every rank; the caller's tensor is untouched.
+  at::Tensor mine = at::full({2}, static_cast<double>(rank()));
+  at::Tensor rep = from_local(mine, mesh, {Replicate{}}, true);
+  EXPECT_TRUE(at::equal(local_tensor(rep), at::zeros({2})));
+  EXPECT_EQ(mine[0].item<double>(), rank());
+}
+
+// ---- 15. A one-element plain tensor is replicated implicitly ---------------------------------
+
+DTENSOR_TEST_F(Parity, OneElementPlainTensorsAreReplicatedImplicitly) {
+  auto mesh = init_device_mesh("cpu", {4});
+  at::Tensor g = at::arange(32, at::kFloat).reshape({8, 4});
+  at::Tensor x = distribute_tensor(g, mesh, {Shard{0}});
+  for (at::Tensor scalar : {at::full({1}, 2.0f), at::full({1, 1}, 2.0f), at::full({}, 2.0f)}) {
+    SCOPED_TRACE(c10::str(scalar.sizes()));
+    at::Tensor y = x * scalar;
+    ASSERT_TRUE(is_dtensor(y));
+    EXPECT_EQ(get_spec(y).placements, std::vector<Placement>{Shard{0}});
+    EXPECT_TRUE(at::equal(full_tensor(y), g * scalar));
+  }
+  // More than one element is still an error (PyTorch: "got mixed torch.Tensor and DTensor").
+  EXPECT_PRED2(contains, error_of([&] { (void)(x * at::ones({4})); }), "mixed with DTensors");
+}
+
+// ---- 16. fill_ and zero_ on a Partial tensor keep it Partial ---------------------------------
+
+DTENSOR_TEST_F(Parity, FillOnPartialKeepsPartial) {
+  auto mesh = init_device_mesh("cpu", {4});
+  for (auto op : {comm::ReduceOp::SUM, comm::ReduceOp::MAX}) {
+    SCOPED_TRACE(comm::to_string(op));
+    at::Tensor p = from_local(at::full({3, 2}, rank() + 1.0f), mesh, {Partial(op)});
+    p.fill_(3);
+    EXPECT_EQ(get_spec(p).placements, std::vector<Placement>{Partial(op)});
+    // Every rank's local tensor holds the value (aten.fill_.Scalar's single-input strategy).
+    EXPECT_TRUE(at::equal(local_tensor(p), at::full({3, 2}, 3.0f)));
+    EXPECT_TRUE(at::equal(full_tensor(p), at::full({3, 2}, op == comm::ReduceOp::SUM ? 12.0f : 3.0f)));
+    p.zero_();
+    EXPECT_EQ(get_spec(p).placements, std::vector<Placement>{Partial(op)});
+    EXPECT_TRUE(at::equal(full_tensor(p), at::zeros({3, 2})));
+  }
+}
+
+// ---- 17. run_subtests: any printable value, and a barrier after each subtest -------------------
+
+DTENSOR_TEST_F(Parity, RunSubtestsTakesPrintableValuesAndBarriers) {
+  auto counting = std::make_shared<CountingGroup>(group_ptr());
+  comm::set_thread_default_group(counting);
+  std::vector<std::string> seen;
+  int n = testing::run_subtests(
+      {{"dtype", {at::kFloat, at::kDouble}},
+       {"placements", {std::vector<Placement>{Shard{0}}, std::vector<Placement>{Replicate{}}}},
+       {"sizes", {std::vector<int64_t>{2, 3}}}},
+      [&](const testing::SubtestParams& p) {
+        seen.push_back(p.to_string());
+        at::Tensor t = at::zeros(p.get<std::vector<int64_t>>("sizes"), p.get<at::ScalarType>("dtype"));
+        EXPECT_EQ(t.scalar_type(), p.get<at::ScalarType>("dtype"));
+        EXPECT_EQ(p.get<std::vector<Placement>>("placements").size(), 1u);
+      });
+  comm::set_thread_default_group(group_ptr());
+  EXPECT_EQ(n, 4);
+  ASSERT_EQ(seen.size(), 4u);
+  EXPECT_EQ(seen.front(), "dtype=Float, placements=[Shard(dim=0)], sizes=[2, 3]");
+  EXPECT_EQ(seen.back(), "dtype=Double, placements=[Replicate()], sizes=[2, 3]");
+  EXPECT_EQ(counting->counts()["barrier"], 4);
+  testing::SubtestValue v(at::kFloat);
+  EXPECT_PRED2(contains, error_of([&] { v.get<int64_t>(); }), "subtest value Float is a c10::ScalarType");
+}
+
+// ---- 18. A misspelled DTENSOR_BACKEND fails, naming the valid backends --------------------------
+
+TEST(ParityBackendName, MisspelledBackendFails) {
+  EXPECT_EQ(testing::backend_name_error("gloo"), "");
+  EXPECT_EQ(testing::backend_name_error("cpu:gloo,cuda:nccl"), "");
+  EXPECT_PRED2(contains, testing::backend_name_error("glo"),
+               "DTENSOR_BACKEND='glo' names no backend ('glo'); valid backends are gloo, nccl or mpi");
+  EXPECT_PRED2(contains, testing::backend_name_error("cpu:gloo,cuda:nccI"), "('nccI')");
+  // As a user sees it: the multi-process test fails instead of skipping.
+  auto run = testing::run_self({"--gtest_filter=ParityGloo.OneRankBody"}, {{"DTENSOR_BACKEND", "glo"}});
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_PRED2(contains, run.output, "names no backend ('glo')");
+  EXPECT_FALSE(contains(run.output, "[  SKIPPED ]")) << run.output;
+}
+DTENSOR_TEST_F(ParityGloo, OneRankBody) { EXPECT_GE(rank(), 0); }
+
+// ---- 1. grad_placements (test_dtensor.py test_full_tensor_grad_hint, test_to_local) -----------
+
+DTENSOR_TEST_F(Parity, FullTensorGradHint) {
+  auto mesh = init_device_mesh("cpu", {4});
+  at::Tensor global = at::ones({8, 3}).requires_grad_(true);
+  at::Tensor sharded = distribute_tensor(global, mesh, {Shard{0}});
+  at::Tensor local_out = full_tensor(sharded, std::vector<Placement>{Partial{}});
+  local_out.sum().backward();
+  at::Tensor replica_grad = full_tensor(sharded.grad());
+  EXPECT_TRUE(at::equal(replica_grad, global.detach() * 4));
+}
+
+DTENSOR_TEST_F(Parity, ToLocalGradPlacements) {
+  auto mesh = init_device_mesh("cpu", {4});
+  at::Tensor x = distribute_tensor(at::ones({8, 3}).requires_grad_(true), mesh, {Replicate{}});
+  // The local result is used as a Partial (e.g. fed to a row-parallel matmul): each rank's
+  // gradient is a share, and the gradient of x is their sum.
+  at::Tensor local = to_local(x, std::vector<Placement>{Partial{}});
+  (local * (rank() + 1)).sum().backward();
+  // The leaf keeps the gradient as the hint lays it out (PyTorch: x.grad is Partial).
+  EXPECT_EQ(get_spec(x.grad()).placements, std::vector<Placement>{Partial{}});
+  EXPECT_TRUE(at::equal(local_tensor(x.grad()), at::full({8, 3}, rank() + 1.0f)));
+  EXPECT_TRUE(at::equal(full_tensor(x.grad()), at::full({8, 3}, 10.0f)));
+  // Without the hint the gradient is taken as laid out like x (Replicate): no reduction.
+  at::Tensor y = distribute_tensor(at::ones({8, 3}).requires_grad_(true), mesh, {Replicate{}});
+  (to_local(y) * (rank() + 1)).sum().backward();
+  EXPECT_TRUE(at::equal(local_tensor(y.grad()), at::full({8, 3}, rank() + 1.0f)));
+}
+
+// ---- 2. redistribute options (test_redistribute.py
+//         test_shard_to_replicate_forward_backward_datatype_conversion) -------------------------
+
+DTENSOR_TEST_F(Parity, RedistributeForwardBackwardDtypes) {
+  auto mesh = counted_mesh();
+  const std::vector<std::optional<at::ScalarType>> forward = {std::nullopt, at::kFloat, at::kDouble, at::kDouble};
+  const std::vector<std::optional<at::ScalarType>> backward = {std::nullopt, at::kDouble, at::kFloat, at::kDouble};
+  for (size_t i = 0; i < forward.size(); ++i) {
+    SCOPED_TRACE(i);
+    at::Tensor input = at::arange(36, at::kFloat).reshape({12, 3}).div(7).requires_grad_(true);
+    at::Tensor sharded = distribute_tensor(input, mesh, {Shard{0}});
+    RedistributeOptions o;
+    o.forward_dtype = forward[i];
+    o.backward_dtype = backward[i];
+    counting_->reset();
+    at::Tensor replica = redistribute(sharded, mesh, {Replicate{}}, o);
+    EXPECT_EQ(replica.sizes(), input.sizes());
+    EXPECT_EQ(counting_->collectives(), 1);
+    EXPECT_EQ(counting_->counts()["all_gather_into"], 1);
+    EXPECT_EQ(local_tensor(replica).scalar_type(), forward[i].value_or(at::kFloat));
+    EXPECT_TRUE(at::allclose(local_tensor(replica).to(at::kFloat), input.detach()));
+    counting_->reset();
+    replica.backward(at::ones_like(replica));
+    EXPECT_EQ(counting_->collectives(), 0);  // Replicate -> Shard is a local chunk
+    at::Tensor grad = sharded.grad();
+    EXPECT_EQ(get_spec(grad).placements, std::vector<Placement>{Shard{0}});
+    EXPECT_EQ(local_tensor(grad).scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::equal(local_tensor(grad), at::ones({3, 3})));
+  }
+  // async_op is accepted; the result is complete on return.
+  RedistributeOptions async;
+  async.async_op = true;
+  at::Tensor g = at::arange(8, at::kFloat);
+  EXPECT_TRUE(at::equal(full_tensor(redistribute(distribute_tensor(g, mesh, {Shard{0}}), {Replicate{}}, async)), g));
+}
+
+// ---- 3. from_local shape and stride (test_dtensor.py test_from_local_uneven_sharding,
+//         test_from_local_uneven_sharding_raise_error) --------------------------------------------
+
+DTENSOR_TEST_F(Parity, FromLocalShapeAndStride) {
+  auto mesh = init_device_mesh("cpu", {4});
+  at::Tensor global = at::arange(10, at::kFloat).reshape({5, 2});
+  auto pieces = split_tensor(Shard{0}, global, 4);
+  FromLocalOptions o;
+  o.shape = global.sizes().vec();
+  o.stride = global.strides().vec();
+  at::Tensor dt = from_local(pieces[static_cast<size_t>(rank())], mesh, {Shard{0}}, o);
+  EXPECT_EQ(dt.sizes(), global.sizes());
+  EXPECT_EQ(dt.strides(), global.strides());
+  EXPECT_TRUE(at::equal(full_tensor(dt), global));
+  FromLocalOptions only_shape;
+  only_shape.shape = global.sizes().vec();
+  EXPECT_PRED2(contains, error_of([&] { from_local(pieces[static_cast<size_t>(rank())], mesh, {Shard{0}}, only_shape); }),
+               "pass both shape and stride, or neither");
+  FromLocalOptions only_stride;
+  only_stride.stride = global.strides().vec();
+  EXPECT_PRED2(contains, error_of([&] { from_local(pieces[static_cast<size_t>(rank())], mesh, {Shard{0}}, only_stride); }),
+               "pass both shape and stride, or neither");
+  // A permuted local tensor gives PyTorch's global strides (compute_global_tensor_info).
+  at::Tensor permuted = at::arange(8, at::kFloat).reshape({4, 2}).t();  // [2, 4], strides [1, 2]
+  at::Tensor p = from_local(permuted, mesh, {Shard{0}});
+  EXPECT_EQ(p.sizes(), (c10::IntArrayRef{8, 4}));
+  EXPECT_EQ(p.strides(), (c10::IntArrayRef{1, 8}));
+  EXPECT_TRUE(at::equal(full_tensor(p + 1), at::cat({permuted, permuted, permuted, permuted}) + 1));
+}
+
+// ---- 4. The DTensor constructor: no communication ---------------------------------------------
+
+DTENSOR_TEST_F(Parity, DTensorConstructor) {
+  auto mesh = counted_mesh();
+  DTensorSpec spec(mesh, {Shard{0}}, TensorMeta{{8, 2}, {2, 1}, at::kFloat});
+  at::Tensor local = at::full({2, 2}, static_cast<float>(rank()));
+  counting_->reset();
+  at::Tensor dt = DTensor(local, spec, /*requires_grad=*/true);
+  EXPECT_EQ(counting_->collectives(), 0);
+  EXPECT_TRUE(dt.requires_grad());
+  EXPECT_TRUE(dt.is_leaf());
+  EXPECT_EQ(get_spec(dt), spec);
+  EXPECT_TRUE(at::equal(local_tensor(dt), local));
+  EXPECT_PRED2(contains, error_of([&] { (void)DTensor(at::ones({3, 2}), spec, false); }),
+               "is not this rank's shard of");
+  EXPECT_PRED2(contains, error_of([&] { (void)DTensor(at::ones({2, 2}, at::kDouble), spec, false); }),
+               "the local tensor is Double but the spec says Float");
+}
+
+// ---- 6. The current mesh (PyTorch's `with mesh:`) ----------------------------------------------
+
+DTENSOR_TEST_F(Parity, DeviceMeshGuardMakesTheMeshOptional) {
+  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh2 = init_device_mesh("cpu", {2, 2});
+  EXPECT_FALSE(has_current_mesh());
+  EXPECT_PRED2(contains, error_of([&] { distribute_tensor(at::ones({4}), {Shard{0}}); }), "no current DeviceMesh");
+  {
+    DeviceMeshGuard use(mesh);
+    at::Tensor x = distribute_tensor(at::ones({8, 2}), {Shard{0}});
+    EXPECT_EQ(get_spec(x).mesh, mesh);
+    at::Tensor r = distribute_tensor(at::ones({8, 2}));  // Replicate by default
+    EXPECT_EQ(get_spec(r).placements, std::vector<Placement>{Replicate{}});
+    {
+      DeviceMeshGuard inner(mesh2);
+      at::Tensor y = from_local(at::ones({2, 2}), {Shard{0}, Replicate{}});
+      EXPECT_EQ(get_spec(y).mesh, mesh2);
+      EXPECT_EQ(y.sizes(), (c10::IntArrayRef{4, 2}));
+    }
+    EXPECT_EQ(current_mesh(), mesh);
+  }
+  EXPECT_FALSE(has_current_mesh());
+}
+
+// ---- 7. Placement helpers (test_dtensor.py / test_utils.py test_split_tensor_1D,
+//         test_redistribute.py shard_dim_alltoall, distribute_tensor src_data_rank) -------------
+
+TEST(ParityPlacementHelpers, SplitTensorAndUnpad) {
+  const int64_t world = 4;
+  for (int64_t size = 0; size < 8; ++size) {
+    SCOPED_TRACE(size);
+    at::Tensor tensor = at::arange(size, at::kFloat);
+    std::vector<int64_t> pad_sizes;
+    auto padded = split_tensor(Shard{0}, tensor, world, /*with_padding=*/true, &pad_sizes);
+    ASSERT_EQ(padded.size(), 4u);
+    ASSERT_EQ(pad_sizes.size(), 4u);
+    const int64_t chunk = (size + world - 1) / world;
+    std::vector<at::Tensor> unpadded;
+    std::vector<bool> empty, expected_empty;
+    auto chunks = tensor.chunk(world);
+    for (int64_t i = 0; i < world; ++i) {
+      EXPECT_EQ(padded[static_cast<size_t>(i)].size(0), chunk);
+      unpadded.push_back(unpad_tensor(Shard{0}, padded[static_cast<size_t>(i)], pad_sizes[static_cast<size_t>(i)]));
+      empty.push_back(unpadded.back().numel() == 0);
+      expected_empty.push_back(i >= static_cast<int64_t>(chunks.size()) || chunks[static_cast<size_t>(i)].numel() == 0);
+    }
+    EXPECT_EQ(empty, expected_empty);
+    EXPECT_TRUE(at::equal(at::cat(unpadded), tensor));
+    EXPECT_EQ(split_tensor(Shard{0}, tensor, world).size(), 4u);
+  }
+}
+
+DTENSOR_TEST_F(Parity, ShardDimAlltoall) {
+  auto mesh = counted_mesh();
+  at::Tensor global = at::arange(96, at::kFloat).reshape({8, 12});
+  at::Tensor local = global.chunk(4, 0)[static_cast<size_t>(rank())];
+  counting_->reset();
+  at::Tensor out = shard_dim_alltoall(local, 0, 1, mesh, 0);
+  EXPECT_EQ(counting_->collectives(), 1);
+  EXPECT_EQ(counting_->counts()["all_to_all_single"], 1);
+  EXPECT_TRUE(at::equal(out, global.chunk(4, 1)[static_cast<size_t>(rank())]));
+}
+
+DTENSOR_TEST_F(Parity, ShardTensorAndSrcDataRank) {
+  auto mesh = counted_mesh();
+  at::Tensor global = at::arange(20, at::kFloat).reshape({10, 2});
+  at::Tensor mine = global + rank();  // every rank passes different values
+  counting_->reset();
+  at::Tensor local_only = _shard_tensor(mine, {Shard{0}}, mesh);
+  EXPECT_EQ(counting_->collectives(), 0);
+  EXPECT_TRUE(at::equal(local_tensor(local_only), mine.chunk(4, 0)[static_cast<size_t>(rank())]));
+  EXPECT_EQ(local_only.sizes(), (c10::IntArrayRef{10, 2}));
+  counting_->reset();
+  at::Tensor from_two = distribute_tensor(mine, mesh, {Shard{0}}, /*src_data_rank=*/2);
+  EXPECT_EQ(counting_->counts()["broadcast"], 1);
+  EXPECT_TRUE(at::equal(full_tensor(from_two), global + 2));
+  EXPECT_TRUE(at::equal(full_tensor(distribute_tensor(mine, mesh, {Replicate{}})), global));
+  EXPECT_PRED2(contains, error_of([&] { distribute_tensor(mine, mesh, {Shard{0}}, 4); }),
+               "src_data_rank 4 is not a coordinate of mesh dim 0 (size 4)");
+}
+
+}  // namespace
+}  // namespace dtensor

@@ -1,0 +1,68 @@
+// DTensor behaviours of issue 17 (items 8-10): no collective on a mesh dim of one rank,
+// distribute_tensor of a meta tensor without communication, ranks that pass different
+// placements to distribute_tensor named on every rank. As Gloo processes and as threads.
+#include "dtensor/comm/comm.h"
+#include "dtensor/mesh/device_mesh.h"
+#include "dtensor/tensor/dtensor.h"
+#include "harness/harness.h"
+#include "suites/testing/counting_group.h"
+#include "suites/testing/rank_modes.h"
+
+#include <ATen/ATen.h>
+
+namespace dtensor {
+namespace {
+
+DTENSOR_RANK_FIXTURES(TrustGloo, TrustThreads);
+
+DTENSOR_TEST_BOTH(TrustGloo, TrustThreads, SizeOneMeshDimIssuesNoCollective) {
+  const int64_t n = t.group().size();
+  auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
+  DeviceMesh mesh = init_device_mesh("cpu", {1, n}, {}, counting);
+  at::Tensor full = at::arange(8 * n, at::kFloat).view({4 * n, 2});
+  at::Tensor x = distribute_tensor(full, mesh, {Shard{0}, Shard{1}});
+  counting->reset();
+  // Every change is on the size-1 dim 0.
+  at::Tensor r = redistribute(x, mesh, {Replicate{}, Shard{1}});
+  at::Tensor s = redistribute(r, mesh, {Shard{1}, Shard{1}});
+  at::Tensor back = redistribute(s, mesh, {Shard{0}, Shard{1}});
+  // Partial over one rank is the whole sum already.
+  at::Tensor p = from_local(to_local(s), mesh, {Partial{}, Shard{1}}, /*run_check=*/false);
+  at::Tensor pr = redistribute(p, mesh, {Replicate{}, Shard{1}});
+  EXPECT_EQ(counting->collectives(), 0) << "collectives on a mesh dim of one rank";
+  EXPECT_TRUE(to_local(back).equal(to_local(x)));
+  EXPECT_TRUE(to_local(pr).equal(to_local(r)));
+}
+
+DTENSOR_TEST_BOTH(TrustGloo, TrustThreads, MetaTensorIsDistributedWithoutCommunication) {
+  const int64_t n = t.group().size();
+  auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
+  DeviceMesh mesh = init_device_mesh("cpu", {n}, {}, counting);
+  counting->reset();
+  at::Tensor meta = at::empty({2 * n, 3}, at::TensorOptions().device(at::kMeta));
+  at::Tensor x = distribute_tensor(meta, mesh, {Shard{0}});
+  EXPECT_EQ(counting->collectives(), 0);
+  EXPECT_TRUE(to_local(x).is_meta());
+  EXPECT_EQ(to_local(x).sizes(), at::IntArrayRef({2, 3}));
+  EXPECT_EQ(x.sizes(), at::IntArrayRef({2 * n, 3}));
+}
+
+DTENSOR_TEST_BOTH(TrustGloo, TrustThreads, DifferentPlacementsAreNamedOnEveryRank) {
+  const int64_t n = t.group().size();
+  DeviceMesh mesh = init_device_mesh("cpu", {n});
+  at::Tensor full = at::ones({n, n});
+  try {
+    distribute_tensor(full, mesh, {t.rank() == 1 ? Placement{Shard{1}} : Placement{Shard{0}}});
+    ADD_FAILURE() << "different placements were not detected";
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    const auto r0 = what.find("[rank 0: distribute_tensor("), r1 = what.find("[rank 1: distribute_tensor(");
+    ASSERT_NE(r0, std::string::npos) << what;
+    ASSERT_NE(r1, std::string::npos) << what;
+    EXPECT_NE(what.substr(r0, r1 - r0).find("Shard(dim=0)"), std::string::npos) << what;
+    EXPECT_NE(what.substr(r1).find("Shard(dim=1)"), std::string::npos) << what;
+  }
+}
+
+}  // namespace
+}  // namespace dtensor

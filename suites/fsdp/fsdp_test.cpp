@@ -1,0 +1,783 @@
+// FSDP2 (dtensor/fsdp): fully_shard training parity with one rank trained on the global batch
+// (MLPStacked, a MLP with uneven dims 7/15/17/3 whose shards are uneven and empty, and the
+// Transformer), SGD and Adam, reshard_after_forward true / false / 2; collectives per step
+// against PyTorch's counts (test_fully_shard_comm.py); gradient accumulation; the FSDPModule
+// API; the errors of fully_shard on every rank. PyTorch's parity check: each sharded parameter
+// and gradient equals distribute_tensor of the reference on the same mesh and placements.
+#include "dtensor/fsdp/fsdp.h"
+#include "dtensor/nn/nn.h"
+#include "harness/harness.h"
+#include "models/models.h"
+#include "suites/parallel/parallel_testing.h"
+#include "suites/testing/counting_group.h"
+#include "suites/testing/errors.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+
+namespace dtensor {
+namespace {
+
+using models::ModelArgs;
+using testing::values;
+
+constexpr double kRtol = 1e-4;
+constexpr double kAtol = 1e-5;
+
+void init_deterministic(torch::nn::Module& m) {
+  at::NoGradGuard no_grad;
+  double offset = 0;
+  for (auto& kv : nn::named_parameters(m)) {
+    at::Tensor& p = kv.second;
+    const bool norm_weight = kv.first.find("norm.weight") != std::string::npos;
+    p.copy_(norm_weight ? 1 + 0.1 * values(p.sizes().vec(), offset) : 0.4 * values(p.sizes().vec(), offset));
+    offset += 1.3;
+  }
+}
+
+// Linear + ReLU; its children are called through nn::call.
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(int64_t in, int64_t out) : lin(register_module("lin", torch::nn::Linear(in, out))) {}
+  at::Tensor forward(const at::Tensor& x) { return at::relu(nn::call(lin, x)); }
+  torch::nn::Linear lin;
+};
+TORCH_MODULE(Block);
+
+// Dims 7 -> 15 -> 17 -> 3 -> 7 on 4 ranks: rows 2,2,2,1 / 4,4,4,3 / 5,5,5,2 / 1,1,1,0 (an empty
+// shard); the head stays with the root.
+class UnevenMLPImpl : public torch::nn::Module {
+ public:
+  UnevenMLPImpl() {
+    layers = register_module("layers", torch::nn::ModuleList());
+    layers->push_back(Block(7, 15));
+    layers->push_back(Block(15, 17));
+    layers->push_back(Block(17, 3));
+    head = register_module("head", torch::nn::Linear(3, 7));
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (size_t i = 0; i < layers->size(); ++i) x = nn::call(layers->ptr<BlockImpl>(i), x);
+    return nn::call(head, x);
+  }
+  torch::nn::ModuleList layers{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(UnevenMLP);
+
+enum class Optim { kSGD, kAdam };
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optim o, const std::vector<at::Tensor>& params) {
+  if (o == Optim::kSGD) return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+  return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
+}
+
+// PyTorch's check_sharded_parity: every sharded parameter (or gradient) of `sharded` equals
+// distribute_tensor of `ref`'s on the same mesh and placements. Collective.
+void expect_sharded_parity(torch::nn::Module& ref, torch::nn::Module& sharded, bool grads, const std::string& when) {
+  auto r = nn::named_parameters(ref), s = nn::named_parameters(sharded);
+  ASSERT_EQ(r.size(), s.size()) << when;
+  for (size_t i = 0; i < r.size(); ++i) {
+    SCOPED_TRACE(when + ": " + r[i].first + (grads ? " (gradient)" : ""));
+    ASSERT_EQ(r[i].first, s[i].first);
+    ASSERT_TRUE(is_dtensor(s[i].second)) << "not sharded";
+    const at::Tensor& a = grads ? r[i].second.grad() : r[i].second;
+    const at::Tensor& b = grads ? s[i].second.grad() : s[i].second;
+    ASSERT_TRUE(a.defined() && b.defined());
+    ASSERT_TRUE(is_dtensor(b));
+    const DTensorSpec& spec = get_spec(s[i].second);
+    EXPECT_EQ(get_spec(b).placements.size(), spec.placements.size());
+    at::Tensor expected = distribute_tensor(a.detach(), spec.mesh, spec.placements);
+    EXPECT_TRUE(testing::tensors_close(local_tensor(expected), local_tensor(b), kRtol, kAtol));
+  }
+}
+
+at::Tensor mean_square(const at::Tensor& out) { return out.pow(2).mean(); }
+
+// This rank's rows of a global batch.
+at::Tensor my_rows(const at::Tensor& global, int rank, int world) {
+  const int64_t per = global.size(0) / world;
+  return global.narrow(0, rank * per, per);
+}
+
+// The mean of a scalar over the ranks (collective).
+double mean_over_ranks(testing::MultiRankTest& t, const at::Tensor& scalar) {
+  at::Tensor v = scalar.detach().clone().reshape({1});
+  t.group().all_reduce(v, comm::ReduceOp::SUM);
+  return v.item<double>() / t.group().size();
+}
+
+struct ParityCase {
+  std::optional<fsdp::ReshardAfterForward> reshard_after_forward;
+  Optim optim = Optim::kSGD;
+  int steps = 5;
+};
+
+std::string describe(const ParityCase& c) {
+  return std::string(c.optim == Optim::kSGD ? "SGD" : "Adam") + " reshard_after_forward=" +
+         (c.reshard_after_forward ? c.reshard_after_forward->to_string() : "default");
+}
+
+// Trains `ref` on the global batch and `model` (sharded by `shard`) on this rank's rows for
+// c.steps steps, checking loss, gradients and parameters each step, and the collectives of
+// each step: forward all-gathers = groups, backward all-gathers = expected_backward_ag,
+// reduce-scatters = groups.
+template <class Model>
+void check_parity(testing::MultiRankTest& t, const std::function<Model()>& make,
+                  const std::function<int(Model&, const DeviceMesh&, const fsdp::FullyShardOptions&)>& shard,
+                  const at::Tensor& global_input, const ParityCase& c,
+                  const std::function<int(int groups)>& expected_backward_ag,
+                  const std::function<void(fsdp::FullyShardOptions&)>& customize = nullptr,
+                  std::vector<int64_t> mesh_shape = {}) {
+  SCOPED_TRACE(describe(c));
+  auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
+  if (mesh_shape.empty()) mesh_shape = {t.group().size()};
+  auto mesh = init_device_mesh("cpu", mesh_shape, {}, counting);
+  Model ref = make(), model = make();
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  opts.reshard_after_forward = c.reshard_after_forward;
+  if (customize) customize(opts);
+  const int groups = shard(model, mesh, opts);
+  auto opt_ref = make_optimizer(c.optim, nn::parameters(*ref));
+  auto opt = make_optimizer(c.optim, nn::parameters(*model));
+  const at::Tensor input = my_rows(global_input, t.rank(), t.group().size());
+  for (int step = 0; step < c.steps; ++step) {
+    const std::string when = "step " + std::to_string(step);
+    opt_ref->zero_grad();
+    opt->zero_grad();
+    at::Tensor loss_ref = mean_square(nn::call(ref, global_input));
+    counting->reset();
+    at::Tensor loss = mean_square(nn::call(model, input));
+    auto fwd = counting->counts();
+    EXPECT_EQ(fwd["all_gather_into"], groups) << when << " forward all-gathers";
+    EXPECT_EQ(fwd["reduce_scatter_into"], 0) << when;
+    EXPECT_NEAR(loss_ref.item<double>(), mean_over_ranks(t, loss), 1e-5) << when << " loss";
+    loss_ref.backward();
+    counting->reset();
+    loss.backward();
+    auto bwd = counting->counts();
+    EXPECT_EQ(bwd["all_gather_into"], expected_backward_ag(groups)) << when << " backward all-gathers";
+    EXPECT_EQ(bwd["reduce_scatter_into"], groups) << when << " reduce-scatters";
+    expect_sharded_parity(*ref, *model, /*grads=*/true, when);
+    opt_ref->step();
+    opt->step();
+    expect_sharded_parity(*ref, *model, /*grads=*/false, when + " after the step");
+  }
+}
+
+int backward_all_gathers(const ParityCase& c, int groups) {
+  if (!c.reshard_after_forward) return groups - 1;  // the root keeps its parameters
+  const auto& r = *c.reshard_after_forward;
+  if (!r.is_int() && r.value() == 1) return 0;       // false
+  return groups;                                     // true or 2, set on the root too
+}
+
+int shard_uneven(UnevenMLP& m, const DeviceMesh&, const fsdp::FullyShardOptions& opts) {
+  for (size_t i = 0; i < m->layers->size(); ++i) fsdp::fully_shard(*m->layers->ptr(i), opts);
+  fsdp::fully_shard(m, opts);
+  return static_cast<int>(m->layers->size()) + 1;
+}
+
+int shard_stacked(models::MLPStacked& m, const DeviceMesh&, const fsdp::FullyShardOptions& opts) {
+  for (size_t i = 0; i < m->layers->size(); ++i) fsdp::fully_shard(*m->layers->ptr(i), opts);
+  fsdp::fully_shard(m, opts);  // no parameters of its own: no group
+  return static_cast<int>(m->layers->size());
+}
+
+int shard_transformer(models::Transformer& m, const DeviceMesh&, const fsdp::FullyShardOptions& opts) {
+  for (size_t i = 0; i < m->layers->size(); ++i) fsdp::fully_shard(*m->layers->ptr(i), opts);
+  fsdp::fully_shard(m, opts);
+  return static_cast<int>(m->layers->size()) + 1;
+}
+
+ModelArgs uneven_args() {
+  ModelArgs args;
+  args.dropout_p = 0.0;
+  args.vocab_size = 7;    // tok_embeddings and the tied output: 7 rows
+  args.max_seq_len = 15;  // pos_embeddings: 15 rows
+  return args;
+}
+
+at::Tensor tokens_for(const ModelArgs& args, int64_t batch, int64_t seq) {
+  return (at::arange(batch * seq, at::kLong) * 5 + 3).remainder(args.vocab_size).view({batch, seq});
+}
+
+std::vector<ParityCase> parity_cases() {
+  std::vector<ParityCase> out;
+  for (Optim o : {Optim::kSGD, Optim::kAdam}) {
+    out.push_back({std::nullopt, o});
+    out.push_back({fsdp::ReshardAfterForward(false), o});
+    out.push_back({fsdp::ReshardAfterForward(2), o});
+  }
+  return out;
+}
+
+void uneven_mlp_parity(testing::MultiRankTest& t, const std::vector<ParityCase>& cases) {
+  for (const auto& c : cases) {
+    check_parity<UnevenMLP>(t, [] { return UnevenMLP(); }, shard_uneven, values({8, 7}, 0.3), c,
+                            [&](int g) { return backward_all_gathers(c, g); });
+  }
+}
+
+void stacked_parity(testing::MultiRankTest& t, const std::vector<ParityCase>& cases) {
+  for (const auto& c : cases) {
+    // The root has no parameters: every group is a block, resharded after forward unless false.
+    check_parity<models::MLPStacked>(
+        t, [] { return models::MLPStacked(c10::Device(c10::kCPU), 3); }, shard_stacked, values({8, 10}, 0.1), c,
+        [&](int g) {
+          return c.reshard_after_forward && !c.reshard_after_forward->is_int() && c.reshard_after_forward->value() == 1
+                     ? 0
+                     : g;
+        });
+  }
+}
+
+void transformer_parity(testing::MultiRankTest& t, const std::vector<ParityCase>& cases) {
+  const ModelArgs args = uneven_args();
+  for (const auto& c : cases) {
+    check_parity<models::Transformer>(t, [args] { return models::Transformer(args); }, shard_transformer,
+                                      tokens_for(args, 8, 6), c, [&](int g) { return backward_all_gathers(c, g); });
+  }
+}
+
+class FsdpGloo : public testing::DTensorTestBase {};
+class FsdpThreads : public testing::DTensorOpTestBase {};
+
+DTENSOR_TEST_F(FsdpThreads, UnevenMLPTrainingMatchesOneRank) { uneven_mlp_parity(*this, parity_cases()); }
+DTENSOR_TEST_F(FsdpThreads, MLPStackedTrainingMatchesOneRank) { stacked_parity(*this, parity_cases()); }
+DTENSOR_TEST_F(FsdpThreads, TransformerTrainingMatchesOneRank) { transformer_parity(*this, parity_cases()); }
+DTENSOR_TEST_F(FsdpGloo, UnevenMLPTrainingMatchesOneRank) {
+  uneven_mlp_parity(*this, {{std::nullopt, Optim::kAdam}, {fsdp::ReshardAfterForward(2), Optim::kSGD}});
+}
+DTENSOR_TEST_F(FsdpGloo, TransformerTrainingMatchesOneRank) {
+  transformer_parity(*this, {{std::nullopt, Optim::kAdam}, {fsdp::ReshardAfterForward(false), Optim::kSGD}});
+}
+
+// The sharded parameters: DTensor Shard(0) leaves holding torch.chunk's rows, empty shards
+// included; fully_shard itself does not communicate.
+DTENSOR_TEST_F(FsdpThreads, ParametersAreShardedLikeTorchChunk) {
+  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
+  auto mesh = init_device_mesh("cpu", {4}, {}, counting);
+  UnevenMLP m;
+  init_deterministic(*m);
+  auto full = nn::named_parameters(*m);
+  std::vector<at::Tensor> originals;
+  for (auto& kv : full) originals.push_back(kv.second.detach().clone());
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  counting->reset();
+  shard_uneven(m, mesh, opts);
+  EXPECT_EQ(counting->collectives(), 0);
+  auto sharded = nn::named_parameters(*m);
+  ASSERT_EQ(sharded.size(), full.size());
+  for (size_t i = 0; i < sharded.size(); ++i) {
+    SCOPED_TRACE(sharded[i].first);
+    const at::Tensor& p = sharded[i].second;
+    ASSERT_TRUE(is_dtensor(p));
+    EXPECT_TRUE(p.is_leaf());
+    EXPECT_TRUE(p.requires_grad());
+    EXPECT_EQ(p.sizes(), originals[i].sizes());
+    const int64_t d = originals[i].size(0), chunk = (d + 3) / 4;
+    const int64_t start = std::min(d, rank() * chunk), rows = std::max<int64_t>(0, std::min(chunk, d - rank() * chunk));
+    EXPECT_TRUE(local_tensor(p).equal(originals[i].narrow(0, start, rows)));
+    EXPECT_TRUE(std::holds_alternative<Shard>(get_spec(p).placements[0]));
+  }
+  // Layer 2's bias has 3 rows: rank 3 holds none.
+  const at::Tensor& bias = nn::named_parameters(*m->layers[2])[1].second;
+  EXPECT_EQ(local_tensor(bias).size(0), rank() == 3 ? 0 : 1);
+}
+
+// Two micro-batches without gradient sync, then one with it, equal one step on the whole
+// batch; the micro-batches without sync reduce nothing.
+DTENSOR_TEST_F(FsdpThreads, GradientAccumulationEqualsOneLargeBatch) {
+  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
+  auto mesh = init_device_mesh("cpu", {4}, {}, counting);
+  UnevenMLP ref, model;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  shard_uneven(model, mesh, opts);
+  auto root = *fsdp::get_fsdp_module(*model);
+  const at::Tensor global = values({24, 7}, 0.2);
+  mean_square(nn::call(ref, global)).backward();
+  const at::Tensor mine = my_rows(global, rank(), 4);  // 6 rows: 3 micro-batches of 2
+  for (int micro = 0; micro < 3; ++micro) {
+    root.set_requires_gradient_sync(micro == 2);
+    counting->reset();
+    (mean_square(nn::call(model, mine.narrow(0, 2 * micro, 2))) / 3).backward();
+    EXPECT_EQ(counting->counts()["reduce_scatter_into"], micro == 2 ? 4 : 0) << "micro-batch " << micro;
+    if (micro < 2) {
+      for (auto& p : nn::parameters(*model)) EXPECT_FALSE(p.grad().defined());
+    }
+  }
+  expect_sharded_parity(*ref, *model, /*grads=*/true, "accumulated");
+}
+
+// unshard() all-gathers once and the next forward does not; reshard() swaps the DTensors back.
+DTENSOR_TEST_F(FsdpThreads, ExplicitUnshardAndReshard) {
+  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
+  auto mesh = init_device_mesh("cpu", {4}, {}, counting);
+  UnevenMLP ref, model;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  opts.reshard_after_forward = false;
+  fsdp::FSDPModule root = fsdp::fully_shard(model, opts);
+  EXPECT_FALSE(root.is_unsharded());
+  counting->reset();
+  root.unshard();
+  EXPECT_EQ(counting->counts()["all_gather_into"], 1);
+  EXPECT_TRUE(root.is_unsharded());
+  auto params = nn::named_parameters(*model), full = nn::named_parameters(*ref);
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_FALSE(is_dtensor(params[i].second)) << params[i].first;
+    EXPECT_TRUE(params[i].second.equal(full[i].second)) << params[i].first;
+  }
+  counting->reset();
+  at::Tensor out = nn::call(model, values({2, 7}));
+  EXPECT_EQ(counting->counts()["all_gather_into"], 0);
+  EXPECT_TRUE(testing::tensors_close(nn::call(ref, values({2, 7})), out, kRtol, kAtol));
+  root.reshard();
+  EXPECT_FALSE(root.is_unsharded());
+  for (auto& p : nn::parameters(*model)) EXPECT_TRUE(is_dtensor(p));
+}
+
+// set_gradient_divide_factor: gradients summed then divided by the factor (1: the sum).
+DTENSOR_TEST_F(FsdpThreads, GradientDivideFactor) {
+  auto mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  UnevenMLP ref, model;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  shard_uneven(model, mesh, opts);
+  fsdp::get_fsdp_module(*model)->set_gradient_divide_factor(1.0);
+  for (size_t i = 0; i < model->layers->size(); ++i) fsdp::get_fsdp_module(*model->layers[i])->set_gradient_divide_factor(1.0);
+  const at::Tensor global = values({8, 7}, 0.4);
+  (mean_square(nn::call(ref, global)) * 4).backward();  // the sum over ranks of the local means
+  mean_square(nn::call(model, my_rows(global, rank(), 4))).backward();
+  expect_sharded_parity(*ref, *model, /*grads=*/true, "sum");
+}
+
+// Collectives per step with the root resharded too (reshard_after_forward=true set explicitly
+// on every module): backward all-gathers = groups; and with the root left alone: groups - 1.
+DTENSOR_TEST_F(FsdpThreads, CollectivesPerStepMatchPyTorch) {
+  const ModelArgs args = uneven_args();
+  for (int explicit_true = 0; explicit_true < 2; ++explicit_true) {
+    auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
+    auto mesh = init_device_mesh("cpu", {4}, {}, counting);
+    models::Transformer model(args);
+    fsdp::FullyShardOptions opts;
+    opts.mesh = mesh;
+    if (explicit_true) opts.reshard_after_forward = true;
+    const int groups = shard_transformer(model, mesh, opts);
+    for (int step = 0; step < 2; ++step) {
+      counting->reset();
+      at::Tensor loss = nn::call(model, tokens_for(args, 2, 6)).sum();
+      EXPECT_EQ(counting->counts(), (std::map<std::string, int64_t>{{"all_gather_into", groups}}));
+      counting->reset();
+      loss.backward();
+      EXPECT_EQ(counting->counts(), (std::map<std::string, int64_t>{{"all_gather_into", explicit_true ? groups : groups - 1},
+                                                                     {"reduce_scatter_into", groups}}))
+          << "explicit_true=" << explicit_true << " step " << step;
+    }
+  }
+}
+
+// ---- Errors: on every rank, before anything changes ----------------------------------------
+
+// A module with one parameter of its own (no member registered: checks that come first).
+class RawImpl : public torch::nn::Module {
+ public:
+  explicit RawImpl(at::Tensor w) { register_parameter("w", std::move(w)); }
+};
+TORCH_MODULE(Raw);
+
+class TwoLinearsImpl : public torch::nn::Module {
+ public:
+  TwoLinearsImpl() : a(register_module("a", torch::nn::Linear(4, 4))), b(register_module("b", torch::nn::Linear(4, 4))) {}
+  torch::nn::Linear a, b;
+};
+TORCH_MODULE(TwoLinears);
+
+void expect_error(const std::function<void()>& f, const std::string& part) {
+  EXPECT_PRED2(testing::contains, testing::error_of(f), part);
+}
+
+DTENSOR_TEST_F(FsdpThreads, ErrorsOnEveryRankBeforeAnythingChanges) {
+  auto mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  expect_error([&] { fsdp::fully_shard(Raw(at::ones({}, at::kFloat)), opts); },
+               "RawImpl): parameter 'w' is a scalar; FSDP shards dim 0");
+  expect_error([&] { fsdp::fully_shard(Raw(at::ones({4, 3}).t()), opts); },
+               "RawImpl): parameter 'w' is not contiguous");
+  expect_error([&] { fsdp::fully_shard(Raw(at::ones({4, 3})), opts); },
+               "RawImpl cannot be swapped: register its member");
+  {
+    torch::nn::Linear lin(4, 4);
+    fsdp::fully_shard(lin, opts);
+    expect_error([&] { fsdp::fully_shard(lin, opts); }, "fully_shard(torch::nn::LinearImpl): fully_shard was already applied");
+  }
+  {
+    fsdp::FullyShardOptions o;
+    torch::nn::Linear lin(4, 4);
+    // (A DeviceMesh always holds every rank of its world, so "does not contain this rank" is
+    // checked but cannot be reached through the public API.)
+    o.mesh = init_device_mesh("cpu", {1, 2, 2}, {}, group_ptr());
+    expect_error([&] { fsdp::fully_shard(lin, o); }, "the mesh must have 1 dim (FSDP) or 2 dims (replicate, shard)");
+    o.mesh = mesh;
+    o.reshard_after_forward = 3;
+    expect_error([&] { fsdp::fully_shard(lin, o); },
+                 "reshard_after_forward=3 must be a positive divisor of the shard group size 4");
+    o.reshard_after_forward = 0;
+    expect_error([&] { fsdp::fully_shard(lin, o); }, "reshard_after_forward=0 must be a positive divisor");
+    // Nothing changed: the module is still plain and can be sharded.
+    EXPECT_FALSE(is_dtensor(lin->weight));
+    EXPECT_FALSE(fsdp::get_fsdp_module(*lin).has_value());
+  }
+  {
+    TwoLinears m;
+    m->b->to(at::kDouble);
+    fsdp::FullyShardOptions o = opts;
+    o.mp_policy.param_dtype = at::kBFloat16;
+    expect_error([&] { fsdp::fully_shard(m, o); },
+                 "parameters of one group must share a dtype (one flat all-gather under the mixed-precision policy): "
+                 "'a.weight' is Float but 'b.weight' is Double");
+    EXPECT_FALSE(is_dtensor(m->a->weight));
+  }
+  {
+    TwoLinears m;  // b.weight tied to a.weight, a and b sharded as two groups
+    nn::swap_parameter(*m->b, "weight", m->a->weight);
+    fsdp::fully_shard(m->a, opts);
+    expect_error([&] { fsdp::fully_shard(m->b, opts); },
+                 "fully_shard(torch::nn::LinearImpl): parameter 'weight' is shared with another fully_shard-ed module");
+  }
+  {
+    torch::nn::Linear lin(4, 4);
+    nn::swap_parameter(*lin, "weight", distribute_tensor(lin->weight.detach(), mesh, {Shard{0}}));
+    expect_error([&] { fsdp::fully_shard(lin, opts); }, "parameter 'weight' is already a DTensor");
+  }
+}
+
+// ---- Options: HSDP, offload, shard_placement_fn, ignored_params, mixed precision --------------
+
+// HSDP on a 2x2 (replicate, shard) mesh: parameters (Replicate, Shard(0)); the Transformer
+// trains like one rank for 3 steps.
+DTENSOR_TEST_F(FsdpThreads, HSDPTransformerMatchesOneRank) {
+  const ModelArgs args = uneven_args();
+  for (Optim o : {Optim::kSGD, Optim::kAdam}) {
+    ParityCase c{std::nullopt, o, 3};
+    check_parity<models::Transformer>(*this, [args] { return models::Transformer(args); }, shard_transformer,
+                                      tokens_for(args, 8, 6), c, [](int g) { return g - 1; }, nullptr, {2, 2});
+  }
+}
+DTENSOR_TEST_F(FsdpGloo, HSDPTransformerMatchesOneRank) {
+  const ModelArgs args = uneven_args();
+  ParityCase c{std::nullopt, Optim::kAdam, 3};
+  check_parity<models::Transformer>(*this, [args] { return models::Transformer(args); }, shard_transformer,
+                                    tokens_for(args, 8, 6), c, [](int g) { return g - 1; }, nullptr, {2, 2});
+}
+
+// The offload path (sharded parameters and gradients on the CPU) trains the same.
+DTENSOR_TEST_F(FsdpThreads, OffloadPolicyMatchesOneRank) {
+  ParityCase c{std::nullopt, Optim::kAdam, 3};
+  check_parity<UnevenMLP>(*this, [] { return UnevenMLP(); }, shard_uneven, values({8, 7}, 0.3), c,
+                          [](int g) { return g - 1; },
+                          [](fsdp::FullyShardOptions& o) { o.offload_policy.offload = true; });
+}
+
+// shard_placement_fn: 2-D weights sharded on dim 1 (uneven: 7, 15, 17, 3 columns).
+DTENSOR_TEST_F(FsdpThreads, ShardPlacementFnShardsAnotherDim) {
+  for (Optim o : {Optim::kSGD, Optim::kAdam}) {
+    ParityCase c{fsdp::ReshardAfterForward(2), o, 3};
+    check_parity<UnevenMLP>(*this, [] { return UnevenMLP(); }, shard_uneven, values({8, 7}, 0.3), c,
+                            [](int g) { return g; }, [](fsdp::FullyShardOptions& opts) {
+                              opts.shard_placement_fn = [](const at::Tensor& p) -> std::optional<Shard> {
+                                if (p.dim() == 2) return Shard{1};
+                                return std::nullopt;
+                              };
+                            });
+  }
+  UnevenMLP m;
+  fsdp::FullyShardOptions opts;
+  opts.mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  opts.shard_placement_fn = [](const at::Tensor& p) -> std::optional<Shard> { return Shard{p.dim() - 1}; };
+  fsdp::fully_shard(m, opts);
+  EXPECT_EQ(std::get<Shard>(get_spec(m->head->weight).placements[0]).dim, 1);
+  EXPECT_EQ(local_tensor(m->head->weight).sizes(), (std::vector<int64_t>{7, rank() == 3 ? 0 : 1}));
+  EXPECT_EQ(std::get<Shard>(get_spec(m->head->bias).placements[0]).dim, 0);
+}
+
+// ignored_params stay plain tensors, outside every collective.
+DTENSOR_TEST_F(FsdpThreads, IgnoredParamsStayPlain) {
+  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
+  UnevenMLP ref, m;
+  init_deterministic(*ref);
+  init_deterministic(*m);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = init_device_mesh("cpu", {4}, {}, counting);
+  opts.ignored_params = {m->head->weight};
+  fsdp::fully_shard(m, opts);
+  EXPECT_FALSE(is_dtensor(m->head->weight));
+  EXPECT_TRUE(is_dtensor(m->head->bias));
+  EXPECT_TRUE(is_dtensor(m->layers[0]->named_parameters()["lin.weight"]));
+  counting->reset();
+  at::Tensor out = nn::call(m, values({2, 7}));
+  EXPECT_TRUE(testing::tensors_close(nn::call(ref, values({2, 7})), out, kRtol, kAtol));
+  out.sum().backward();
+  EXPECT_FALSE(is_dtensor(m->head->weight.grad()));
+  EXPECT_TRUE(is_dtensor(m->head->bias.grad()));
+  EXPECT_EQ(counting->counts()["reduce_scatter_into"], 1);
+}
+
+// Mixed precision: bf16 parameters for compute, fp32 gradient reduction. The sharded
+// parameters, gradients and optimizer stay fp32; after 3 SGD steps they are within bf16's
+// precision of fp32 training (documented tolerance: rtol 2e-2, atol 1e-2).
+DTENSOR_TEST_F(FsdpThreads, MixedPrecisionBf16ParamsFp32Reduce) {
+  auto mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  UnevenMLP ref, model;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  opts.mp_policy.param_dtype = at::kBFloat16;
+  opts.mp_policy.reduce_dtype = at::kFloat;
+  for (size_t i = 0; i < model->layers->size(); ++i) fsdp::fully_shard(*model->layers->ptr(i), opts);
+  opts.mp_policy.output_dtype = at::kFloat;  // the root's output only
+  fsdp::fully_shard(model, opts);
+  torch::optim::SGD opt_ref(nn::parameters(*ref), torch::optim::SGDOptions(0.05));
+  torch::optim::SGD opt(nn::parameters(*model), torch::optim::SGDOptions(0.05));
+  const at::Tensor global = values({8, 7}, 0.3);
+  for (int step = 0; step < 3; ++step) {
+    opt_ref.zero_grad();
+    opt.zero_grad();
+    at::Tensor out = nn::call(model, my_rows(global, rank(), 4));
+    EXPECT_EQ(out.scalar_type(), at::kFloat);  // output_dtype
+    mean_square(nn::call(ref, global)).backward();
+    mean_square(out).backward();
+    for (auto& p : nn::parameters(*model)) {
+      ASSERT_TRUE(is_dtensor(p));
+      EXPECT_EQ(p.scalar_type(), at::kFloat);
+      EXPECT_EQ(p.grad().scalar_type(), at::kFloat);
+    }
+    opt_ref.step();
+    opt.step();
+  }
+  auto r = nn::named_parameters(*ref), s = nn::named_parameters(*model);
+  for (size_t i = 0; i < r.size(); ++i) {
+    const DTensorSpec& spec = get_spec(s[i].second);
+    at::Tensor expected = distribute_tensor(r[i].second.detach(), spec.mesh, spec.placements);
+    EXPECT_TRUE(testing::tensors_close(local_tensor(expected), local_tensor(s[i].second), 2e-2, 1e-2)) << r[i].first;
+  }
+  // While unsharded, the modules hold bf16 parameters.
+  auto root = *fsdp::get_fsdp_module(*model);
+  root.unshard();
+  EXPECT_EQ(model->head->weight.scalar_type(), at::kBFloat16);
+  root.reshard();
+  EXPECT_EQ(model->head->weight.scalar_type(), at::kFloat);
+}
+
+// ---- State dicts ---------------------------------------------------------------------------
+
+// The key of a parameter in an optimizer's state (a string in libtorch 1.x, the TensorImpl
+// pointer in 2.x).
+template <class Map>
+typename Map::key_type state_key(const Map&, const at::Tensor& p) {
+  if constexpr (std::is_same<typename Map::key_type, std::string>::value) {
+    return c10::guts::to_string(p.unsafeGetTensorImpl());
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
+
+torch::optim::AdamParamState& adam_state(torch::optim::Adam& opt, const at::Tensor& p) {
+  auto& st = opt.state();
+  auto it = st.find(state_key(st, p));
+  TORCH_CHECK(it != st.end(), "no Adam state");
+  return static_cast<torch::optim::AdamParamState&>(*it->second);
+}
+
+void train_steps(torch::nn::Module& model, torch::optim::Optimizer& opt, const at::Tensor& input, int steps) {
+  for (int i = 0; i < steps; ++i) {
+    opt.zero_grad();
+    mean_square(nn::call(*model.as<UnevenMLPImpl>(), input)).backward();
+    opt.step();
+  }
+}
+
+// FSDP -> plain: the full state dict of a trained FSDP model (every rank, or rank 0 only)
+// loads into a plain model equal to the reference; Adam's state is sharded like its parameter
+// and gathers to the reference's. sharded_state_dict communicates nothing.
+DTENSOR_TEST_F(FsdpThreads, StateDictFsdpToPlainWithAdamState) {
+  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
+  auto mesh = init_device_mesh("cpu", {4}, {}, counting);
+  UnevenMLP ref, model, plain;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  shard_uneven(model, mesh, opts);
+  torch::optim::Adam opt_ref(nn::parameters(*ref), torch::optim::AdamOptions(0.01));
+  torch::optim::Adam opt(nn::parameters(*model), torch::optim::AdamOptions(0.01));
+  const at::Tensor global = values({8, 7}, 0.3);
+  train_steps(*ref, opt_ref, global, 2);
+  train_steps(*model, opt, my_rows(global, rank(), 4), 2);
+  nn::call(model, values({2, 7}));  // the root stays unsharded after forward: still sharded entries
+  counting->reset();
+  auto sharded = fsdp::sharded_state_dict(*model);
+  EXPECT_EQ(counting->collectives(), 0);
+  ASSERT_EQ(sharded.size(), nn::named_parameters(*ref).size());
+  for (auto& kv : sharded) EXPECT_TRUE(is_dtensor(kv.second)) << kv.first;
+  auto full = fsdp::full_state_dict(*model);
+  fsdp::load_state_dict(*plain, full);
+  auto r = nn::named_parameters(*ref), p = nn::named_parameters(*plain);
+  for (size_t i = 0; i < r.size(); ++i) EXPECT_TRUE(testing::tensors_close(r[i].second, p[i].second, kRtol, kAtol)) << r[i].first;
+  auto rank0 = fsdp::full_state_dict(*model, /*rank0_only=*/true);
+  EXPECT_EQ(rank0.size(), rank() == 0 ? full.size() : 0u);
+  auto params = opt.param_groups()[0].params(), ref_params = nn::parameters(*ref);
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& st = adam_state(opt, params[i]);
+    auto& st_ref = adam_state(opt_ref, ref_params[i]);
+    ASSERT_TRUE(is_dtensor(st.exp_avg()) && is_dtensor(st.exp_avg_sq()));
+    EXPECT_EQ(get_spec(st.exp_avg()), get_spec(params[i]));
+    EXPECT_TRUE(testing::tensors_close(st_ref.exp_avg(), full_tensor(st.exp_avg()), kRtol, 1e-6));
+    EXPECT_TRUE(testing::tensors_close(st_ref.exp_avg_sq(), full_tensor(st.exp_avg_sq()), kRtol, 1e-7));
+  }
+}
+
+// plain -> FSDP: a plain trained model's full state dict and Adam state (via shard_like) load
+// into a fresh FSDP model, which then trains like the plain one; sharded state dicts (also
+// with other placements: redistributed) load into another FSDP model.
+DTENSOR_TEST_F(FsdpThreads, StateDictPlainToFsdpAndShardedLoad) {
+  auto mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  UnevenMLP ref, model, other;
+  init_deterministic(*ref);
+  const at::Tensor global = values({8, 7}, 0.3);
+  torch::optim::Adam opt_ref(nn::parameters(*ref), torch::optim::AdamOptions(0.01));
+  train_steps(*ref, opt_ref, global, 2);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  shard_uneven(model, mesh, opts);
+  fsdp::load_state_dict(*model, fsdp::sharded_state_dict(*ref));  // plain values: no communication
+  expect_sharded_parity(*ref, *model, /*grads=*/false, "loaded");
+  torch::optim::Adam opt(nn::parameters(*model), torch::optim::AdamOptions(0.01));
+  auto params = nn::parameters(*model), ref_params = nn::parameters(*ref);
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& st_ref = adam_state(opt_ref, ref_params[i]);
+    auto st = std::make_unique<torch::optim::AdamParamState>();
+    st->step(st_ref.step());
+    st->exp_avg(fsdp::shard_like(st_ref.exp_avg(), params[i]));
+    st->exp_avg_sq(fsdp::shard_like(st_ref.exp_avg_sq(), params[i]));
+    opt.state()[state_key(opt.state(), params[i])] = std::move(st);
+  }
+  train_steps(*ref, opt_ref, global, 2);
+  train_steps(*model, opt, my_rows(global, rank(), 4), 2);
+  expect_sharded_parity(*ref, *model, /*grads=*/false, "trained after loading");
+
+  shard_uneven(other, mesh, opts);
+  auto sd = fsdp::sharded_state_dict(*model);
+  sd[0].second = redistribute(sd[0].second, mesh, {Replicate{}});
+  fsdp::load_state_dict(*other, sd);
+  expect_sharded_parity(*ref, *other, /*grads=*/false, "sharded load");
+  EXPECT_PRED2(testing::contains, testing::error_of([&] { fsdp::load_state_dict(*other, {{"head.weight", at::zeros({7, 2})}}, false); }),
+               "fsdp::load_state_dict: entry 'head.weight' has shape [7, 2] but the module's has [7, 3]");
+  EXPECT_PRED2(testing::contains, testing::error_of([&] { fsdp::load_state_dict(*other, {}); }),
+               "fsdp::load_state_dict: missing entry 'layers.0.lin.weight'");
+}
+
+// Prefetching (forward: layer i prefetches layer i+1; backward: the reverse) moves
+// all-gathers earlier without changing their number or the results.
+DTENSOR_TEST_F(FsdpThreads, PrefetchKeepsCountsAndResults) {
+  for (Optim o : {Optim::kSGD, Optim::kAdam}) {
+    ParityCase c{fsdp::ReshardAfterForward(true), o, 3};
+    check_parity<UnevenMLP>(
+        *this, [] { return UnevenMLP(); },
+        [](UnevenMLP& m, const DeviceMesh& mesh, const fsdp::FullyShardOptions& opts) {
+          const int groups = shard_uneven(m, mesh, opts);
+          std::vector<fsdp::FSDPModule> layers;
+          for (size_t i = 0; i < m->layers->size(); ++i) layers.push_back(*fsdp::get_fsdp_module(*m->layers[i]));
+          for (size_t i = 0; i + 1 < layers.size(); ++i) {
+            layers[i].set_modules_to_forward_prefetch({layers[i + 1]});
+            layers[i + 1].set_modules_to_backward_prefetch({layers[i]});
+          }
+          return groups;
+        },
+        values({8, 7}, 0.3), c, [](int g) { return g; });
+  }
+  // The prefetched layer is unsharded before its own forward runs.
+  UnevenMLP m;
+  fsdp::FullyShardOptions opts;
+  opts.mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  shard_uneven(m, *opts.mesh, opts);
+  auto l0 = *fsdp::get_fsdp_module(*m->layers[0]), l1 = *fsdp::get_fsdp_module(*m->layers[1]);
+  l0.set_modules_to_forward_prefetch({l1});
+  bool unsharded_before_forward = false;
+  nn::register_forward_pre_hook(*m->layers[1], [&](torch::nn::Module&, nn::ForwardInputs&) {
+    unsharded_before_forward = l1.is_unsharded();
+  });
+  nn::call(m, values({2, 7}));
+  EXPECT_TRUE(unsharded_before_forward);
+}
+
+// Gradient accumulation with reshard_after_backward off during the micro-batches: the blocks
+// stay unsharded, so the next micro-batch all-gathers nothing, and the result is unchanged.
+DTENSOR_TEST_F(FsdpThreads, AccumulationWithoutReshardAfterBackward) {
+  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
+  auto mesh = init_device_mesh("cpu", {4}, {}, counting);
+  UnevenMLP ref, model;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  const int groups = shard_uneven(model, mesh, opts);
+  auto root = *fsdp::get_fsdp_module(*model);
+  const at::Tensor global = values({16, 7}, 0.2);
+  mean_square(nn::call(ref, global)).backward();
+  const at::Tensor mine = my_rows(global, rank(), 4);
+  for (int micro = 0; micro < 2; ++micro) {
+    const bool last = micro == 1;
+    root.set_requires_gradient_sync(last);
+    root.set_reshard_after_backward(last);
+    counting->reset();
+    (mean_square(nn::call(model, mine.narrow(0, 2 * micro, 2))) / 2).backward();
+    auto counts = counting->counts();
+    // Micro-batch 0: forward all-gathers every group, backward those resharded after forward
+    // (the blocks). Micro-batch 1: its forward all-gathers nothing (nothing was resharded after
+    // backward), its backward the blocks again.
+    EXPECT_EQ(counts["all_gather_into"], last ? groups - 1 : 2 * groups - 1) << "micro-batch " << micro;
+    EXPECT_EQ(counts["reduce_scatter_into"], last ? groups : 0) << "micro-batch " << micro;
+  }
+  EXPECT_FALSE(root.is_unsharded());
+  expect_sharded_parity(*ref, *model, /*grads=*/true, "accumulated");
+}
+
+// A group's reduce-scatter runs as soon as its backward is done (when the gradient of its input
+// is complete), not at the end of the whole backward: in a hook on the model's input (which
+// requires grad here, so the root's group is reduced when its input gradient is complete too),
+// the sharded gradients are already there.
+DTENSOR_TEST_F(FsdpThreads, PostBackwardRunsWhenTheGroupsBackwardEnds) {
+  UnevenMLP m;
+  fsdp::FullyShardOptions opts;
+  opts.mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  shard_uneven(m, *opts.mesh, opts);
+  const at::Tensor w0 = m->layers[0]->as<BlockImpl>()->lin->weight, head = m->head->weight;
+  ASSERT_TRUE(is_dtensor(w0));
+  at::Tensor x = values({2, 7}).requires_grad_(true);
+  bool w0_grad = false, head_grad = false;
+  x.register_hook([&](const at::Tensor&) {
+    w0_grad = w0.grad().defined();
+    head_grad = head.grad().defined();
+  });
+  nn::call(m, x).sum().backward();
+  EXPECT_TRUE(w0_grad);
+  EXPECT_TRUE(head_grad);
+}
+
+}  // namespace
+}  // namespace dtensor
