@@ -100,6 +100,16 @@ inline constexpr const char* kSdpaFusedOp = "aten::_scaled_dot_product_attention
 inline constexpr int kSdpaDropoutArg = 4, kSdpaCausalArg = 6, kSdpaMaskArg = 3;
 #endif
 
+// The fused op's backward where it has one (2.x: (grad_out, q, k, v, out, logsumexp, dropout_p,
+// is_causal, *, attn_mask, scale) -> (grad_q, grad_k, grad_v)); nullptr on 1.13.
+#if DTENSOR_TORCH_2
+inline constexpr const char* kSdpaFusedBackwardOp = "aten::_scaled_dot_product_flash_attention_for_cpu_backward";
+inline constexpr int kSdpaBackwardCausalArg = 7;
+#else
+inline constexpr const char* kSdpaFusedBackwardOp = nullptr;
+inline constexpr int kSdpaBackwardCausalArg = -1;
+#endif
+
 // 2.x: the op scaled_dot_product_attention asks which kernel to run (an int); nullptr on 1.13,
 // whose attention has no such step.
 #if DTENSOR_TORCH_2

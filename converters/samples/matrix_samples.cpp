@@ -6,6 +6,7 @@
 #include "dtensor/compat.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <string>
 
@@ -169,6 +170,24 @@ void add_attention(OpDb& db) {
         with("dropout", SdpaOp::kPublic, qkv(g, {2, 4, 8, 4}, {2, 4, 8, 4}), c10::IValue(), 0.5, false, false).seeded(1234),
     };
   });
+  // 2.x: the fused op's backward, fed with the forward's output and logsumexp.
+  if (compat::kSdpaFusedBackwardOp)
+    db.add(compat::kSdpaFusedBackwardOp, "matrix", [=](SampleGen& g) {
+      const auto& fwd = c10::Dispatcher::singleton().findSchemaOrThrow(compat::kSdpaFusedOp, "");
+      auto make = [&](std::string variant, std::vector<int64_t> q, std::vector<int64_t> kv, bool causal) {
+        auto a = compat::sdpa_args(SdpaOp::kFused, qkv(g, q, kv), c10::IValue(), 0.0, false, causal);
+        std::vector<c10::IValue> args(a.args.begin(), a.args.begin() + 3);
+        torch::jit::Stack st = boxed_args(fwd.schema(), a.args, a.kwargs);
+        fwd.callBoxed(&st);
+        const at::Tensor out = st[0].toTensor(), lse = st[1].toTensor();
+        std::vector<c10::IValue> b{g.tensor(out.sizes().vec())};
+        b.insert(b.end(), args.begin(), args.end());
+        b.insert(b.end(), {out, lse, 0.0, causal});
+        return OpSample(std::move(variant), std::move(b)).no_backward();
+      };
+      return Samples{make("even", {2, 4, 8, 4}, {2, 4, 8, 4}, false), make("causal", {2, 4, 8, 4}, {2, 4, 8, 4}, true),
+                     make("cross", {2, 4, 8, 4}, {2, 4, 6, 4}, false), make("uneven", {1, 3, 5, 4}, {1, 3, 5, 4}, false)};
+    });
   // 2.x: the kernel choice (NOTE: [Attention kernel choice]); "uneven" has empty shards.
   if (compat::kSdpaChoiceOp)
     db.add(compat::kSdpaChoiceOp, "matrix", [=](SampleGen& g) {

@@ -4,6 +4,9 @@
 #include "converters/samples/samples.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <limits>
 
 namespace dtensor {
 namespace testing {
@@ -15,6 +18,15 @@ void add_softmax_loss_samples(OpDb& db) {
       return Samples{OpSample("last_dim", {g.tensor({8, 6}), -1, false}),
                      OpSample("first_dim", {g.tensor({8, 6}), 0, false}),
                      OpSample("3d_uneven_f64", {g.tensor({3, 5, 6}, at::kDouble), 1, false})};
+    });
+  // libtorch 2.x only (scaled_dot_product_attention's math path): rows of -inf give 0, not NaN.
+  if (c10::Dispatcher::singleton().findSchema({"aten::_safe_softmax", ""}).has_value())
+    db.add("aten::_safe_softmax", "softmax", [](SampleGen& g) {
+      at::Tensor masked = g.tensor({8, 6});
+      masked.select(0, 2).fill_(-std::numeric_limits<float>::infinity());
+      return Samples{OpSample("last_dim", {g.tensor({8, 6}), -1}), OpSample("first_dim", {g.tensor({8, 6}), 0}),
+                     OpSample("masked_row", {masked, 1}),
+                     OpSample("3d_uneven_f64", {g.tensor({3, 5, 6}, at::kDouble), 1})};
     });
   for (const char* op : {"aten::_softmax_backward_data", "aten::_log_softmax_backward_data"})
     db.add(op, "softmax", [](SampleGen& g) {

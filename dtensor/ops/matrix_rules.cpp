@@ -140,6 +140,73 @@ std::vector<DimOption> attention_options(const OpCall& c) {
   return o;
 }
 
+// The fused attention's backward (compat::kSdpaFusedBackwardOp, 2.x): inputs grad_out, q, k, v,
+// out, logsumexp[, attn_mask]; outputs grad_q, grad_k, grad_v. Per mesh dim: a batch/head dim
+// sharded everywhere -> the gradients sharded there; q's L dim sharded on grad_out, q, out and
+// logsumexp (k, v replicated; not with is_causal) -> grad_q Shard(L), grad_k and grad_v
+// Partial (each rank's rows of q contribute a share); grad_out Partial, the rest replicated ->
+// every gradient Partial (they are linear in grad_out).
+std::vector<DimOption> attention_backward_options(const OpCall& c) {
+  const bool is_causal = arg_bool(c, static_cast<size_t>(compat::kSdpaBackwardCausalArg), false);
+  const bool has_mask = c.inputs.size() > 6;
+  const int64_t nd = c.inputs[1]->ndim();
+  const auto& out_shape = c.output_meta[0].shape;
+  auto mask_placement = [&](int64_t out_dim) -> Placement {
+    const int64_t a = broadcast_input_dim(c.inputs[6]->tensor_meta.shape, out_shape, out_dim);
+    return a < 0 ? R : Placement(Shard{a});
+  };
+  std::vector<DimOption> o;
+  auto add = [&](std::vector<Placement> outs, std::vector<Placement> ins, Placement m) {
+    if (has_mask) ins.push_back(m);
+    o.push_back({std::move(outs), std::move(ins)});
+  };
+  add({R, R, R}, {R, R, R, R, R, R}, R);
+  for (int64_t b = 0; b + 2 < nd; ++b) {
+    const Placement s = Shard{b};
+    add({s, s, s}, {s, s, s, s, s, s}, has_mask ? mask_placement(b) : R);
+  }
+  if (!is_causal) {
+    const Placement l = Shard{nd - 2};
+    add({l, Partial{}, Partial{}}, {l, l, R, R, l, l}, has_mask ? mask_placement(nd - 2) : R);
+  }
+  for (auto op : {comm::ReduceOp::SUM, comm::ReduceOp::AVG})
+    add({Partial(op), Partial(op), Partial(op)}, {Partial(op), R, R, R, R, R}, R);
+  return o;
+}
+
+// libtorch 2.x's CPU flash kernels divide by zero on empty inputs (SIGFPE), which an uneven
+// split gives some ranks (a dim of 5 on 4 ranks: 2, 2, 1, 0), and have no meta kernel. A rank
+// whose shard of any input is empty gets zero outputs of its local shapes (from the chosen
+// output placements) and the outputs' dtypes, without running the kernel. (No attention output
+// is 0-dim: an output whose metadata has no dims is one the op leaves undefined.)
+std::vector<c10::IValue> attention_on_shards(const c10::OperatorHandle& op, std::vector<c10::IValue>& args,
+                                             const OpCall& call, const OutputSharding& sharding) {
+  bool empty = false;
+  c10::Device device = c10::kCPU;
+  for (const auto& a : args)
+    if (a.isTensor() && a.toTensor().defined()) {
+      empty = empty || a.toTensor().numel() == 0;
+      device = a.toTensor().device();
+    }
+  torch::jit::Stack stack(args.begin(), args.end());
+  if (!empty) {
+    op.callBoxed(&stack);
+    return stack;
+  }
+  std::vector<c10::IValue> rets;
+  for (size_t i = 0; i < op.schema().returns().size(); ++i) {
+    const TensorMeta& m = sharding.output_meta[i];
+    if (m.shape.empty()) {
+      rets.emplace_back(at::Tensor());
+      continue;
+    }
+    // zeros: a Partial(sum) output (grad_k, grad_v of a rank with no rows of q) adds nothing.
+    rets.emplace_back(at::zeros(compute_local_shape(m.shape, *call.mesh, sharding.outputs[i]),
+                                at::TensorOptions().dtype(m.dtype).device(device)));
+  }
+  return rets;
+}
+
 // NOTE: [Attention kernel choice]
 // On libtorch 2.x, scaled_dot_product_attention first asks compat::kSdpaChoiceOp
 // (aten::_fused_sdp_choice) which kernel to run: flash (compat::kSdpaFusedOp) or the math
@@ -188,7 +255,11 @@ const bool registered = [] {
   add_product("aten::addbmm", "bmk,bkn->mn");  // the batch is summed: a contracted letter
   add_product("aten::addmv", "mk,k->m");
   add_product("aten::addr", "m,n->mn");
-  register_rule(compat::kSdpaFusedOp, attention_options);
+  RuleOptions on_shards;
+  on_shards.kernel = attention_on_shards;
+  register_rule(compat::kSdpaFusedOp, attention_options, nullptr, on_shards);
+  if (compat::kSdpaFusedBackwardOp)
+    register_rule(compat::kSdpaFusedBackwardOp, attention_backward_options, nullptr, on_shards);
   if (compat::kSdpaChoiceOp) {
     RuleOptions choice;
     choice.kernel = choice_from_global_meta;

@@ -77,6 +77,7 @@ std::vector<DimOption> nll_loss_backward_options(const OpCall& c) {
 const bool registered = [] {
   register_rule("aten::_softmax", softmax_options);
   register_rule("aten::_log_softmax", softmax_options);
+  register_rule("aten::_safe_softmax", softmax_options);  // 2.x (attention's math path): 0 for all -inf rows
   register_rule("aten::_softmax_backward_data", softmax_backward_options);
   register_rule("aten::_log_softmax_backward_data", softmax_backward_options);
   register_rule("aten::nll_loss_forward", nll_loss_options);
