@@ -12,8 +12,8 @@
 //
 //   build/benchmarks/tp_benchmark --benchmark_repetitions=5 --benchmark_report_aggregates_only
 #include "benchmarks/process_bench.h"
+#include "benchmarks/tracking_allocator.h"
 #include "dtensor/comm/comm.h"
-#include "dtensor/compat.h"
 #include "dtensor/nn/nn.h"
 #include "dtensor/parallel/parallel.h"
 #include "dtensor/tensor/dtensor.h"
@@ -23,7 +23,6 @@
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
-#include <c10/core/CPUAllocator.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
 
@@ -38,73 +37,7 @@ namespace {
 constexpr int kWorld = 4;
 constexpr int64_t kBatch = 8;
 
-// ---- memory accounting -----------------------------------------------------------------------
-// NOTE: [Per-rank memory accounting]
-// Wraps libtorch's CPU allocator. Each allocation is charged to the slot of the thread that
-// makes it (slot 0 by default; rank threads set rank + 1) and refunded to the same slot when
-// freed, whichever thread frees it; each slot keeps its current and peak bytes. The size and
-// slot live in a 64-byte header before the block (libtorch's alignment is kept, and data ==
-// context as raw_allocate requires), so there is no lock.
-class TrackingAllocator final : public compat::Allocator {
- public:
-  static constexpr int kSlots = kWorld + 1;
-
-  static TrackingAllocator& install() {
-    static TrackingAllocator* a = [] {
-      auto* t = new TrackingAllocator(c10::GetCPUAllocator());
-      instance() = t;
-      c10::SetCPUAllocator(t, /*priority=*/100);
-      return t;
-    }();
-    return *a;
-  }
-  static void set_slot(int s) { slot() = s; }
-  int64_t current(int s) const { return current_[s].load(); }
-  int64_t peak(int s) const { return peak_[s].load(); }
-  void reset_peak(int s) { peak_[s].store(current_[s].load()); }
-
-  c10::DataPtr do_allocate(size_t n) const override {
-    auto* raw = static_cast<char*>(inner_->raw_allocate(n + kHeader));
-    auto* h = reinterpret_cast<Header*>(raw);
-    h->bytes = static_cast<int64_t>(n);
-    h->slot = slot();
-    const int64_t now = current_[h->slot].fetch_add(h->bytes) + h->bytes;
-    int64_t p = peak_[h->slot].load();
-    while (now > p && !peak_[h->slot].compare_exchange_weak(p, now)) {
-    }
-    void* data = raw + kHeader;
-    return c10::DataPtr(data, data, &TrackingAllocator::release, c10::Device(c10::kCPU));
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return &TrackingAllocator::release; }
-
- private:
-  static constexpr size_t kHeader = 64;
-  struct Header {
-    int64_t bytes;
-    int slot;
-  };
-  explicit TrackingAllocator(c10::Allocator* inner) : inner_(inner) {}
-  static TrackingAllocator*& instance() {
-    static TrackingAllocator* t = nullptr;
-    return t;
-  }
-  static int& slot() {
-    thread_local int s = 0;
-    return s;
-  }
-  static void release(void* data) {
-    if (data == nullptr) return;
-    char* raw = static_cast<char*>(data) - kHeader;
-    auto* h = reinterpret_cast<Header*>(raw);
-    TrackingAllocator* self = instance();
-    self->current_[h->slot].fetch_sub(h->bytes);
-    self->inner_->raw_deallocate(raw);
-  }
-
-  c10::Allocator* inner_;
-  mutable std::array<std::atomic<int64_t>, kSlots> current_{};
-  mutable std::array<std::atomic<int64_t>, kSlots> peak_{};
-};
+using bench::TrackingAllocator;  // NOTE: [Per-rank memory accounting]
 
 // ---- one rank's training step -------------------------------------------------------------------
 

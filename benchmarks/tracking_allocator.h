@@ -1,5 +1,5 @@
 // benchmarks/tracking_allocator.h: per-rank CPU memory accounting for benchmarks with ranks as
-// threads (fsdp_benchmark; tp_benchmark has its own copy of the same class for now).
+// threads (tp_benchmark, fsdp_benchmark).
 #pragma once
 
 #include "dtensor/compat.h"

@@ -47,6 +47,10 @@ struct FSDPParam {
   void swap_into_modules(const at::Tensor& value) const;
 };
 
+class FSDPState;
+// A process-wide id for `state` (for autograd functions, whose context holds IValues).
+int64_t register_state_id(const std::shared_ptr<FSDPState>& state);
+
 class FSDPState : public std::enable_shared_from_this<FSDPState> {
  public:
   enum class Status { kSharded, kPostForward, kUnsharded };
@@ -77,6 +81,8 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   void post_forward(c10::IValue& output);
   void pre_backward();
   void post_backward();
+  // From the autograd function on the group's inputs: post_backward once per backward.
+  void post_backward_from_hook();
   void reduce_scatter_grads(const std::vector<at::Tensor>& grads);
   void lazy_init();
   // Root only.
@@ -111,6 +117,8 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   bool is_root_ = false;
   std::weak_ptr<FSDPState> root_;
   bool pre_backward_done_ = false;
+  bool post_backward_done_ = false;
+  int64_t id_ = -1;
   // Root only: states forwarded with grad enabled since the last backward, in forward order.
   std::vector<std::weak_ptr<FSDPState>> forwarded_;
   bool callback_queued_ = false;

@@ -11,6 +11,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 
 #include <algorithm>
@@ -92,7 +93,47 @@ void map_tensors(c10::IValue& v, const std::function<at::Tensor(const at::Tensor
   }
 }
 
+// States by id, for the autograd function below (whose context holds IValues only).
+std::mutex g_ids_mu;
+std::unordered_map<int64_t, std::weak_ptr<FSDPState>> g_by_id;
+int64_t g_next_id = 0;
+
+// Identity on one forward input of a group; its backward (when the gradient of that input is
+// complete, after the group's backward) runs the group's post-backward (PyTorch:
+// RegisterPostBackwardFunction).
+struct RegisterPostBackward : public torch::autograd::Function<RegisterPostBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t id) {
+    ctx->saved_data["id"] = id;
+    return x.view_as(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    std::shared_ptr<FSDPState> state;
+    {
+      std::lock_guard<std::mutex> lock(g_ids_mu);
+      auto it = g_by_id.find(ctx->saved_data["id"].toInt());
+      if (it != g_by_id.end()) state = it->second.lock();
+    }
+    if (state) state->post_backward_from_hook();
+    return {grads[0], at::Tensor()};
+  }
+};
+
 }  // namespace
+
+int64_t register_state_id(const std::shared_ptr<FSDPState>& state) {
+  std::lock_guard<std::mutex> lock(g_ids_mu);
+  for (auto it = g_by_id.begin(); it != g_by_id.end();) it = it->second.expired() ? g_by_id.erase(it) : std::next(it);
+  const int64_t id = g_next_id++;
+  g_by_id[id] = state;
+  return id;
+}
+
+void FSDPState::post_backward_from_hook() {
+  if (post_backward_done_ || !pre_backward_done_) return;
+  post_backward_done_ = true;
+  post_backward();
+}
 
 std::string ReshardAfterForward::to_string() const {
   if (!is_int_) return value_ == -1 ? "true" : "false";
@@ -280,6 +321,13 @@ void FSDPState::pre_forward(nn::ForwardInputs& inputs) {
   for (auto& w : forward_prefetch_) {
     if (auto s = w.lock()) s->unshard();
   }
+  if (at::GradMode::is_enabled() && !params_.empty()) {
+    for (auto& in : inputs) {
+      map_tensors(in, [this](const at::Tensor& t) {
+        return t.requires_grad() && !is_dtensor(t) ? RegisterPostBackward::apply(t, id_) : t;
+      });
+    }
+  }
 }
 
 void FSDPState::post_forward(c10::IValue& output) {
@@ -332,8 +380,9 @@ void FSDPState::final_callback() {
   forwarded_.clear();
   for (auto it = forwarded.rbegin(); it != forwarded.rend(); ++it) {
     if (auto s = it->lock()) {
-      s->post_backward();
+      if (!s->post_backward_done_) s->post_backward();
       s->pre_backward_done_ = false;
+      s->post_backward_done_ = false;
     }
   }
 }
@@ -572,6 +621,7 @@ FSDPModule fully_shard(torch::nn::Module& module, FullyShardOptions options) {
     if (auto s = weak.lock()) s->post_forward(output);
   });
   register_state(module, state);
+  state->id_ = register_state_id(state);
   return FSDPModule(state);
 }
 

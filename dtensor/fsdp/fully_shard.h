@@ -34,20 +34,23 @@
 // NOTE: [FSDP hooks]
 // Forward: a pre-hook (lazy init at the root's first forward, casting inputs under mixed
 // precision, unshard, the unsharded parameters swapped into the modules with
-// dtensor::nn::swap_parameter) and a post-hook (reshard per reshard_after_forward, the
-// sharded DTensors swapped back; a gradient hook registered on each output that requires
-// grad). Backward: the first output-gradient hook of a group unshards it again (all-gather,
-// into the same storage, so tensors saved for backward see the values) and queues, once per
-// backward, a callback at the end of the autograd pass that runs each forwarded group's
-// post-backward in reverse forward order: one reduce-scatter of the padded flat gradients
-// (summed, then divided by the data-parallel size or the gradient divide factor; HSDP adds an
-// all-reduce over the replicate dim), the sharded .grad()s set (or accumulated), and the
-// reshard after backward. The reduce-scatters therefore run after the whole backward rather
-// than interleaved with it (a CPU mesh has no overlap to gain; unsharded gradients live until
-// the end of the backward).
+// dtensor::nn::swap_parameter, an identity autograd function on each input that requires
+// grad) and a post-hook (reshard per reshard_after_forward, the sharded DTensors swapped back;
+// a gradient hook registered on each output that requires grad).
+// Backward: the first output-gradient hook of a group unshards it again (all-gather, into the
+// same storage, so tensors saved for backward see the values); when the gradient of the
+// group's input is complete (the identity's backward: the group's backward is done), its
+// post-backward runs: one reduce-scatter of the padded flat gradients (summed, then divided by
+// the data-parallel size or the gradient divide factor; HSDP adds an all-reduce over the
+// replicate dim), the sharded .grad()s set (or accumulated), and the reshard after backward.
+// Groups whose inputs need no gradient (the root, fed token ids) run their post-backward in a
+// callback queued on the autograd engine at the end of the backward, in reverse forward
+// order (PyTorch's _root_post_backward_final_callback).
 //
-// Parameters that are already DTensors (tensor parallel, issue 13) are refused for now with a
-// message saying so; FSDPParam keeps the spec it starts from so that path can compose later.
+// Parameters that are already DTensors (tensor parallel, issue 13) are refused for now, in one
+// place (fully_shard's parameter checks), with a message saying so. The layout math of
+// FSDPParam works on the tensor it is given, so the 2-D path can hand it a TP shard and build
+// the spec on the 2-D mesh (with _StridedShard) later.
 //
 // Collective: fully_shard is NOT collective (each rank chunks its own copy, as PyTorch does),
 // but every rank must apply it to the same module structure with the same options, and call

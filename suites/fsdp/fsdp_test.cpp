@@ -757,5 +757,27 @@ DTENSOR_TEST_F(FsdpThreads, AccumulationWithoutReshardAfterBackward) {
   expect_sharded_parity(*ref, *model, /*grads=*/true, "accumulated");
 }
 
+// A group's reduce-scatter runs as soon as its backward is done (when the gradient of its input
+// is complete), not at the end of the whole backward: in a hook on the model's input (which
+// requires grad here, so the root's group is reduced when its input gradient is complete too),
+// the sharded gradients are already there.
+DTENSOR_TEST_F(FsdpThreads, PostBackwardRunsWhenTheGroupsBackwardEnds) {
+  UnevenMLP m;
+  fsdp::FullyShardOptions opts;
+  opts.mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  shard_uneven(m, *opts.mesh, opts);
+  const at::Tensor w0 = m->layers[0]->as<BlockImpl>()->lin->weight, head = m->head->weight;
+  ASSERT_TRUE(is_dtensor(w0));
+  at::Tensor x = values({2, 7}).requires_grad_(true);
+  bool w0_grad = false, head_grad = false;
+  x.register_hook([&](const at::Tensor&) {
+    w0_grad = w0.grad().defined();
+    head_grad = head.grad().defined();
+  });
+  nn::call(m, x).sum().backward();
+  EXPECT_TRUE(w0_grad);
+  EXPECT_TRUE(head_grad);
+}
+
 }  // namespace
 }  // namespace dtensor

@@ -1,0 +1,361 @@
+// dtensor/checkpoint/planner.cpp: chunks, save planning (merge, dedup, validate), metadata.
+#include "dtensor/checkpoint/planner.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <array>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+namespace dtensor {
+namespace checkpoint {
+
+namespace {
+
+std::string join(const std::vector<int64_t>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+std::string join_ranks(const std::vector<int>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+const char* kind_name(ItemKind k) { return k == ItemKind::Tensor ? "tensor" : "object"; }
+
+ItemKind kind_from_name(const std::string& s) {
+  if (s == "tensor") return ItemKind::Tensor;
+  if (s == "object") return ItemKind::Object;
+  TORCH_CHECK(false, "checkpoint metadata: unknown entry kind '", s, "'");
+}
+
+int64_t numel_of(const std::vector<int64_t>& sizes) {
+  return std::accumulate(sizes.begin(), sizes.end(), int64_t(1), std::multiplies<int64_t>());
+}
+
+// Chunks of one tensor of `size`: each in bounds, none overlapping, all covering it. `what`
+// names the tensor in errors.
+void validate_chunks(const std::string& what, const std::vector<int64_t>& size, const std::vector<ChunkMeta>& chunks) {
+  int64_t covered = 0;
+  std::vector<const ChunkMeta*> nonempty;
+  for (const auto& c : chunks) {
+    TORCH_CHECK(c.offsets.size() == size.size() && c.sizes.size() == size.size(), what, ": chunk ", c.to_string(),
+                " has ", c.sizes.size(), " dims, the tensor ", size.size(), " (size ", join(size), ")");
+    for (size_t d = 0; d < size.size(); ++d) {
+      TORCH_CHECK(c.offsets[d] >= 0 && c.sizes[d] >= 0 && c.offsets[d] + c.sizes[d] <= size[d], what, ": chunk ",
+                  c.to_string(), " is out of bounds of size ", join(size));
+    }
+    if (c.numel() > 0) {
+      covered += c.numel();
+      nonempty.push_back(&c);
+    }
+  }
+  for (size_t i = 0; i < nonempty.size(); ++i) {
+    for (size_t j = i + 1; j < nonempty.size(); ++j) {
+      TORCH_CHECK(!chunk_overlap(*nonempty[i], *nonempty[j]), what, ": chunks ", nonempty[i]->to_string(), " and ",
+                  nonempty[j]->to_string(), " overlap");
+    }
+  }
+  TORCH_CHECK(covered == numel_of(size), what, ": the chunks cover ", covered, " of the ", numel_of(size),
+              " elements of size ", join(size));
+}
+
+std::array<std::array<uint32_t, 256>, 8> make_crc_tables() {
+  std::array<std::array<uint32_t, 256>, 8> t{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    t[0][i] = c;
+  }
+  for (uint32_t i = 0; i < 256; ++i) {
+    for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
+  }
+  return t;
+}
+
+}  // namespace
+
+int64_t ChunkMeta::numel() const { return numel_of(sizes); }
+
+std::string ChunkMeta::to_string() const { return "offsets=" + join(offsets) + " sizes=" + join(sizes); }
+
+std::optional<ChunkMeta> chunk_overlap(const ChunkMeta& a, const ChunkMeta& b) {
+  if (a.offsets.size() != b.offsets.size()) return std::nullopt;
+  ChunkMeta out;
+  for (size_t d = 0; d < a.offsets.size(); ++d) {
+    int64_t lo = std::max(a.offsets[d], b.offsets[d]);
+    int64_t hi = std::min(a.offsets[d] + a.sizes[d], b.offsets[d] + b.sizes[d]);
+    if (hi <= lo) return std::nullopt;
+    out.offsets.push_back(lo);
+    out.sizes.push_back(hi - lo);
+  }
+  return out;
+}
+
+namespace {
+const std::vector<std::pair<at::ScalarType, const char*>>& dtype_table() {
+  static const std::vector<std::pair<at::ScalarType, const char*>> t = {
+      {at::kFloat, "float32"},    {at::kDouble, "float64"},         {at::kHalf, "float16"},
+      {at::kBFloat16, "bfloat16"}, {at::kLong, "int64"},            {at::kInt, "int32"},
+      {at::kShort, "int16"},      {at::kChar, "int8"},              {at::kByte, "uint8"},
+      {at::kBool, "bool"},        {at::kComplexFloat, "complex64"}, {at::kComplexDouble, "complex128"},
+  };
+  return t;
+}
+}  // namespace
+
+std::string dtype_name(at::ScalarType t) {
+  for (const auto& [st, name] : dtype_table()) {
+    if (st == t) return name;
+  }
+  TORCH_CHECK(false, "checkpoint: dtype ", t, " is not supported");
+}
+
+at::ScalarType dtype_from_name(const std::string& name) {
+  for (const auto& [st, n] : dtype_table()) {
+    if (name == n) return st;
+  }
+  TORCH_CHECK(false, "checkpoint: unknown dtype '", name, "'");
+}
+
+int64_t element_size(const std::string& dtype) { return int64_t(c10::elementSize(dtype_from_name(dtype))); }
+
+std::vector<SavePlan> create_global_save_plan(const std::vector<SavePlan>& local_plans) {
+  // 1. Every rank's view of each key must agree.
+  struct KeyInfo {
+    ItemKind kind;
+    std::string dtype;
+    std::vector<int64_t> size;
+    int rank;
+  };
+  std::map<std::string, KeyInfo> keys;
+  for (int r = 0; r < int(local_plans.size()); ++r) {
+    for (const auto& item : local_plans[r].items) {
+      auto it = keys.find(item.fqn);
+      if (it == keys.end()) {
+        keys.emplace(item.fqn, KeyInfo{item.kind, item.dtype, item.global_size, r});
+        continue;
+      }
+      const KeyInfo& k = it->second;
+      TORCH_CHECK(k.kind == item.kind, "key '", item.fqn, "' is a ", kind_name(k.kind), " on rank ", k.rank,
+                  " but a ", kind_name(item.kind), " on rank ", r);
+      if (item.kind == ItemKind::Tensor) {
+        TORCH_CHECK(k.dtype == item.dtype, "key '", item.fqn, "' has dtype ", k.dtype, " on rank ", k.rank, " but ",
+                    item.dtype, " on rank ", r);
+        TORCH_CHECK(k.size == item.global_size, "key '", item.fqn, "' has global size ", join(k.size), " on rank ",
+                    k.rank, " but ", join(item.global_size), " on rank ", r);
+      }
+    }
+  }
+
+  // 2. Dedup: one writer per (key, box), the least-loaded rank holding it, largest first.
+  using ItemKey = std::tuple<std::string, std::vector<int64_t>, std::vector<int64_t>>;
+  std::map<ItemKey, std::vector<int>> holders;
+  std::map<ItemKey, const WriteItem*> first_item;
+  for (int r = 0; r < int(local_plans.size()); ++r) {
+    for (const auto& item : local_plans[r].items) {
+      ItemKey key{item.fqn, item.chunk.offsets, item.chunk.sizes};
+      auto& hs = holders[key];
+      if (hs.empty() || hs.back() != r) hs.push_back(r);
+      first_item.emplace(key, &item);
+    }
+  }
+  std::vector<std::pair<ItemKey, const WriteItem*>> order(first_item.begin(), first_item.end());
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.second->nbytes > b.second->nbytes; });
+  std::vector<int64_t> load(local_plans.size(), 0);
+  std::vector<SavePlan> out(local_plans.size());
+  for (const auto& [key, item] : order) {
+    const auto& hs = holders[key];
+    int best = hs.front();
+    for (int r : hs) {
+      if (load[r] < load[best]) best = r;
+    }
+    load[best] += std::max<int64_t>(item->nbytes, 1);
+    out[best].items.push_back(*item);
+  }
+  // Deterministic order within each rank's file: by key, then box.
+  for (auto& p : out) {
+    std::sort(p.items.begin(), p.items.end(), [](const WriteItem& a, const WriteItem& b) {
+      return std::tie(a.fqn, a.chunk) < std::tie(b.fqn, b.chunk);
+    });
+  }
+
+  // 3. Validate every tensor's chunks.
+  std::map<std::string, std::vector<ChunkMeta>> chunks;
+  for (const auto& p : out) {
+    for (const auto& item : p.items) {
+      if (item.kind == ItemKind::Tensor) chunks[item.fqn].push_back(item.chunk);
+    }
+  }
+  for (const auto& [fqn, cs] : chunks) {
+    const KeyInfo& k = keys.at(fqn);
+    std::vector<int> ranks;
+    for (int r = 0; r < int(local_plans.size()); ++r) {
+      for (const auto& item : local_plans[r].items) {
+        if (item.fqn == fqn) {
+          ranks.push_back(r);
+          break;
+        }
+      }
+    }
+    try {
+      validate_chunks("key '" + fqn + "'", k.size, cs);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, e.msg(), " (chunks offered by ranks ", join_ranks(ranks), ")");
+    }
+  }
+  return out;
+}
+
+// ---- Metadata -------------------------------------------------------------------------------
+
+std::vector<std::string> Metadata::files() const {
+  std::set<std::string> fs;
+  for (const auto& [fqn, e] : entries) {
+    for (const auto& c : e.chunks) fs.insert(c.file);
+  }
+  return {fs.begin(), fs.end()};
+}
+
+int64_t Metadata::total_bytes() const {
+  int64_t n = 0;
+  for (const auto& [fqn, e] : entries) {
+    for (const auto& c : e.chunks) n += c.length;
+  }
+  return n;
+}
+
+void validate_metadata(const Metadata& m) {
+  TORCH_CHECK(m.checksum_block_bytes > 0 && m.checksum_block_bytes % 16 == 0,
+              "checkpoint metadata: checksum_block_bytes ", m.checksum_block_bytes, " is not a positive multiple of 16");
+  for (const auto& [fqn, e] : m.entries) {
+    for (const auto& c : e.chunks) {
+      TORCH_CHECK(c.offset >= 0 && c.length >= 0, "checkpoint metadata: key '", fqn, "' has a negative byte range");
+      int64_t blocks = (c.length + m.checksum_block_bytes - 1) / m.checksum_block_bytes;
+      TORCH_CHECK(int64_t(c.crc32.size()) == blocks, "checkpoint metadata: key '", fqn, "' chunk ", c.chunk.to_string(),
+                  " has ", c.crc32.size(), " checksums for ", blocks, " blocks");
+    }
+    if (e.kind == ItemKind::Object) {
+      TORCH_CHECK(e.chunks.size() == 1, "checkpoint metadata: object '", fqn, "' has ", e.chunks.size(),
+                  " stored copies, expected 1");
+      continue;
+    }
+    int64_t esize = element_size(e.dtype);
+    std::vector<ChunkMeta> cs;
+    for (const auto& c : e.chunks) {
+      TORCH_CHECK(c.length == c.chunk.numel() * esize, "checkpoint metadata: key '", fqn, "' chunk ",
+                  c.chunk.to_string(), " has ", c.length, " bytes, expected ", c.chunk.numel() * esize);
+      cs.push_back(c.chunk);
+    }
+    validate_chunks("checkpoint metadata: key '" + fqn + "'", e.size, cs);
+  }
+}
+
+void to_json(nlohmann::json& j, const ChunkMeta& c) { j = {{"offsets", c.offsets}, {"sizes", c.sizes}}; }
+void from_json(const nlohmann::json& j, ChunkMeta& c) {
+  j.at("offsets").get_to(c.offsets);
+  j.at("sizes").get_to(c.sizes);
+}
+
+void to_json(nlohmann::json& j, const WriteItem& w) {
+  j = {{"fqn", w.fqn},   {"kind", kind_name(w.kind)}, {"dtype", w.dtype}, {"global_size", w.global_size},
+       {"chunk", w.chunk}, {"nbytes", w.nbytes}};
+}
+void from_json(const nlohmann::json& j, WriteItem& w) {
+  j.at("fqn").get_to(w.fqn);
+  w.kind = kind_from_name(j.at("kind").get<std::string>());
+  j.at("dtype").get_to(w.dtype);
+  j.at("global_size").get_to(w.global_size);
+  j.at("chunk").get_to(w.chunk);
+  j.at("nbytes").get_to(w.nbytes);
+}
+void to_json(nlohmann::json& j, const SavePlan& p) { j = {{"items", p.items}}; }
+void from_json(const nlohmann::json& j, SavePlan& p) { j.at("items").get_to(p.items); }
+
+void to_json(nlohmann::json& j, const StoredChunk& c) {
+  j = {{"file", c.file}, {"offset", c.offset}, {"length", c.length}, {"crc32", c.crc32}};
+  if (!c.chunk.sizes.empty() || !c.chunk.offsets.empty()) {
+    j["offsets"] = c.chunk.offsets;
+    j["sizes"] = c.chunk.sizes;
+  } else {
+    j["offsets"] = nlohmann::json::array();
+    j["sizes"] = nlohmann::json::array();
+  }
+}
+void from_json(const nlohmann::json& j, StoredChunk& c) {
+  j.at("offsets").get_to(c.chunk.offsets);
+  j.at("sizes").get_to(c.chunk.sizes);
+  j.at("file").get_to(c.file);
+  j.at("offset").get_to(c.offset);
+  j.at("length").get_to(c.length);
+  j.at("crc32").get_to(c.crc32);
+}
+
+void to_json(nlohmann::json& j, const Entry& e) {
+  j = {{"kind", kind_name(e.kind)}, {"chunks", e.chunks}};
+  if (e.kind == ItemKind::Tensor) {
+    j["dtype"] = e.dtype;
+    j["size"] = e.size;
+  }
+}
+void from_json(const nlohmann::json& j, Entry& e) {
+  e.kind = kind_from_name(j.at("kind").get<std::string>());
+  if (e.kind == ItemKind::Tensor) {
+    j.at("dtype").get_to(e.dtype);
+    j.at("size").get_to(e.size);
+  }
+  j.at("chunks").get_to(e.chunks);
+}
+
+void to_json(nlohmann::json& j, const Metadata& m) {
+  j = {{"format", kFormatName},
+       {"version", m.version},
+       {"save_id", m.save_id},
+       {"world_size", m.world_size},
+       {"checksum", "crc32"},
+       {"checksum_block_bytes", m.checksum_block_bytes},
+       {"entries", m.entries}};
+}
+void from_json(const nlohmann::json& j, Metadata& m) {
+  TORCH_CHECK(j.is_object() && j.value("format", std::string()) == kFormatName,
+              "not a dtensor-cpp checkpoint metadata file (no \"format\": \"", kFormatName, "\")");
+  j.at("version").get_to(m.version);
+  TORCH_CHECK(m.version == kFormatVersion, "checkpoint format version ", m.version, ", this build reads version ",
+              kFormatVersion);
+  TORCH_CHECK(j.value("checksum", std::string()) == "crc32", "checkpoint: unknown checksum '",
+              j.value("checksum", std::string()), "'");
+  j.at("save_id").get_to(m.save_id);
+  j.at("world_size").get_to(m.world_size);
+  j.at("checksum_block_bytes").get_to(m.checksum_block_bytes);
+  j.at("entries").get_to(m.entries);
+}
+
+uint32_t crc32(const void* data, size_t n, uint32_t crc) {
+  static const auto t = make_crc_tables();
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  while (n >= 8) {
+    uint32_t lo = crc ^ (uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24);
+    uint32_t hi = uint32_t(p[4]) | uint32_t(p[5]) << 8 | uint32_t(p[6]) << 16 | uint32_t(p[7]) << 24;
+    crc = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^ t[3][hi & 0xFF] ^
+          t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
+    p += 8;
+    n -= 8;
+  }
+  while (n--) crc = t[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+}  // namespace checkpoint
+}  // namespace dtensor

@@ -1,0 +1,624 @@
+// dtensor/checkpoint/save_load.cpp: save, load and async_save (see save_load.h).
+#include "dtensor/checkpoint/save_load.h"
+
+#include "dtensor/checkpoint/dist_wrapper.h"
+#include "dtensor/placement/placement.h"
+#include "dtensor/tensor/dtensor.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+namespace dtensor {
+namespace checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kMetadataFile = ".metadata";
+
+std::string join_keys(const std::vector<std::string>& keys) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < keys.size(); ++i) os << (i ? ", " : "") << "'" << keys[i] << "'";
+  os << "]";
+  return os.str();
+}
+
+std::string sizes_str(const std::vector<int64_t>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+std::string errno_str() { return std::strerror(errno); }
+
+// ---- what this rank holds -------------------------------------------------------------------
+
+// One chunk or object of this rank's state dict, with its data.
+struct LocalItem {
+  WriteItem item;
+  at::Tensor data;    // tensors: this chunk's values (any device, any strides)
+  c10::IValue object;  // objects
+};
+
+// A DTensor's chunk on this rank: {box, local tensor}; nullopt when this rank is not in its
+// mesh. Partial placements must have been reduced.
+struct DTensorChunk {
+  ChunkMeta box;
+  at::Tensor local;
+};
+std::optional<DTensorChunk> dtensor_chunk(const at::Tensor& t) {
+  const DTensorSpec& spec = get_spec(t);
+  if (!spec.mesh.get_coordinate()) return std::nullopt;
+  auto [shape, offset] = compute_local_shape_and_global_offset(t.sizes(), spec.mesh, spec.placements);
+  return DTensorChunk{ChunkMeta{offset, shape}, local_tensor(t)};
+}
+
+std::vector<int64_t> zeros_like_dims(size_t n) { return std::vector<int64_t>(n, 0); }
+
+WriteItem tensor_item(const std::string& fqn, const at::Tensor& global_like, std::vector<int64_t> global_size,
+                      ChunkMeta box) {
+  WriteItem w;
+  w.fqn = fqn;
+  w.kind = ItemKind::Tensor;
+  w.dtype = dtype_name(global_like.scalar_type());
+  w.global_size = std::move(global_size);
+  w.chunk = std::move(box);
+  w.nbytes = w.chunk.numel() * int64_t(global_like.element_size());
+  return w;
+}
+
+// Collective for DTensors with Partial placements (they are reduced to Replicate first).
+std::vector<LocalItem> collect_local_items(const StateDict& state_dict) {
+  std::vector<LocalItem> items;
+  auto add_tensor = [&](const std::string& fqn, at::Tensor t) {
+    std::vector<int64_t> global(t.sizes().begin(), t.sizes().end());
+    bool empty_tensor = t.numel() == 0;
+    if (is_dtensor(t)) {
+      const DTensorSpec& spec = get_spec(t);
+      if (spec.has_partial()) {
+        std::vector<Placement> ps = spec.placements;
+        for (auto& p : ps) {
+          if (std::holds_alternative<Partial>(p)) p = Replicate{};
+        }
+        t = redistribute(t, spec.mesh, ps);
+      }
+      auto c = dtensor_chunk(t);
+      if (!c) return;
+      if (empty_tensor) c->box = ChunkMeta{zeros_like_dims(global.size()), global};
+      if (c->box.numel() == 0 && !empty_tensor) return;
+      items.push_back({tensor_item(fqn, t, global, c->box), c->local, {}});
+      return;
+    }
+    items.push_back({tensor_item(fqn, t, global, ChunkMeta{zeros_like_dims(global.size()), global}), t, {}});
+  };
+  for (const auto& [fqn, value] : state_dict) {
+    if (const auto* t = std::get_if<at::Tensor>(&value)) {
+      TORCH_CHECK(t->defined(), "checkpoint: key '", fqn, "' is an undefined tensor");
+      add_tensor(fqn, *t);
+    } else if (const auto* st = std::get_if<sharded::ShardedTensor>(&value)) {
+      std::vector<int64_t> global = st->size();
+      for (const auto& shard : st->local_shards()) {
+        ChunkMeta box{shard.metadata.shard_offsets(), shard.metadata.shard_sizes()};
+        if (box.numel() == 0) continue;
+        items.push_back({tensor_item(fqn, shard.tensor, global, box), shard.tensor, {}});
+      }
+    } else {
+      const auto& iv = std::get<c10::IValue>(value);
+      if (iv.isTensor()) {
+        add_tensor(fqn, iv.toTensor());
+        continue;
+      }
+      WriteItem w;
+      w.fqn = fqn;
+      w.kind = ItemKind::Object;
+      LocalItem li;
+      li.item = w;
+      li.object = iv;
+      items.push_back(std::move(li));
+    }
+  }
+  return items;
+}
+
+// Copies of every tensor's data on the CPU (async_save's staging).
+std::vector<LocalItem> stage(std::vector<LocalItem> items) {
+  for (auto& li : items) {
+    if (li.data.defined()) li.data = li.data.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  }
+  return items;
+}
+
+bool resolve_use_dist(bool no_dist, const comm::GroupPtr& group) {
+  if (no_dist) return false;
+  return group != nullptr || comm::is_initialized();
+}
+
+comm::GroupPtr resolve_group(bool use_dist, const comm::GroupPtr& group) {
+  if (!use_dist) return nullptr;
+  return group ? group : comm::default_group();
+}
+
+// ---- files ------------------------------------------------------------------------------------
+
+void write_all(int fd, const char* p, int64_t n, const std::string& path) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, size_t(std::min<int64_t>(n, int64_t(1) << 30)));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      TORCH_CHECK(false, "cannot write '", path, "': ", errno_str());
+    }
+    p += w;
+    n -= w;
+  }
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  TORCH_CHECK(fd >= 0, "cannot open '", path, "' to sync it: ", errno_str());
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  TORCH_CHECK(rc == 0, "cannot sync '", path, "': ", std::strerror(err));
+}
+
+std::string data_file_name(int rank, int64_t save_id) {
+  return "__" + std::to_string(rank) + "_" + std::to_string(save_id) + ".distcp";
+}
+
+struct WriteResult {
+  WriteItem item;
+  StoredChunk stored;
+};
+void to_json(nlohmann::json& j, const WriteResult& r) { j = {{"item", r.item}, {"stored", r.stored}}; }
+void from_json(const nlohmann::json& j, WriteResult& r) {
+  j.at("item").get_to(r.item);
+  j.at("stored").get_to(r.stored);
+}
+
+// Writes this rank's share (`plan`) of `local` to its data file.
+std::vector<WriteResult> write_items(const std::vector<LocalItem>& local, const SavePlan& plan,
+                                     const std::string& dir, int rank, int64_t save_id, const SaveOptions& opts) {
+  std::vector<WriteResult> results;
+  if (plan.items.empty()) return results;
+  std::map<std::pair<std::string, ChunkMeta>, const LocalItem*> by_key;
+  for (const auto& li : local) by_key[{li.item.fqn, li.item.chunk}] = &li;
+
+  const std::string name = data_file_name(rank, save_id);
+  const std::string path = (fs::path(dir) / name).string();
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TORCH_CHECK(fd >= 0, "cannot create data file '", path, "': ", errno_str());
+  struct Closer {
+    int fd;
+    ~Closer() {
+      if (fd >= 0) ::close(fd);
+    }
+  } closer{fd};
+
+  const int64_t block = opts.checksum_block_bytes;
+  int64_t offset = 0;
+  for (const auto& w : plan.items) {
+    auto it = by_key.find({w.fqn, w.chunk});
+    TORCH_CHECK(it != by_key.end(), "the global plan gave rank ", rank, " key '", w.fqn, "' chunk ",
+                w.chunk.to_string(), ", which it does not hold");
+    const LocalItem& li = *it->second;
+    std::vector<char> pickled;
+    at::Tensor contiguous;
+    const char* bytes = nullptr;
+    int64_t n = 0;
+    if (w.kind == ItemKind::Object) {
+      pickled = torch::jit::pickle_save(li.object);
+      bytes = pickled.data();
+      n = int64_t(pickled.size());
+    } else {
+      contiguous = li.data.detach().to(at::kCPU).contiguous();
+      bytes = static_cast<const char*>(contiguous.data_ptr());
+      n = int64_t(contiguous.nbytes());
+    }
+    StoredChunk sc;
+    sc.chunk = w.kind == ItemKind::Tensor ? w.chunk : ChunkMeta{};
+    sc.file = name;
+    sc.offset = offset;
+    sc.length = n;
+    for (int64_t b = 0; b < n; b += block) sc.crc32.push_back(crc32(bytes + b, size_t(std::min(block, n - b))));
+    write_all(fd, bytes, n, path);
+    offset += n;
+    results.push_back({w, sc});
+    if (opts.on_item_written) opts.on_item_written(w.fqn, n);
+  }
+  if (opts.sync_files) TORCH_CHECK(::fsync(fd) == 0, "cannot sync '", path, "': ", errno_str());
+  TORCH_CHECK(::close(fd) == 0, "cannot close '", path, "': ", errno_str());
+  closer.fd = -1;
+  return results;
+}
+
+// The coordinator's commit: builds the metadata, writes it under a temporary name, renames it
+// to `.metadata`, and removes the data files of older saves.
+Metadata commit(const std::vector<std::vector<WriteResult>>& all, const std::string& dir, int64_t save_id,
+                const SaveOptions& opts) {
+  Metadata m;
+  m.save_id = save_id;
+  m.world_size = int(all.size());
+  m.checksum_block_bytes = opts.checksum_block_bytes;
+  for (const auto& rank_results : all) {
+    for (const auto& r : rank_results) {
+      Entry& e = m.entries[r.item.fqn];
+      e.kind = r.item.kind;
+      e.dtype = r.item.dtype;
+      e.size = r.item.global_size;
+      e.chunks.push_back(r.stored);
+    }
+  }
+  for (auto& [fqn, e] : m.entries) {
+    std::sort(e.chunks.begin(), e.chunks.end(),
+              [](const StoredChunk& a, const StoredChunk& b) { return a.chunk < b.chunk; });
+  }
+  validate_metadata(m);
+  const std::string tmp = (fs::path(dir) / (std::string(kMetadataFile) + ".tmp")).string();
+  const std::string final_path = (fs::path(dir) / kMetadataFile).string();
+  {
+    std::string text = nlohmann::json(m).dump(1);
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    TORCH_CHECK(fd >= 0, "cannot create '", tmp, "': ", errno_str());
+    try {
+      write_all(fd, text.data(), int64_t(text.size()), tmp);
+      if (opts.sync_files) TORCH_CHECK(::fsync(fd) == 0, "cannot sync '", tmp, "': ", errno_str());
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    TORCH_CHECK(::close(fd) == 0, "cannot close '", tmp, "': ", errno_str());
+  }
+  TORCH_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0, "cannot rename '", tmp, "' to '", final_path,
+              "': ", errno_str());
+  if (opts.sync_files) fsync_path(dir, /*directory=*/true);
+  // The commit is done; what follows only frees space.
+  auto files = m.files();
+  std::set<std::string> keep(files.begin(), files.end());
+  static const std::regex data_file(R"(__\d+_\d+\.distcp)");
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(dir, ec)) {
+    std::string name = de.path().filename().string();
+    if (std::regex_match(name, data_file) && !keep.count(name) && de.is_regular_file(ec)) fs::remove(de.path(), ec);
+  }
+  return m;
+}
+
+int64_t next_save_id(const std::string& dir) {
+  try {
+    return read_metadata(dir).save_id + 1;
+  } catch (const std::exception&) {
+    return 1;
+  }
+}
+
+// `local_error`: this rank failed to collect its items; it fails the plan step on every rank.
+Metadata save_items(const std::vector<LocalItem>& local, std::exception_ptr local_error, const std::string& dir,
+                    const SaveOptions& opts, bool use_dist, const comm::GroupPtr& group) {
+  TORCH_CHECK(opts.checksum_block_bytes > 0 && opts.checksum_block_bytes % 16 == 0,
+              "SaveOptions.checksum_block_bytes must be a positive multiple of 16, got ", opts.checksum_block_bytes);
+  DistWrapper dist(group, use_dist, opts.coordinator_rank);
+  const int rank = dist.get_rank();
+
+  // 1. Plan: local plans -> the coordinator's global plan -> this rank's part (+ the save id).
+  nlohmann::json mine = dist.reduce_scatter(
+      "plan",
+      [&] {
+        if (local_error) std::rethrow_exception(local_error);
+        SavePlan p;
+        for (const auto& li : local) p.items.push_back(li.item);
+        return p;
+      },
+      [&](std::vector<SavePlan> all) {
+        std::vector<SavePlan> global = create_global_save_plan(all);
+        std::error_code ec;
+        fs::create_directories(dir, ec);
+        TORCH_CHECK(!ec && fs::is_directory(dir), "cannot create checkpoint directory '", dir, "': ", ec.message());
+        int64_t save_id = next_save_id(dir);
+        std::vector<nlohmann::json> out;
+        for (auto& p : global) out.push_back({{"save_id", save_id}, {"plan", p}});
+        return out;
+      });
+  const int64_t save_id = mine.at("save_id").get<int64_t>();
+  const SavePlan plan = mine.at("plan").get<SavePlan>();
+
+  // 2. Write, then (only when every rank succeeded) the coordinator commits.
+  return dist.all_reduce(
+      "write", [&] { return write_items(local, plan, dir, rank, save_id, opts); },
+      [&](std::vector<std::vector<WriteResult>> all) { return commit(all, dir, save_id, opts); });
+}
+
+// ---- reading ----------------------------------------------------------------------------------
+
+class Reader {
+ public:
+  Reader(std::string dir, int64_t block) : dir_(std::move(dir)), block_(block) {}
+  ~Reader() {
+    for (auto& [name, fd] : fds_) ::close(fd);
+  }
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  // Bytes [from, to) of the stored chunk (rounded out to checksum blocks, each verified) into
+  // `out`; returns the offset of byte `from` in `out`.
+  int64_t read(const std::string& fqn, const StoredChunk& sc, int64_t from, int64_t to, at::Tensor& out) {
+    const int64_t blk_lo = from / block_;
+    const int64_t start = blk_lo * block_;
+    const int64_t end = std::min(sc.length, (to + block_ - 1) / block_ * block_);
+    out = at::empty({end - start}, at::kByte);
+    char* p = static_cast<char*>(out.data_ptr());
+    const std::string path = (fs::path(dir_) / sc.file).string();
+    int fd = open_file(fqn, sc, path);
+    int64_t got = 0;
+    while (got < end - start) {
+      ssize_t r = ::pread(fd, p + got, size_t(end - start - got), off_t(sc.offset + start + got));
+      if (r < 0 && errno == EINTR) continue;
+      TORCH_CHECK(r >= 0, "cannot read '", path, "' (key '", fqn, "'): ", errno_str());
+      if (r == 0) break;
+      got += r;
+    }
+    TORCH_CHECK(got == end - start, "data file '", path, "' is truncated: key '", fqn, "' (chunk ",
+                sc.chunk.to_string(), ") needs bytes [", sc.offset + start, ", ", sc.offset + end,
+                ") of it, the file ends at ", sc.offset + start + got);
+    for (int64_t b = start; b < end; b += block_) {
+      const int64_t i = b / block_;
+      const int64_t n = std::min(block_, sc.length - b);
+      uint32_t c = crc32(p + (b - start), size_t(n));
+      TORCH_CHECK(c == sc.crc32.at(size_t(i)), "checksum mismatch in data file '", path, "': key '", fqn, "' (chunk ",
+                  sc.chunk.to_string(), "), bytes [", sc.offset + b, ", ", sc.offset + b + n, ") have crc32 ", c,
+                  ", the metadata says ", sc.crc32.at(size_t(i)), " (the file is corrupted)");
+    }
+    return from - start;
+  }
+
+ private:
+  int open_file(const std::string& fqn, const StoredChunk& sc, const std::string& path) {
+    auto it = fds_.find(sc.file);
+    if (it != fds_.end()) return it->second;
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    TORCH_CHECK(fd >= 0, "cannot open data file '", path, "' (key '", fqn, "'): ", errno_str());
+    fds_[sc.file] = fd;
+    return fd;
+  }
+
+  std::string dir_;
+  int64_t block_;
+  std::map<std::string, int> fds_;
+};
+
+// Copies the part of the saved entry `e` that overlaps `box` into `target` (which holds box).
+void read_into(Reader& reader, const std::string& fqn, const Entry& e, const ChunkMeta& box, const at::Tensor& target) {
+  const at::ScalarType dtype = dtype_from_name(e.dtype);
+  const int64_t esize = int64_t(c10::elementSize(dtype));
+  for (const auto& sc : e.chunks) {
+    auto ov = chunk_overlap(sc.chunk, box);
+    if (!ov) continue;
+    const size_t nd = ov->sizes.size();
+    std::vector<int64_t> strides(nd, 1);
+    for (int64_t d = int64_t(nd) - 2; d >= 0; --d) strides[d] = strides[d + 1] * sc.chunk.sizes[d + 1];
+    int64_t first = 0, last = 0;
+    for (size_t d = 0; d < nd; ++d) {
+      int64_t lo = ov->offsets[d] - sc.chunk.offsets[d];
+      first += lo * strides[d];
+      last += (lo + ov->sizes[d] - 1) * strides[d];
+    }
+    at::Tensor buf;
+    int64_t at_byte = reader.read(fqn, sc, first * esize, (last + 1) * esize, buf);
+    at::Tensor flat = at::from_blob(buf.data_ptr(), {buf.numel() / esize}, at::TensorOptions().dtype(dtype));
+    at::Tensor src = flat.as_strided(ov->sizes, strides, at_byte / esize);
+    at::Tensor dst = target;
+    for (size_t d = 0; d < nd; ++d) dst = dst.narrow(int64_t(d), ov->offsets[d] - box.offsets[d], ov->sizes[d]);
+    dst.copy_(src);
+  }
+}
+
+c10::IValue read_object(Reader& reader, const std::string& fqn, const Entry& e) {
+  const StoredChunk& sc = e.chunks.at(0);
+  at::Tensor buf;
+  reader.read(fqn, sc, 0, sc.length, buf);
+  const char* p = static_cast<const char*>(buf.data_ptr());
+  std::vector<char> bytes(p, p + sc.length);
+  return torch::jit::pickle_load(bytes);
+}
+
+LoadResult load_local(StateDict& state_dict, const Metadata& m, const std::string& dir, const LoadOptions& opts) {
+  LoadResult res;
+  for (const auto& [fqn, v] : state_dict) {
+    if (!m.entries.count(fqn)) res.missing_keys.push_back(fqn);
+  }
+  for (const auto& [fqn, e] : m.entries) {
+    if (!state_dict.count(fqn)) res.unexpected_keys.push_back(fqn);
+  }
+  if (opts.strict && (!res.missing_keys.empty() || !res.unexpected_keys.empty())) {
+    std::ostringstream os;
+    os << "the state dict and the checkpoint '" << dir << "' have different keys (strict load):";
+    if (!res.missing_keys.empty()) os << " missing from the checkpoint: " << join_keys(res.missing_keys) << ";";
+    if (!res.unexpected_keys.empty()) os << " not in the state dict: " << join_keys(res.unexpected_keys) << ";";
+    TORCH_CHECK(false, os.str());
+  }
+
+  // Check every key first, then read.
+  struct Dest {
+    std::string fqn;
+    ChunkMeta box;
+    at::Tensor target;
+  };
+  std::vector<Dest> dests;
+  std::vector<std::string> objects;
+  std::vector<std::string> errors;
+  auto check_tensor = [&](const std::string& fqn, const Entry& e, at::ScalarType dtype,
+                          const std::vector<int64_t>& size) {
+    if (e.kind != ItemKind::Tensor) {
+      errors.push_back("key '" + fqn + "' is an object in the checkpoint but a tensor in the state dict");
+      return false;
+    }
+    if (dtype_name(dtype) != e.dtype) {
+      errors.push_back("key '" + fqn + "' has dtype " + dtype_name(dtype) + " in the state dict but " + e.dtype +
+                       " in the checkpoint");
+      return false;
+    }
+    if (size != e.size) {
+      errors.push_back("key '" + fqn + "' has shape " + sizes_str(size) + " in the state dict but " +
+                       sizes_str(e.size) + " in the checkpoint");
+      return false;
+    }
+    return true;
+  };
+  for (auto& [fqn, v] : state_dict) {
+    auto eit = m.entries.find(fqn);
+    if (eit == m.entries.end()) continue;
+    const Entry& e = eit->second;
+    if (auto* iv = std::get_if<c10::IValue>(&v)) {
+      if (iv->isTensor()) {
+        v = iv->toTensor();
+      } else if (e.kind == ItemKind::Tensor && iv->isNone()) {
+        // A None placeholder receives the whole tensor.
+        v = at::empty(e.size, at::TensorOptions().dtype(dtype_from_name(e.dtype)));
+      } else {
+        if (e.kind != ItemKind::Object) {
+          errors.push_back("key '" + fqn + "' is a tensor in the checkpoint but a " + iv->tagKind() +
+                           " in the state dict");
+        } else {
+          objects.push_back(fqn);
+        }
+        continue;
+      }
+    }
+    if (auto* t = std::get_if<at::Tensor>(&v)) {
+      TORCH_CHECK(t->defined(), "checkpoint: key '", fqn, "' is an undefined tensor");
+      std::vector<int64_t> size(t->sizes().begin(), t->sizes().end());
+      if (!check_tensor(fqn, e, t->scalar_type(), size)) continue;
+      if (is_dtensor(*t)) {
+        const DTensorSpec& spec = get_spec(*t);
+        if (spec.has_partial()) {
+          errors.push_back("key '" + fqn + "' is a DTensor with a Partial placement (" + spec.to_string() +
+                           "): load into Shard or Replicate placements");
+          continue;
+        }
+        auto c = dtensor_chunk(*t);
+        if (c && c->box.numel() > 0) dests.push_back({fqn, c->box, c->local});
+      } else {
+        dests.push_back({fqn, ChunkMeta{zeros_like_dims(size.size()), size}, *t});
+      }
+    } else if (auto* st = std::get_if<sharded::ShardedTensor>(&v)) {
+      if (!check_tensor(fqn, e, st->dtype(), st->size())) continue;
+      for (const auto& shard : st->local_shards()) {
+        ChunkMeta box{shard.metadata.shard_offsets(), shard.metadata.shard_sizes()};
+        if (box.numel() > 0) dests.push_back({fqn, box, shard.tensor});
+      }
+    }
+  }
+  if (!errors.empty()) {
+    std::ostringstream os;
+    for (size_t i = 0; i < errors.size(); ++i) os << (i ? "; " : "") << errors[i];
+    TORCH_CHECK(false, os.str());
+  }
+
+  Reader reader(dir, m.checksum_block_bytes);
+  c10::AutoGradMode no_grad(false);
+  for (const auto& d : dests) read_into(reader, d.fqn, m.entries.at(d.fqn), d.box, d.target);
+  for (const auto& fqn : objects) state_dict[fqn] = read_object(reader, fqn, m.entries.at(fqn));
+  return res;
+}
+
+std::vector<std::string> merged(const std::vector<LoadResult>& all, bool missing) {
+  std::set<std::string> s;
+  for (const auto& r : all) {
+    const auto& v = missing ? r.missing_keys : r.unexpected_keys;
+    s.insert(v.begin(), v.end());
+  }
+  return {s.begin(), s.end()};
+}
+
+}  // namespace
+
+void to_json(nlohmann::json& j, const LoadResult& r) {
+  j = {{"missing_keys", r.missing_keys}, {"unexpected_keys", r.unexpected_keys}};
+}
+void from_json(const nlohmann::json& j, LoadResult& r) {
+  j.at("missing_keys").get_to(r.missing_keys);
+  j.at("unexpected_keys").get_to(r.unexpected_keys);
+}
+
+Metadata read_metadata(const std::string& checkpoint_dir) {
+  const std::string path = (fs::path(checkpoint_dir) / kMetadataFile).string();
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in, "no checkpoint in '", checkpoint_dir, "': cannot open its metadata file '", path, "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Metadata m;
+  try {
+    nlohmann::json::parse(ss.str()).get_to(m);
+    validate_metadata(m);
+  } catch (const nlohmann::json::exception& e) {
+    TORCH_CHECK(false, "checkpoint metadata file '", path, "' is not valid: ", e.what());
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "checkpoint metadata file '", path, "' is not valid: ", e.msg());
+  }
+  return m;
+}
+
+Metadata save(const StateDict& state_dict, const std::string& checkpoint_dir, const SaveOptions& options) {
+  const bool use_dist = resolve_use_dist(options.no_dist, options.process_group);
+  comm::GroupPtr group = resolve_group(use_dist, options.process_group);
+  std::vector<LocalItem> local;
+  std::exception_ptr collect_error;
+  try {
+    local = collect_local_items(state_dict);
+  } catch (...) {
+    collect_error = std::current_exception();
+  }
+  // A rank that failed still takes part in the plan step, which reports the error everywhere.
+  return save_items(local, collect_error, checkpoint_dir, options, use_dist, group);
+}
+
+std::future<Metadata> async_save(const StateDict& state_dict, const std::string& checkpoint_dir,
+                                 const SaveOptions& options) {
+  const bool use_dist = resolve_use_dist(options.no_dist, options.process_group);
+  comm::GroupPtr group = resolve_group(use_dist, options.process_group);
+  std::vector<LocalItem> staged;
+  std::exception_ptr stage_error;
+  try {
+    staged = stage(collect_local_items(state_dict));
+  } catch (...) {
+    stage_error = std::current_exception();
+  }
+  return std::async(std::launch::async,
+                    [staged = std::move(staged), stage_error, checkpoint_dir, options, use_dist, group]() {
+                      return save_items(staged, stage_error, checkpoint_dir, options, use_dist, group);
+                    });
+}
+
+LoadResult load(StateDict& state_dict, const std::string& checkpoint_dir, const LoadOptions& options) {
+  const bool use_dist = resolve_use_dist(options.no_dist, options.process_group);
+  comm::GroupPtr group = resolve_group(use_dist, options.process_group);
+  DistWrapper dist(group, use_dist, options.coordinator_rank);
+  Metadata m = dist.broadcast("read metadata", [&] { return read_metadata(checkpoint_dir); });
+  return dist.all_reduce(
+      "read", [&] { return load_local(state_dict, m, checkpoint_dir, options); },
+      [&](std::vector<LoadResult> all) {
+        return LoadResult{merged(all, /*missing=*/true), merged(all, /*missing=*/false)};
+      });
+}
+
+}  // namespace checkpoint
+}  // namespace dtensor

@@ -1,0 +1,92 @@
+// dtensor/checkpoint/save_load.h
+//
+// Distributed checkpoint save and load (torch.distributed.checkpoint.save / load, DESIGN.md
+// D10). Collective: every rank of the group calls them with its own state dict.
+//
+//   StateDict sd{{"w", w_dtensor}, {"b", bias}, {"step", c10::IValue(int64_t(10))}};
+//   dtensor::checkpoint::save(sd, "/ckpt/step10");                  // every rank
+//   ...
+//   StateDict dest{{"w", other_layout_dtensor}, {"b", at::empty({16})}, {"step", c10::IValue()}};
+//   dtensor::checkpoint::load(dest, "/ckpt/step10");                // filled in place
+//
+// A state dict maps names to plain tensors (the same on every rank; one copy is written),
+// DTensors (any mesh and placements, uneven shards; Partial placements are reduced first),
+// ShardedTensors, and other values (c10::IValue: numbers, strings, bytes as strings, lists,
+// nested dicts). Load reads each destination shard from the saved chunks that overlap it,
+// whatever layout, mesh or world size saved them (resharding), and reads only the checksum
+// blocks that hold those bytes.
+//
+// Save: each rank plans its chunks, the coordinator merges the plans (one writer per
+// replicated chunk, the least-loaded rank) and validates them (in bounds, no overlap, every
+// element covered), each rank writes its file `__<rank>_<save_id>.distcp`, and when every
+// rank has finished the coordinator writes `.metadata` (to a temporary name, then renamed: the
+// commit) and removes the files of older saves. A save that fails or dies before the commit
+// leaves the previous checkpoint of the directory loadable.
+//
+// Errors: a failure on any rank (cannot write, missing or truncated file, checksum mismatch,
+// unknown or missing key, shape or dtype mismatch, inconsistent plans) raises one
+// CheckpointException on EVERY rank, naming each failing rank and its error (with the keys and
+// files concerned); no rank waits for another that failed.
+#pragma once
+
+#include "dtensor/checkpoint/api.h"
+#include "dtensor/checkpoint/planner.h"
+#include "dtensor/checkpoint/utils.h"
+#include "dtensor/comm/group.h"
+
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dtensor {
+namespace checkpoint {
+
+struct SaveOptions {
+  // The group the ranks save over; nullptr: the default group. Without a process group
+  // initialised (or with no_dist) the save is a single process's.
+  comm::GroupPtr process_group = nullptr;
+  bool no_dist = false;
+  int coordinator_rank = 0;
+  // fsync data files, the metadata file and the directory before the commit counts as done.
+  bool sync_files = true;
+  int64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
+  // Called on the writing rank after each chunk or object is written (progress reporting).
+  std::function<void(const std::string& fqn, int64_t bytes)> on_item_written;
+};
+
+struct LoadOptions {
+  comm::GroupPtr process_group = nullptr;
+  bool no_dist = false;
+  int coordinator_rank = 0;
+  // Keys of the state dict the checkpoint lacks (missing) and keys of the checkpoint the state
+  // dict lacks (unexpected) are errors; with false they are reported in LoadResult and skipped.
+  bool strict = true;
+};
+
+struct LoadResult {
+  std::vector<std::string> missing_keys;     // in the state dict, not in the checkpoint (any rank)
+  std::vector<std::string> unexpected_keys;  // in the checkpoint, not in the state dict (any rank)
+};
+
+// Collective. Returns the metadata written (on every rank).
+Metadata save(const StateDict& state_dict, const std::string& checkpoint_dir, const SaveOptions& options = {});
+
+// Collective. Fills `state_dict` in place: tensors are copied into (DTensors: into their local
+// shards), objects are replaced by the saved values.
+LoadResult load(StateDict& state_dict, const std::string& checkpoint_dir, const LoadOptions& options = {});
+
+// Not collective: the parsed `.metadata` of a checkpoint directory (throws naming the path).
+Metadata read_metadata(const std::string& checkpoint_dir);
+
+// Collective (like save). Copies this rank's share of the state to CPU staging buffers (a
+// Partial DTensor is reduced first), then writes it on a background thread: the caller may
+// change its tensors as soon as this returns. The future gives save's result or rethrows its
+// CheckpointException. The background save uses the group's collectives: make no other
+// collective on that group until the future is ready (or pass a dedicated process_group).
+std::future<Metadata> async_save(const StateDict& state_dict, const std::string& checkpoint_dir,
+                                 const SaveOptions& options = {});
+
+}  // namespace checkpoint
+}  // namespace dtensor
