@@ -8,10 +8,13 @@
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/utils/containers.h"
 
+#include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
+
+#include <functional>
 
 #include <algorithm>
 #include <map>
@@ -247,6 +250,84 @@ void shard_parameter(torch::nn::Module& module, const std::string& param_name, c
                      int src_rank, comm::GroupPtr process_group) {
   if (!process_group) process_group = comm::default_group();
   shard_parameter_impl(module, param_name, sharding_spec, src_rank, process_group, nullptr);
+}
+
+namespace {
+
+// The shards `spec` places on this rank, each made by `make(sizes, options)`.
+ShardedTensor make_sharded(const ShardingSpec& spec, std::vector<int64_t> size, at::TensorOptions options,
+                           comm::GroupPtr group, const char* what,
+                           const std::function<at::Tensor(c10::IntArrayRef, const at::TensorOptions&)>& make) {
+  if (!group) group = comm::default_group();
+  for (int64_t s : size)
+    TORCH_CHECK(s >= 0, "sharded::", what, ": negative size in ", c10::IntArrayRef(size));
+  const bool requires_grad = options.requires_grad();
+  const at::TensorOptions local_options = options.requires_grad(c10::nullopt);
+  TensorProperties props;
+  props.dtype = c10::typeMetaToScalarType(local_options.dtype());
+  props.requires_grad = requires_grad;
+  ShardedTensorMetadata meta = spec.build_metadata(size, props);
+  placement_group_ranks(meta.shards_metadata, *group);  // every placement is a rank of the group
+  const int me = group->global_ranks()[static_cast<size_t>(group->rank())];
+  std::vector<Shard> local;
+  for (const auto& m : meta.shards_metadata) {
+    if (m.placement()->rank() != me) continue;
+    at::Tensor t = make(m.shard_sizes(), local_options.device(m.placement()->device()));
+    if (requires_grad) t.requires_grad_(true);
+    local.emplace_back(t, m);
+  }
+  return ShardedTensor::init_from_local_shards_and_global_metadata(std::move(local), std::move(meta), group,
+                                                                   spec.clone());
+}
+
+at::TensorOptions options_of(const ShardedTensor& like) {
+  return at::TensorOptions().dtype(like.dtype()).requires_grad(like.metadata().tensor_properties.requires_grad);
+}
+
+}  // namespace
+
+ShardedTensor empty(const ShardingSpec& spec, std::vector<int64_t> size, at::TensorOptions options, comm::GroupPtr group) {
+  return make_sharded(spec, std::move(size), options, std::move(group), "empty",
+                      [](c10::IntArrayRef s, const at::TensorOptions& o) { return at::empty(s, o); });
+}
+ShardedTensor zeros(const ShardingSpec& spec, std::vector<int64_t> size, at::TensorOptions options, comm::GroupPtr group) {
+  return make_sharded(spec, std::move(size), options, std::move(group), "zeros",
+                      [](c10::IntArrayRef s, const at::TensorOptions& o) { return at::zeros(s, o); });
+}
+ShardedTensor ones(const ShardingSpec& spec, std::vector<int64_t> size, at::TensorOptions options, comm::GroupPtr group) {
+  return make_sharded(spec, std::move(size), options, std::move(group), "ones",
+                      [](c10::IntArrayRef s, const at::TensorOptions& o) { return at::ones(s, o); });
+}
+ShardedTensor full(const ShardingSpec& spec, std::vector<int64_t> size, const at::Scalar& fill_value,
+                   at::TensorOptions options, comm::GroupPtr group) {
+  return make_sharded(spec, std::move(size), options, std::move(group), "full",
+                      [&](c10::IntArrayRef s, const at::TensorOptions& o) { return at::full(s, fill_value, o); });
+}
+ShardedTensor rand(const ShardingSpec& spec, std::vector<int64_t> size, at::TensorOptions options, comm::GroupPtr group) {
+  return make_sharded(spec, std::move(size), options, std::move(group), "rand",
+                      [](c10::IntArrayRef s, const at::TensorOptions& o) { return at::rand(s, o); });
+}
+ShardedTensor randn(const ShardingSpec& spec, std::vector<int64_t> size, at::TensorOptions options, comm::GroupPtr group) {
+  return make_sharded(spec, std::move(size), options, std::move(group), "randn",
+                      [](c10::IntArrayRef s, const at::TensorOptions& o) { return at::randn(s, o); });
+}
+ShardedTensor empty_like(const ShardedTensor& l) {
+  return empty(*l.sharding_spec(), l.size(), options_of(l), l.process_group());
+}
+ShardedTensor zeros_like(const ShardedTensor& l) {
+  return zeros(*l.sharding_spec(), l.size(), options_of(l), l.process_group());
+}
+ShardedTensor ones_like(const ShardedTensor& l) {
+  return ones(*l.sharding_spec(), l.size(), options_of(l), l.process_group());
+}
+ShardedTensor full_like(const ShardedTensor& l, const at::Scalar& v) {
+  return full(*l.sharding_spec(), l.size(), v, options_of(l), l.process_group());
+}
+ShardedTensor rand_like(const ShardedTensor& l) {
+  return rand(*l.sharding_spec(), l.size(), options_of(l), l.process_group());
+}
+ShardedTensor randn_like(const ShardedTensor& l) {
+  return randn(*l.sharding_spec(), l.size(), options_of(l), l.process_group());
 }
 
 nn::RemovableHandle reshard_output(torch::nn::Module& module, std::shared_ptr<const ShardingSpec> resharding_spec) {

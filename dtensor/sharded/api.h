@@ -22,12 +22,45 @@
 #include "dtensor/sharded/sharding_spec.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Scalar.h>
+#include <c10/core/TensorOptions.h>
 
 #include <memory>
 #include <string>
 
 namespace dtensor {
 namespace sharded {
+
+// ---- Factories (torch.distributed._shard.sharded_tensor.empty / ones / zeros / full / rand /
+// randn and their *_like forms) ----------------------------------------------------------------
+//
+// A ShardedTensor of global size `size` laid out by `sharding_spec`: each rank creates only the
+// shards the spec places on it (its global rank in `process_group`, default: the default
+// group), so nothing is communicated. `options` gives the dtype and requires_grad (the shards
+// are then leaves that require grad). rand / randn draw each shard from this rank's generator
+// (the values depend on the rank, as in PyTorch). Every rank must pass the same arguments.
+//
+//   ChunkShardingSpec spec(0, {"rank:0/cpu", "rank:1/cpu", "rank:2/cpu", "rank:3/cpu"});
+//   ShardedTensor st = dtensor::sharded::ones(spec, {10, 4});   // rows 3,3,3,1
+ShardedTensor empty(const ShardingSpec& sharding_spec, std::vector<int64_t> size, at::TensorOptions options = {},
+                    comm::GroupPtr process_group = nullptr);
+ShardedTensor zeros(const ShardingSpec& sharding_spec, std::vector<int64_t> size, at::TensorOptions options = {},
+                    comm::GroupPtr process_group = nullptr);
+ShardedTensor ones(const ShardingSpec& sharding_spec, std::vector<int64_t> size, at::TensorOptions options = {},
+                   comm::GroupPtr process_group = nullptr);
+ShardedTensor full(const ShardingSpec& sharding_spec, std::vector<int64_t> size, const at::Scalar& fill_value,
+                   at::TensorOptions options = {}, comm::GroupPtr process_group = nullptr);
+ShardedTensor rand(const ShardingSpec& sharding_spec, std::vector<int64_t> size, at::TensorOptions options = {},
+                   comm::GroupPtr process_group = nullptr);
+ShardedTensor randn(const ShardingSpec& sharding_spec, std::vector<int64_t> size, at::TensorOptions options = {},
+                    comm::GroupPtr process_group = nullptr);
+// The same size, spec, dtype, requires_grad and group as `like`.
+ShardedTensor empty_like(const ShardedTensor& like);
+ShardedTensor zeros_like(const ShardedTensor& like);
+ShardedTensor ones_like(const ShardedTensor& like);
+ShardedTensor full_like(const ShardedTensor& like, const at::Scalar& fill_value);
+ShardedTensor rand_like(const ShardedTensor& like);
+ShardedTensor randn_like(const ShardedTensor& like);
 
 // Collective over `group` (nullptr: the default group). Shards `tensor` as `sharding_spec`
 // says, with the values of group rank `src_rank`. Before any data moves, one object all_gather

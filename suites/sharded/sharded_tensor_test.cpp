@@ -513,5 +513,40 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, LoadWithProcessGroupSetsTheLoadin
                "load_with_process_group: the process group is null");
 }
 
+// ---- Factories (test_sharded_tensor.py test_create_sharded_tensor_with_ones / _zeros / _full /
+// _rand, test_sharded_tensor_like) --------------------------------------------------------------
+
+DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, FactoriesCreateOnlyTheLocalShards) {
+  const int r = t.rank();
+  ChunkShardingSpec spec(0, cpu_ranks({0, 1, 2, 3}));
+  const int64_t h = 10, w = 20;
+  const int64_t expected_h = r == 3 ? 1 : 3;  // ceil(10 / 4) rows, the last rank the rest
+  ShardedTensor st = sharded::ones(spec, {h, w});
+  ASSERT_EQ(st.local_shards().size(), 1u);
+  EXPECT_EQ(st.size(), (std::vector<int64_t>{h, w}));
+  EXPECT_TRUE(at::equal(st.local_tensor(), at::ones({expected_h, w})));
+  EXPECT_TRUE(at::equal(sharded::zeros(spec, {h, w}).local_tensor(), at::zeros({expected_h, w})));
+  ShardedTensor f = sharded::full(spec, {h, w}, 2.5, at::TensorOptions().dtype(at::kDouble));
+  EXPECT_EQ(f.dtype(), at::kDouble);
+  EXPECT_TRUE(at::equal(f.local_tensor(), at::full({expected_h, w}, 2.5, at::kDouble)));
+  EXPECT_EQ(sharded::empty(spec, {h, w}).local_tensor().sizes(), (c10::IntArrayRef{expected_h, w}));
+  at::Tensor u = sharded::rand(spec, {h, w}).local_tensor();
+  EXPECT_EQ(u.sizes(), (c10::IntArrayRef{expected_h, w}));
+  EXPECT_TRUE(u.ge(0).all().item<bool>() && u.lt(1).all().item<bool>());
+  EXPECT_EQ(sharded::randn(spec, {h, w}).local_tensor().sizes(), (c10::IntArrayRef{expected_h, w}));
+  // requires_grad and *_like keep size, spec, dtype and requires_grad.
+  ShardedTensor g = sharded::zeros(spec, {h, w}, at::TensorOptions().requires_grad(true));
+  EXPECT_TRUE(g.local_tensor().requires_grad());
+  ShardedTensor like = sharded::full_like(g, 7);
+  EXPECT_EQ(*like.sharding_spec(), spec);
+  EXPECT_TRUE(like.local_tensor().requires_grad());
+  EXPECT_TRUE(at::equal(like.local_tensor().detach(), at::full({expected_h, w}, 7.0f)));
+  EXPECT_TRUE(at::equal(sharded::ones_like(f).local_tensor(), at::ones({expected_h, w}, at::kDouble)));
+  EXPECT_EQ(sharded::rand_like(f).local_tensor().scalar_type(), at::kDouble);
+  // A spec placing shards on a rank outside the group names it.
+  ChunkShardingSpec bad(0, cpu_ranks({0, 1, 2, 5}));
+  EXPECT_PRED2(contains, error_of([&] { sharded::zeros(bad, {h, w}); }), "Global rank 5 does not exist");
+}
+
 }  // namespace
 }  // namespace dtensor
