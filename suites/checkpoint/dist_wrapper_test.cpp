@@ -4,6 +4,7 @@
 #include "dtensor/checkpoint/checkpoint.h"
 #include "dtensor/comm/comm.h"
 #include "harness/harness.h"
+#include "suites/testing/checkpoint_errors.h"
 #include "suites/testing/counting_group.h"
 #include "suites/testing/errors.h"
 #include "suites/testing/rank_modes.h"
@@ -22,25 +23,8 @@ using checkpoint::DistWrapper;
 using testing::contains;
 using testing::error_of;
 
-// The CheckpointException `f` throws; fails the test when it throws nothing or something else.
-std::optional<CheckpointException> checkpoint_error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const CheckpointException& e) {
-    return e;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected a CheckpointException, got: " << e.what();
-    return std::nullopt;
-  }
-  ADD_FAILURE() << "expected a CheckpointException, nothing was thrown";
-  return std::nullopt;
-}
-
-std::vector<int> failing_ranks(const CheckpointException& e) {
-  std::vector<int> ranks;
-  for (const auto& kv : e.failures()) ranks.push_back(kv.first);
-  return ranks;
-}
+using testing::checkpoint_error_of;
+using testing::failing_ranks;
 
 // ---- without a group (use_dist = false) ----------------------------------------------------------
 

@@ -8,6 +8,7 @@
 #include "dtensor/sharded/sharded.h"
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
+#include "suites/testing/checkpoint_errors.h"
 #include "suites/testing/child_process.h"
 #include "suites/testing/errors.h"
 #include "suites/testing/rank_modes.h"
@@ -50,25 +51,8 @@ class SharedDir {
   std::string path_;
 };
 
-// The CheckpointException `f` throws; fails the test when it throws nothing or something else.
-std::optional<CheckpointException> checkpoint_error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const CheckpointException& e) {
-    return e;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected a CheckpointException, got: " << e.what();
-    return std::nullopt;
-  }
-  ADD_FAILURE() << "expected a CheckpointException, nothing was thrown";
-  return std::nullopt;
-}
-
-std::vector<int> failing_ranks(const CheckpointException& e) {
-  std::vector<int> ranks;
-  for (const auto& kv : e.failures()) ranks.push_back(kv.first);
-  return ranks;
-}
+using testing::checkpoint_error_of;
+using testing::failing_ranks;
 
 std::vector<RemoteDevice> cpu_ranks(int n) {
   std::vector<RemoteDevice> out;
