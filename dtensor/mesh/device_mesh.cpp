@@ -9,12 +9,27 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <sstream>
 #include <utility>
 
 namespace dtensor {
+
+namespace {
+// Flattened dims registered on a root mesh (DeviceMesh::_flatten). Entries hold the flattened
+// mesh's state without a parent (the root owns the registry: a parent pointer would be a cycle).
+struct FlatRegistry {
+  struct Entry {
+    std::vector<int64_t> root_dims;
+    std::shared_ptr<const DeviceMesh::State> mesh;  // nullptr on a rank outside the root mesh
+  };
+  std::mutex mu;
+  std::map<std::string, Entry> entries;
+};
+}  // namespace
 
 struct DeviceMesh::State {
   std::string device_type;
@@ -28,6 +43,8 @@ struct DeviceMesh::State {
   std::vector<int64_t> parent_dims;
   std::string repr;  // to_string(), also the canonical key for hashing and equality
   std::size_t hash = 0;
+  // Root meshes only (built by the constructor): the dims flattened from this mesh.
+  std::shared_ptr<FlatRegistry> flat;
 };
 
 namespace {
@@ -84,17 +101,36 @@ void finish_identity(DeviceMesh::State& s) {
   s.hash = std::hash<std::string>{}(s.repr);
 }
 
-// Fails on every rank when the ranks' fingerprints differ (see the constructor's step 2).
-void check_same_mesh_on_every_rank(comm::Group& world, const std::string& repr,
-                                   std::size_t hash) {
+// True on every rank when every rank passed the same fingerprint (one all_reduce).
+bool same_on_every_rank(comm::Group& world, std::size_t hash) {
   // 62 bits, so that negating never overflows.
   const int64_t fp = static_cast<int64_t>(hash & ((uint64_t{1} << 62) - 1));
   at::Tensor t = at::tensor({fp, -fp}, at::kLong);
   world.all_reduce(t, comm::ReduceOp::MAX);  // {max fp, -min fp}
-  const bool same = t[0].item<int64_t>() == fp && t[1].item<int64_t>() == -fp;
-  TORCH_CHECK(same, repr, " on ", world.describe(),
+  return t[0].item<int64_t>() == fp && t[1].item<int64_t>() == -fp;
+}
+
+// Fails on every rank when the ranks' fingerprints differ (see the constructor's step 2).
+void check_same_mesh_on_every_rank(comm::Group& world, const std::string& repr,
+                                   std::size_t hash) {
+  TORCH_CHECK(same_on_every_rank(world, hash), repr, " on ", world.describe(),
               ": the ranks passed different meshes to the DeviceMesh constructor; every rank "
               "must pass the same device_type, rank tensor and mesh_dim_names");
+}
+
+// Position of `rank` in a row-major rank tensor, as a coordinate; nullopt if absent.
+std::optional<std::vector<int64_t>> coordinate_of(const at::Tensor& mesh, int64_t rank) {
+  const int64_t* p = mesh.data_ptr<int64_t>();
+  const int64_t n = mesh.numel();
+  const int64_t pos = std::find(p, p + n, rank) - p;
+  if (pos == n) return std::nullopt;
+  std::vector<int64_t> coord(static_cast<size_t>(mesh.dim()));
+  int64_t rest = pos;
+  for (int64_t d = mesh.dim() - 1; d >= 0; --d) {
+    coord[d] = rest % mesh.size(d);
+    rest /= mesh.size(d);
+  }
+  return coord;
 }
 
 }  // namespace
@@ -128,9 +164,9 @@ DeviceMesh::DeviceMesh(std::string device_type, const at::Tensor& mesh,
 
   const int64_t n = s.mesh.numel();
   const int world_size = world->size();
-  TORCH_CHECK(n == world_size, s.repr, ": the mesh size (", n, ") does not match the world size (",
-              world_size, ", ", world->describe(), "); a mesh must hold every rank of the "
-              "world exactly once: use ", world_size, " ranks, e.g. init_device_mesh(\"",
+  TORCH_CHECK(n <= world_size, s.repr, ": the mesh has ", n, " ranks, more than the world (",
+              world_size, ", ", world->describe(), "); a mesh holds each rank of the world at "
+              "most once: use at most ", world_size, " ranks, e.g. init_device_mesh(\"",
               s.device_type, "\", {", world_size, "})");
   const int64_t* ranks = s.mesh.data_ptr<int64_t>();
   std::vector<bool> seen(static_cast<size_t>(world_size), false);
@@ -140,7 +176,7 @@ DeviceMesh::DeviceMesh(std::string device_type, const at::Tensor& mesh,
                 " is out of range for a world of size ", world_size, " (valid ranks: 0..",
                 world_size - 1, ")");
     TORCH_CHECK(!seen[r], s.repr, ": rank ", r,
-                " appears more than once; every world rank must appear exactly once");
+                " appears more than once; every world rank may appear at most once");
     seen[r] = true;
   }
   if (!s.names.empty()) {
@@ -158,16 +194,8 @@ DeviceMesh::DeviceMesh(std::string device_type, const at::Tensor& mesh,
 
   // This rank's coordinate: unravel its position in the row-major rank array.
   const int me = world->rank();
-  const int64_t pos = std::find(ranks, ranks + n, me) - ranks;
-  if (pos < n) {
-    std::vector<int64_t> coord(static_cast<size_t>(s.mesh.dim()));
-    int64_t rest = pos;
-    for (int64_t d = s.mesh.dim() - 1; d >= 0; --d) {
-      coord[d] = rest % s.mesh.size(d);
-      rest /= s.mesh.size(d);
-    }
-    s.coordinate = std::move(coord);
-  }
+  s.coordinate = coordinate_of(s.mesh, me);
+  s.flat = std::make_shared<FlatRegistry>();
 
   // Step 3: one group per 1-D slice of every dim, created in the same order on every rank.
   s.dim_groups.resize(static_cast<size_t>(s.mesh.dim()));
@@ -223,6 +251,12 @@ int64_t DeviceMesh::get_mesh_dim(const std::string& mesh_dim_name) const {
   return it - names.begin();
 }
 
+int64_t DeviceMesh::get_local_rank() const {
+  TORCH_CHECK(ndim() == 1, "get_local_rank() on ", state_->repr, ": the mesh has ", ndim(),
+              " dims; pass the mesh dim (index or name) when the mesh is not 1-D");
+  return get_local_rank(0);
+}
+
 int64_t DeviceMesh::get_local_rank(int64_t dim) const {
   const int64_t d = checked_dim(dim, "get_local_rank");
   TORCH_CHECK(state_->coordinate.has_value(), "get_local_rank: rank ", get_rank(),
@@ -231,7 +265,16 @@ int64_t DeviceMesh::get_local_rank(int64_t dim) const {
 }
 
 int64_t DeviceMesh::get_local_rank(const std::string& mesh_dim_name) const {
+  const auto& names = state_->names;
+  if (std::find(names.begin(), names.end(), mesh_dim_name) == names.end())
+    if (auto flat = find_flattened(mesh_dim_name)) return DeviceMesh(flat).get_local_rank(0);
   return get_local_rank(get_mesh_dim(mesh_dim_name));
+}
+
+comm::GroupPtr DeviceMesh::get_group() const {
+  TORCH_CHECK(ndim() == 1, "get_group() on ", state_->repr, ": the mesh has ", ndim(),
+              " dims; pass the mesh dim (index or name), or use get_all_groups()");
+  return get_group(0);
 }
 
 comm::GroupPtr DeviceMesh::get_group(int64_t dim) const {
@@ -242,6 +285,9 @@ comm::GroupPtr DeviceMesh::get_group(int64_t dim) const {
 }
 
 comm::GroupPtr DeviceMesh::get_group(const std::string& mesh_dim_name) const {
+  const auto& names = state_->names;
+  if (std::find(names.begin(), names.end(), mesh_dim_name) == names.end())
+    if (auto flat = find_flattened(mesh_dim_name)) return DeviceMesh(flat).get_group(0);
   return get_group(get_mesh_dim(mesh_dim_name));
 }
 
@@ -257,21 +303,55 @@ DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& mesh_dim_names
   return slice(mesh_dim_names);
 }
 
+std::shared_ptr<const DeviceMesh::State> DeviceMesh::find_flattened(const std::string& name) const {
+  const State* root = state_.get();
+  while (root->parent) root = root->parent.get();
+  if (!root->flat) return nullptr;
+  std::lock_guard<std::mutex> lk(root->flat->mu);
+  auto it = root->flat->entries.find(name);
+  if (it == root->flat->entries.end() || !it->second.mesh) return nullptr;
+  return it->second.mesh;
+}
+
 DeviceMesh DeviceMesh::slice(const std::vector<std::string>& names) const {
   const State& p = *state_;
   TORCH_CHECK(!names.empty(), "slicing ", p.repr, ": no dim names given; name at least one of ",
               p.names.empty() ? std::string("its dims (it has no names)") : tuple_of_names(p.names));
-  std::vector<int64_t> dims;
+  // Each name stands for one dim of this mesh, or (on a root mesh) for the dims of a
+  // flattened dim registered on it.
+  std::vector<std::vector<int64_t>> groups_of_dims;
+  std::vector<comm::GroupPtr> flat_groups;  // per name: the flattened group, or null
+  std::vector<bool> used(static_cast<size_t>(ndim()), false);
+  int64_t last = -1;
   for (const auto& name : names) {
-    const int64_t d = get_mesh_dim(name);
-    TORCH_CHECK(std::find(dims.begin(), dims.end(), d) == dims.end(), "slicing ", p.repr,
-                " by ", tuple_of_names(names), ": '", name, "' is named more than once");
-    TORCH_CHECK(dims.empty() || d > dims.back(), "slicing ", p.repr, " by ",
-                tuple_of_names(names), ": names must follow the mesh's dim order ",
-                tuple_of_names(p.names), "; pass them in that order");
-    dims.push_back(d);
+    std::vector<int64_t> dims;
+    comm::GroupPtr flat_group;
+    const bool own = std::find(p.names.begin(), p.names.end(), name) != p.names.end();
+    std::shared_ptr<FlatRegistry> reg = p.parent ? nullptr : p.flat;
+    bool found_flat = false;
+    if (!own && reg) {
+      std::lock_guard<std::mutex> lk(reg->mu);
+      auto it = reg->entries.find(name);
+      if (it != reg->entries.end()) {
+        found_flat = true;
+        dims = it->second.root_dims;
+        if (it->second.mesh) flat_group = it->second.mesh->dim_groups[0];
+      }
+    }
+    if (!found_flat) dims = {get_mesh_dim(name)};  // throws naming the known dims
+    for (int64_t d : dims) {
+      TORCH_CHECK(!used[d], "slicing ", p.repr, " by ", tuple_of_names(names), ": '", name,
+                  "' is named more than once", dims.size() > 1 ? " (or overlaps another flattened dim)" : "");
+      used[d] = true;
+    }
+    TORCH_CHECK(dims.back() > last, "slicing ", p.repr, " by ", tuple_of_names(names),
+                ": names must follow the mesh's dim order ", tuple_of_names(p.names),
+                " (a flattened dim sits at its last dim); pass them in that order");
+    last = dims.back();
+    groups_of_dims.push_back(std::move(dims));
+    flat_groups.push_back(std::move(flat_group));
   }
-  if (static_cast<int64_t>(dims.size()) == ndim()) return *this;
+  if (static_cast<int64_t>(names.size()) == ndim() && names == p.names) return *this;
   TORCH_CHECK(p.coordinate.has_value(), "slicing ", p.repr, ": rank ", get_rank(),
               " is not in the mesh, so it has no slice");
 
@@ -279,22 +359,119 @@ DeviceMesh DeviceMesh::slice(const std::vector<std::string>& names) const {
   sub->device_type = p.device_type;
   sub->world = p.world;
   sub->parent = state_;
-  sub->parent_dims = dims;
   // Fix every dim that is not kept at this rank's coordinate (last first, so indices of
-  // earlier dims stay valid).
+  // earlier dims stay valid); the kept dims stay in mesh order.
   at::Tensor t = p.mesh;
   for (int64_t d = ndim() - 1; d >= 0; --d)
-    if (std::find(dims.begin(), dims.end(), d) == dims.end()) t = t.select(d, (*p.coordinate)[d]);
-  sub->mesh = t.contiguous().clone();
-  std::vector<int64_t> coord;
-  for (int64_t d : dims) {
-    sub->names.push_back(p.names[d]);
-    sub->dim_groups.push_back(p.dim_groups[d]);
-    coord.push_back((*p.coordinate)[d]);
+    if (!used[d]) t = t.select(d, (*p.coordinate)[d]);
+  std::vector<int64_t> kept;  // mesh dims still in t, in order
+  for (int64_t d = 0; d < ndim(); ++d)
+    if (used[d]) kept.push_back(d);
+  std::vector<int64_t> perm, sizes, coord;
+  for (size_t k = 0; k < names.size(); ++k) {
+    const auto& dims = groups_of_dims[k];
+    int64_t size = 1, c = 0;
+    for (int64_t d : dims) {
+      perm.push_back(std::find(kept.begin(), kept.end(), d) - kept.begin());
+      c = c * p.mesh.size(d) + (*p.coordinate)[d];
+      size *= p.mesh.size(d);
+    }
+    sizes.push_back(size);
+    coord.push_back(c);
+    sub->names.push_back(names[k]);
+    sub->parent_dims.push_back(dims.size() == 1 ? dims[0] : -1);
+    sub->dim_groups.push_back(dims.size() == 1 ? p.dim_groups[dims[0]] : flat_groups[k]);
   }
+  sub->mesh = t.permute(perm).reshape(sizes).contiguous().clone();
   sub->coordinate = std::move(coord);
   finish_identity(*sub);
   return DeviceMesh(std::move(sub));
+}
+
+DeviceMesh DeviceMesh::get_root_mesh() const {
+  std::shared_ptr<const State> s = state_;
+  while (s->parent) s = s->parent;
+  return DeviceMesh(std::move(s));
+}
+
+DeviceMesh DeviceMesh::_flatten(const std::string& mesh_dim_name) const {
+  const State& me = *state_;
+  TORCH_CHECK(!me.names.empty(), "_flatten on ", me.repr,
+              ": Cannot flatten a DeviceMesh without mesh_dim_names; build it with names");
+  std::string name = mesh_dim_name;
+  if (name.empty())
+    for (size_t i = 0; i < me.names.size(); ++i) name += (i ? "_" : "") + me.names[i];
+  // A 1-D mesh flattened into its own name is itself.
+  if (ndim() == 1 && me.names[0] == name) return *this;
+  std::shared_ptr<const State> root = state_;
+  while (root->parent) root = root->parent;
+  const std::string call = "_flatten('" + name + "') on " + me.repr;
+  TORCH_CHECK(root->flat && !root->names.empty(), call, ": this mesh was not sliced from a named root mesh");
+  std::vector<int64_t> dims;
+  for (const auto& n : me.names) {
+    auto it = std::find(root->names.begin(), root->names.end(), n);
+    TORCH_CHECK(it != root->names.end(), call, ": '", n, "' is not a dim of the root mesh ", root->repr,
+                "; only dims of the root mesh can be flattened");
+    dims.push_back(it - root->names.begin());
+  }
+  TORCH_CHECK(std::find(root->names.begin(), root->names.end(), name) == root->names.end(), call, ": '", name,
+              "' already exists as a dim of the root mesh ", root->repr,
+              "; specify another mesh_dim_name for the flattened mesh");
+  FlatRegistry& reg = *root->flat;
+  auto with_parent = [&](const std::shared_ptr<const State>& flat) {
+    TORCH_CHECK(flat, call, ": rank ", root->world->rank(), " is not in the root mesh ", root->repr,
+                ", so it has no flattened mesh");
+    auto copy = std::make_shared<State>(*flat);
+    copy->parent = root;
+    return DeviceMesh(std::move(copy));
+  };
+  {
+    std::lock_guard<std::mutex> lk(reg.mu);
+    auto it = reg.entries.find(name);
+    if (it != reg.entries.end()) {
+      TORCH_CHECK(it->second.root_dims == dims, call, ": a flattened mesh named '", name,
+                  "' was created before from other dims of ", root->repr,
+                  "; specify another mesh_dim_name");
+      return with_parent(it->second.mesh);
+    }
+  }
+  // Collective from here: agree on (root, dims, name) first, so that a mismatch throws on
+  // every rank instead of hanging in the group creation below.
+  std::ostringstream key;
+  key << root->repr << "|" << name;
+  for (int64_t d : dims) key << "," << d;
+  TORCH_CHECK(same_on_every_rank(*root->world, std::hash<std::string>{}(key.str())), call, " on ",
+              root->world->describe(), ": the ranks flattened different dims or names; every rank of the "
+              "world must call _flatten with the same dims of the same root mesh and the same name");
+  std::vector<int64_t> rest;
+  for (int64_t d = 0; d < root->mesh.dim(); ++d)
+    if (std::find(dims.begin(), dims.end(), d) == dims.end()) rest.push_back(d);
+  std::vector<int64_t> perm = rest;
+  perm.insert(perm.end(), dims.begin(), dims.end());
+  int64_t flat_size = 1;
+  for (int64_t d : dims) flat_size *= root->mesh.size(d);
+  at::Tensor rows = root->mesh.permute(perm).reshape({-1, flat_size}).contiguous();
+  std::shared_ptr<State> flat;
+  const int my_rank = root->world->rank();
+  for (int64_t r = 0; r < rows.size(0); ++r) {
+    at::Tensor row = rows[r].clone();
+    const int64_t* p = row.data_ptr<int64_t>();
+    comm::GroupPtr g = root->world->new_subgroup(std::vector<int>(p, p + flat_size));
+    if (!g) continue;
+    flat = std::make_shared<State>();
+    flat->device_type = root->device_type;
+    flat->mesh = row;
+    flat->names = {name};
+    flat->world = root->world;
+    flat->dim_groups = {std::move(g)};
+    flat->coordinate = coordinate_of(row, my_rank);
+    finish_identity(*flat);
+  }
+  {
+    std::lock_guard<std::mutex> lk(reg.mu);
+    reg.entries[name] = FlatRegistry::Entry{dims, flat};
+  }
+  return with_parent(flat);
 }
 
 std::optional<DeviceMesh> DeviceMesh::get_parent_mesh() const {
@@ -327,9 +504,9 @@ DeviceMesh init_device_mesh(const std::string& device_type, std::vector<int64_t>
     TORCH_CHECK(s > 0, call, ": every dim of mesh_shape needs at least one rank");
   const int64_t n = std::accumulate(mesh_shape.begin(), mesh_shape.end(), int64_t{1},
                                     std::multiplies<int64_t>());
-  TORCH_CHECK(n == world->size(), call, ": the mesh size (", n,
-              ") does not match the world size (", world->size(), ", ", world->describe(),
-              "); the product of mesh_shape must equal the world size");
+  TORCH_CHECK(n <= world->size(), call, ": the mesh size (", n,
+              ") is larger than the world size (", world->size(), ", ", world->describe(),
+              "); the product of mesh_shape must be at most the world size");
   return DeviceMesh(device_type, at::arange(n, at::kLong).reshape(mesh_shape),
                     std::move(mesh_dim_names), std::move(world));
 }

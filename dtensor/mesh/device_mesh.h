@@ -10,8 +10,11 @@
 //   dtensor::DeviceMesh tp = mesh["tp"];   // 1-D sub-mesh, no new collectives
 //
 // Ranks in the mesh are ranks of the `world` group (its group ranks, which are the global
-// ranks when `world` is the default group). The mesh must cover the world exactly: every
-// rank of `world` appears once.
+// ranks when `world` is the default group). The mesh may hold a SUBSET of the world (as in
+// PyTorch, `DeviceMesh("cpu", {0, 2})` on 4 ranks): every rank of `world` still builds it
+// (construction is collective over `world`), but a rank outside it holds nothing:
+// get_coordinate() is nullopt, it has no dim groups, and DTensors on the mesh have empty
+// local tensors there (no communication, no computation on that rank).
 //
 // Group ranks follow the mesh: the group of dim d is created from the ranks of this rank's
 // slice along d in mesh order, so `get_group(d)->rank() == get_local_rank(d) ==
@@ -44,8 +47,8 @@ class DeviceMesh {
   // `device_type`, `mesh` and `mesh_dim_names`.
   //
   // `device_type`: "cpu" or "cuda". `mesh`: integer tensor of world ranks, any number of
-  // dims >= 1, numel == world->size(), each rank once. `mesh_dim_names`: empty, or one
-  // unique name per mesh dim.
+  // dims >= 1, numel <= world->size(), each rank at most once. `mesh_dim_names`: empty, or
+  // one unique name per mesh dim.
   //
   // Steps:
   //   1. Local argument checks (identical on every rank, so every rank throws alike).
@@ -76,10 +79,15 @@ class DeviceMesh {
 
   // This rank's position in the mesh, or nullopt if this rank is not in it.
   const std::optional<std::vector<int64_t>>& get_coordinate() const;
-  // This rank's coordinate along a dim (== get_group(dim)->rank()).
+  // This rank's coordinate along a dim (== get_group(dim)->rank()). Without a dim: the only
+  // dim of a 1-D mesh (an N-D mesh throws, as in PyTorch). A name may also be the name of a
+  // flattened dim of this mesh's root (see _flatten).
+  int64_t get_local_rank() const;
   int64_t get_local_rank(int64_t dim) const;
   int64_t get_local_rank(const std::string& mesh_dim_name) const;
-  // The group of this rank's slice along a dim. Never null for a rank in the mesh.
+  // The group of this rank's slice along a dim. Never null for a rank in the mesh; a rank
+  // outside the mesh gets an error. Without a dim and by name: as get_local_rank.
+  comm::GroupPtr get_group() const;
   comm::GroupPtr get_group(int64_t dim) const;
   comm::GroupPtr get_group(const std::string& mesh_dim_name) const;
   std::vector<comm::GroupPtr> get_all_groups() const;
@@ -94,15 +102,36 @@ class DeviceMesh {
   // e.g. for mesh [[0, 1], [2, 3]] ('dp', 'tp'), rank 2 gets mesh["tp"] == [2, 3]. The
   // sub-mesh reuses this mesh's groups of those dims and remembers this mesh as its parent.
   // Names must be distinct and in this mesh's dim order (as in PyTorch); naming every dim
-  // in order returns this mesh itself.
+  // in order returns this mesh itself. On a root mesh (one built by the constructor) a name
+  // may be a flattened dim made by _flatten (mesh_3d["dp_cp", "tp"]); its position in the
+  // order is that of its last flattened dim. A rank outside the mesh gets an error.
   DeviceMesh operator[](const std::string& mesh_dim_name) const;
   DeviceMesh operator[](std::initializer_list<std::string> mesh_dim_names) const;
   DeviceMesh operator[](const std::vector<std::string>& mesh_dim_names) const;
 
-  // The mesh this one was sliced from (nullopt for a mesh built by the constructor).
+  // The mesh this one was sliced from (nullopt for a mesh built by the constructor); for a
+  // mesh made by _flatten, the root mesh.
   std::optional<DeviceMesh> get_parent_mesh() const;
-  // For a sliced mesh, the parent's dim of each of this mesh's dims; empty otherwise.
+  // For a sliced mesh, the parent's dim of each of this mesh's dims (-1 for a dim that is a
+  // flattened dim of the parent); empty otherwise (also for a mesh made by _flatten).
   const std::vector<int64_t>& get_parent_mesh_dims() const;
+  // The mesh at the top of the get_parent_mesh() chain (this mesh for a root mesh).
+  DeviceMesh get_root_mesh() const;
+
+  // PyTorch's DeviceMesh._flatten: a 1-D mesh over the ranks of this mesh's dims, in
+  // row-major order, with a new group, registered on the root mesh under `mesh_dim_name`
+  // (default: this mesh's dim names joined by "_"), so that root[mesh_dim_name],
+  // root.get_group(mesh_dim_name) and get_local_rank(mesh_dim_name) find it. E.g. on
+  // mesh_3d [[[0, 1], [2, 3]], [[4, 5], [6, 7]]] ('dp', 'cp', 'tp'),
+  // mesh_3d["dp", "cp"]._flatten() is [0, 2, 4, 6] ('dp_cp',) on ranks 0, 2, 4, 6.
+  // Collective over the world the first time a name is flattened (every rank of the world
+  // calls it with the same dims and name; ranks that disagree all throw); later calls with
+  // the same name and dims return the registered mesh without communication. A 1-D mesh
+  // flattened under its own name is itself. Throws (on every rank, before communicating)
+  // for a mesh without names, a name that is a dim of the root, or a name registered for
+  // other dims. A rank outside the root mesh takes part in creating the groups, then throws.
+  DeviceMesh _flatten(const std::string& mesh_dim_name = "") const;
+  DeviceMesh flatten(const std::string& mesh_dim_name = "") const { return _flatten(mesh_dim_name); }
 
   // PyTorch's repr: DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))
   std::string to_string() const;
@@ -120,6 +149,8 @@ class DeviceMesh {
   explicit DeviceMesh(std::shared_ptr<const State> state);
   DeviceMesh slice(const std::vector<std::string>& names) const;
   int64_t checked_dim(int64_t dim, const char* op) const;
+  // A flattened dim registered on this mesh's root under `name`, or nullptr.
+  std::shared_ptr<const State> find_flattened(const std::string& name) const;
 
   std::shared_ptr<const State> state_;
 };
@@ -128,7 +159,8 @@ std::ostream& operator<<(std::ostream& os, const DeviceMesh& mesh);
 inline std::size_t hash_value(const DeviceMesh& mesh) { return mesh.hash(); }
 
 // Collective over `world` (default: comm::default_group()): a mesh of shape `mesh_shape`
-// holding ranks 0..n-1 in row-major order; n must equal world->size().
+// holding ranks 0..n-1 in row-major order; n may be at most world->size() (ranks n.. are
+// outside the mesh, as in PyTorch).
 DeviceMesh init_device_mesh(const std::string& device_type, std::vector<int64_t> mesh_shape,
                             std::vector<std::string> mesh_dim_names = {},
                             comm::GroupPtr world = nullptr);

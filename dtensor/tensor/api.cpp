@@ -3,6 +3,7 @@
 // which is not an IValue, so torch::autograd::Function's saved_data does not fit).
 #include "dtensor/comm/c10d_guard.h"
 #include "dtensor/comm/object_collectives.h"
+#include "dtensor/mesh/mesh_collectives.h"
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/tensor/dtensor_impl.h"
 #include "dtensor/tensor/redistribute.h"
@@ -133,21 +134,37 @@ const at::Tensor& local_tensor(const at::Tensor& t) {
   return unsafe_get_dtensor_impl(t)->local();
 }
 
-// With the call check on (NOTE: [Call check], dtensor/comm/c10d_guard.cpp), ranks that pass
-// different placements (which the broadcast cannot see) all raise, naming each rank's call.
-static void check_same_distribution(comm::Group& world, const at::Tensor& tensor,
+// World rank of the i-th rank of `mesh` in row-major order.
+static int64_t mesh_rank_at(const DeviceMesh& mesh, size_t i) {
+  return mesh.mesh().data_ptr<int64_t>()[i];
+}
+
+// With the call check on (NOTE: [Call check], dtensor/comm/c10d_guard.cpp), ranks of the mesh
+// that pass different placements (which the broadcast cannot see) all raise, naming each
+// rank's call.
+static void check_same_distribution(const DeviceMesh& mesh, const at::Tensor& tensor,
                                     const std::vector<Placement>& placements) {
-  if (world.size() <= 1 || !comm::check_collectives_enabled()) return;
+  if (mesh.size() <= 1 || !comm::check_collectives_enabled()) return;
   std::ostringstream os;
   os << tensor.scalar_type() << tensor.sizes() << "," << to_string(placements);
-  const auto all = comm::all_gather_object(world, os.str());
+  const auto all = mesh_all_gather_object(mesh, os.str());
   bool same = true;
   for (const auto& a : all) same = same && a == all[0];
   if (same) return;
   std::ostringstream msg;
-  msg << "distribute_tensor: ranks passed different tensors or placements on " << world.describe() << ":";
-  for (size_t r = 0; r < all.size(); ++r) msg << " [rank " << r << ": distribute_tensor(" << all[r] << ")]";
+  msg << "distribute_tensor: ranks passed different tensors or placements on " << mesh.to_string() << ":";
+  for (size_t r = 0; r < all.size(); ++r)
+    msg << " [rank " << mesh_rank_at(mesh, r) << ": distribute_tensor(" << all[r] << ")]";
   TORCH_CHECK(false, msg.str());
+}
+
+// NOTE: [Ranks outside the mesh]
+// A DeviceMesh may hold a subset of the world. As in PyTorch, a rank outside it takes part in
+// nothing: distribute_tensor and from_local give it a DTensor whose local tensor is empty
+// (shape [0], the dtype of the tensor), with no communication; redistribute returns that
+// local as is; ops produce empty locals there without running (dispatch.cpp).
+static at::Tensor empty_local_outside_mesh(const at::Tensor& like, const DeviceMesh& mesh) {
+  return at::empty({0}, like.options().device(like.is_meta() ? like.device() : mesh.device()));
 }
 
 at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh, std::vector<Placement> placements,
@@ -158,6 +175,12 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh, s
   TORCH_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(), "distribute_tensor: ",
               placements.size(), " placements for the ", mesh.ndim(), "-D mesh ", mesh.to_string());
   placements = normalize_placements(placements, tensor.dim());
+  if (!mesh.get_coordinate().has_value()) {  // NOTE: [Ranks outside the mesh]
+    at::Tensor out = make_dtensor(empty_local_outside_mesh(tensor, mesh),
+                                  DTensorSpec(mesh, placements, contiguous_meta(tensor.sizes().vec(), tensor.scalar_type())));
+    if (tensor.requires_grad()) out.set_requires_grad(true);
+    return out;
+  }
   at::Tensor local;
   {
     at::NoGradGuard no_grad;
@@ -166,24 +189,33 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh, s
     // A meta tensor has no values to send: every rank builds its shard's metadata alone, as
     // from_local does (Replicate -> anything is local).
     if (src_data_rank.has_value() && !full.is_meta()) {
-      // The source rank's values reach every rank (PyTorch: group rank src_data_rank of each mesh dim).
+      // The source rank's values reach every rank (PyTorch: group rank src_data_rank of each
+      // mesh dim): broadcasting along dim 0, then dim 1, ... from position k leaves every rank
+      // with the values of the rank at (k, k, ...).
       full = full.clone(at::MemoryFormat::Contiguous);
-      const auto& world = mesh.world();
-      check_same_distribution(*world, tensor, placements);
-      if (mesh.size() == world->size()) {
-        const int src = source_rank(mesh, *src_data_rank);
-        world->broadcast(full, world->group_rank_of(src));
-      } else {
-        // A sub-mesh (mesh["tp"] of a 2-D mesh): each of its copies has its own source, so
-        // broadcast along each mesh dim from coordinate src_data_rank (PyTorch's per-dim
-        // mesh_broadcast); one world broadcast would mix the copies' sources.
-        source_rank(mesh, *src_data_rank);  // checks the coordinate
-        for (int64_t d = 0; d < mesh.ndim(); ++d) mesh.get_group(d)->broadcast(full, static_cast<int>(*src_data_rank));
-      }
+      check_same_distribution(mesh, tensor, placements);
+      source_rank(mesh, *src_data_rank);  // checks k against every mesh dim
+      for (int64_t i = 0; i < mesh.ndim(); ++i) mesh_broadcast(full, mesh, i, static_cast<int>(*src_data_rank));
     }
     TensorMeta meta = contiguous_meta(tensor.sizes().vec(), tensor.scalar_type());
     DTensorSpec replicated(mesh, std::vector<Placement>(placements.size(), Replicate{}), meta);
-    local = detail::redistribute_local(full, replicated, placements);
+    // NOTE: [distribute_tensor to Partial]
+    // As PyTorch (Replicate, then Partial._partition_value): a Partial(sum) mesh dim divides
+    // the replicated value by the dim's size; Partial(avg/min/max) keeps it on every rank.
+    // Integer tensors cannot be divided exactly: Partial(sum) keeps the value on coordinate 0
+    // of the dim and zeros elsewhere (PyTorch's division would change their dtype).
+    std::vector<Placement> no_partial = placements;
+    for (auto& p : no_partial)
+      if (is_partial(p)) p = Replicate{};
+    local = detail::redistribute_local(full, replicated, no_partial);
+    for (int64_t i = 0; i < mesh.ndim(); ++i) {
+      const auto* partial = std::get_if<Partial>(&placements[static_cast<size_t>(i)]);
+      if (!partial || partial->reduce_op != comm::ReduceOp::SUM || mesh.size(i) == 1) continue;
+      if (at::isFloatingType(local.scalar_type()) || at::isComplexType(local.scalar_type()))
+        local = local / mesh.size(i);
+      else if (mesh.get_local_rank(i) != 0)
+        local = at::zeros_like(local);
+    }
     if (local.is_alias_of(tensor)) local = local.clone();  // never alias the caller's tensor
     DTensorSpec spec(mesh, placements, meta);
     at::Tensor out = make_dtensor(local, spec);
@@ -235,44 +267,45 @@ at::Tensor from_local(const at::Tensor& local_in, const DeviceMesh& mesh, std::v
   TORCH_CHECK(local.device() == device, "from_local: the local tensor is on ", local.device(), " but rank ",
               mesh.get_rank(), " of ", mesh.to_string(), " keeps its local tensors on ", device,
               "; move it there (local.to(mesh.device()))");
-  if (options.run_check) {
-    // NOTE: every rank sees every rank's (dtype, requires_grad, shape), so every rank raises the
-    // same error. Without a given shape the local shapes must be equal (PyTorch's
-    // check_tensor_meta(check_shape_stride=True)): uneven shards need `shape`.
+  const bool in_mesh = mesh.get_coordinate().has_value();
+  if (options.run_check && in_mesh) {
+    // NOTE: every rank of the mesh sees every such rank's (dtype, requires_grad, shape), so
+    // every one raises the same error. Without a given shape the local shapes must be equal
+    // (PyTorch's check_tensor_meta(check_shape_stride=True)): uneven shards need `shape`.
+    // Ranks outside the mesh take no part (NOTE: [Ranks outside the mesh]).
     std::vector<int64_t> mine = local.sizes().vec();
     mine.push_back(local.requires_grad() ? 1 : 0);
     mine.push_back(static_cast<int64_t>(local.scalar_type()));
-    auto all = comm::all_gather_object(*mesh.world(), mine);
+    const auto all = mesh_all_gather_object(mesh, mine);
+    const int64_t first = mesh_rank_at(mesh, 0);
     auto dtype_of = [](const std::vector<int64_t>& v) {
       return c10::toString(static_cast<at::ScalarType>(v.back()));
     };
     for (size_t r = 0; r < all.size(); ++r) {
       TORCH_CHECK(all[r].size() == all[0].size() && all[r].back() == all[0].back(), "from_local(run_check): rank ",
-                  r, " passed a local tensor of dtype ", dtype_of(all[r]), " with ", all[r].size() - 2,
-                  " dims, but rank 0 passed ", dtype_of(all[0]), " with ", all[0].size() - 2,
+                  mesh_rank_at(mesh, r), " passed a local tensor of dtype ", dtype_of(all[r]), " with ", all[r].size() - 2,
+                  " dims, but rank ", first, " passed ", dtype_of(all[0]), " with ", all[0].size() - 2,
                   " dims; every rank must pass the same dtype and number of dims");
-      TORCH_CHECK(all[r][all[r].size() - 2] == all[0][all[0].size() - 2], "from_local(run_check): rank ", r,
+      TORCH_CHECK(all[r][all[r].size() - 2] == all[0][all[0].size() - 2], "from_local(run_check): rank ", mesh_rank_at(mesh, r),
                   " passed a local tensor with requires_grad=", all[r][all[r].size() - 2] ? "true" : "false",
-                  " but rank 0 with requires_grad=", all[0][all[0].size() - 2] ? "true" : "false",
+                  " but rank ", first, " with requires_grad=", all[0][all[0].size() - 2] ? "true" : "false",
                   "; every rank must pass the same requires_grad");
       for (size_t d = 0; d + 2 < all[0].size(); ++d) {
         bool sharded = false;
         for (auto& p : placements) sharded = sharded || is_shard(p, static_cast<int64_t>(d));
         TORCH_CHECK(sharded || all[r][d] == all[0][d], "from_local(run_check): dim ", d,
-                    " is not sharded by ", to_string(placements), " but rank ", r, " has size ", all[r][d],
-                    " where rank 0 has ", all[0][d], "; replicated dims must match on every rank");
+                    " is not sharded by ", to_string(placements), " but rank ", mesh_rank_at(mesh, r), " has size ",
+                    all[r][d], " where rank ", first, " has ", all[0][d], "; replicated dims must match on every rank");
         TORCH_CHECK(options.shape || all[r][d] == all[0][d], "from_local(run_check): the local tensors are uneven (dim ",
-                    d, ": rank ", r, " has size ", all[r][d], ", rank 0 has ", all[0][d],
+                    d, ": rank ", mesh_rank_at(mesh, r), " has size ", all[r][d], ", rank ", first, " has ", all[0][d],
                     "); pass the global shape and stride for uneven shards");
       }
     }
     // Replicate mesh dims take their first rank's values (PyTorch's mesh_broadcast).
-    if (mesh.get_coordinate().has_value()) {
-      for (int64_t i = 0; i < mesh.ndim(); ++i) {
-        if (!is_replicate(placements[static_cast<size_t>(i)])) continue;
-        if (local.is_same(local_in)) local = local_in.detach().clone(at::MemoryFormat::Contiguous);
-        mesh.get_group(i)->broadcast(local, 0);
-      }
+    for (int64_t i = 0; i < mesh.ndim(); ++i) {
+      if (!is_replicate(placements[static_cast<size_t>(i)])) continue;
+      if (local.is_same(local_in)) local = local_in.detach().clone(at::MemoryFormat::Contiguous);
+      mesh_broadcast(local, mesh, i);
     }
   }
   std::vector<int64_t> global, stride;
@@ -297,6 +330,11 @@ at::Tensor from_local(const at::Tensor& local_in, const DeviceMesh& mesh, std::v
   TensorMeta meta = contiguous_meta(global, local.scalar_type());
   meta.stride = stride;
   DTensorSpec spec(mesh, placements, meta);
+  if (!in_mesh) {  // NOTE: [Ranks outside the mesh]
+    at::Tensor out = make_dtensor(empty_local_outside_mesh(local, mesh), spec);
+    if (local_in.requires_grad()) out.set_requires_grad(true);
+    return out;
+  }
   auto expected = compute_local_shape(global, mesh, placements);
   TORCH_CHECK(expected == local.sizes().vec(), "from_local: a local tensor of shape ", local.sizes(),
               " is not this rank's shard of ", c10::IntArrayRef(global), " under ", to_string(placements),

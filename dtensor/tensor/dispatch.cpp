@@ -316,6 +316,58 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                 "view to write into a copy");
   }
 
+  // NOTE: [Ranks outside the mesh] (api.cpp): a rank outside the mesh runs nothing and
+  // communicates nothing; as PyTorch's dispatcher, it returns empty locals (a 0-dim result
+  // gets a 0-dim zero, others shape [0]) with the propagated placements and global shapes,
+  // the written DTensor of an in-place op as is, and `true` for aten::equal.
+  if (!mesh->get_coordinate().has_value()) {
+    at::Tensor written_dt;
+    if (written_arg >= 0)
+      for (auto& d : dargs)
+        if (static_cast<int>(d.arg) == written_arg) written_dt = d.dtensor;
+    const auto& returns = schema.returns();
+    size_t single_tensors = 0, lists = 0;
+    for (const auto& r : returns) {
+      if (r.type()->kind() == c10::TypeKind::TensorType) ++single_tensors;
+      else if (r.type()->kind() == c10::TypeKind::ListType) ++lists;
+    }
+    size_t k = 0;
+    auto empty_output = [&]() -> at::Tensor {
+      TORCH_INTERNAL_ASSERT(k < sharding.outputs.size() && k < sharding.output_meta.size(), call.name,
+                            ": fewer output specs than outputs");
+      const TensorMeta& m = sharding.output_meta[k];
+      at::Tensor local = m.shape.empty() ? at::zeros({}, at::TensorOptions().dtype(m.dtype).device(mesh->device()))
+                                         : at::empty({0}, at::TensorOptions().dtype(m.dtype).device(mesh->device()));
+      return make_dtensor(local, DTensorSpec(*mesh, sharding.outputs[k++], m));
+    };
+    std::vector<c10::IValue> rets;
+    for (const auto& r : returns) {
+      const auto kind = r.type()->kind();
+      if (kind == c10::TypeKind::TensorType) {
+        if (r.alias_info() && r.alias_info()->isWrite() && written_dt.defined()) {
+          ++k;
+          rets.emplace_back(written_dt);
+        } else {
+          rets.emplace_back(empty_output());
+        }
+      } else if (kind == c10::TypeKind::ListType && lists == 1) {
+        std::vector<at::Tensor> l;
+        const size_t n = sharding.outputs.size() - single_tensors;
+        for (size_t j = 0; j < n; ++j) l.push_back(empty_output());
+        rets.emplace_back(l);
+      } else if (call.name == "aten::equal" && kind == c10::TypeKind::BoolType) {
+        rets.emplace_back(true);
+      } else {
+        TORCH_CHECK(false, "DTensor: ", call.name, " on rank ", mesh->get_rank(), ", which is not in ",
+                    mesh->to_string(), ": the op returns a ", r.type()->str(),
+                    " that a rank outside the mesh cannot compute; call it on the ranks of the mesh only");
+      }
+    }
+    stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
+    for (auto& v : rets) stack->push_back(std::move(v));
+    return;
+  }
+
   // 3. Redistribute inputs; local tensors onto the stack.
   at::Tensor relaid_written_local;  // NOTE: [In-place indexing may re-lay out what it writes]
   std::vector<bool> redistributed_arg(n_args, false);

@@ -94,6 +94,19 @@ DTensorImpl* unsafe_get_dtensor_impl(const at::Tensor& t) {
   return impl;
 }
 
+// NOTE: [Saving a DTensor]
+// libtorch's serialization (torch::save of a tensor or a module, jit pickling) reads a tensor's
+// storage, which a DTensor does not have: TensorImpl raises "Cannot access storage of <this
+// name>", so the name carries the way out. PyTorch pickles the DTensor subclass (local tensor +
+// spec); C++ has no hook for that in libtorch's pickler.
+const char* DTensorImpl::tensorimpl_type_name() const {
+  return "DTensorImpl (a DTensor has no storage of its own, so libtorch's serialization (torch::save, "
+         "pickle_save) cannot save it: save its local shard (dtensor::to_local) on every rank or the whole "
+         "tensor (dtensor::full_tensor), or save a module with "
+         "dtensor::checkpoint::save(dtensor::checkpoint::get_model_state_dict(module), dir), which keeps "
+         "placements and reshards on load)";
+}
+
 at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec) {
   return at::detail::make_tensor<DTensorImpl>(local.detach(), std::move(spec));
 }

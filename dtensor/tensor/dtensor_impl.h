@@ -49,7 +49,9 @@ class DTensorImpl : public c10::TensorImpl {
   void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override;
 
  private:
-  const char* tensorimpl_type_name() const override { return "DTensorImpl"; }
+  // Names the type in libtorch errors; the text says how to save a DTensor, since libtorch's
+  // serialization (torch::save, pickling) fails on its missing storage (dtensor_impl.cpp).
+  const char* tensorimpl_type_name() const override;
   void refresh_global_metadata();
 
   at::Tensor local_;

@@ -2,6 +2,7 @@
 // placements, DTensorSpec, and the local shape / offset math. Mesh tests run as 4 threads
 // (ThreadGroup); one runs as 4 Gloo processes to check the per-dim groups over c10d.
 #include "dtensor/mesh/device_mesh.h"
+#include "dtensor/mesh/mesh_collectives.h"
 #include "dtensor/placement/placement.h"
 #include "harness/harness.h"
 #include "suites/testing/errors.h"
@@ -225,10 +226,10 @@ DTENSOR_TEST_F(DeviceMeshThreaded, EqualityAndHashCompareTypeRanksAndNames) {
 DTENSOR_TEST_F(DeviceMeshThreaded, ConstructionErrorsNameTheMeshAndTheFix) {
   // Every rank passes the same bad arguments and throws before any collective.
   expect_errors({
-      {"size does not match the world", [] { DeviceMesh("cpu", ranks({0, 1}, {2})); },
-       "DeviceMesh('cpu', [0, 1]): the mesh size (2) does not match the world size (4"},
-      {"init_device_mesh size", [] { init_device_mesh("cpu", {3}); },
-       "init_device_mesh('cpu', mesh_shape=(3,)): the mesh size (3) does not match the world "
+      {"larger than the world", [] { DeviceMesh("cpu", at::arange(5)); },
+       "DeviceMesh('cpu', [0, 1, 2, 3, 4]): the mesh has 5 ranks, more than the world (4"},
+      {"init_device_mesh size", [] { init_device_mesh("cpu", {5}); },
+       "init_device_mesh('cpu', mesh_shape=(5,)): the mesh size (5) is larger than the world "
        "size (4"},
       {"init_device_mesh zero dim", [] { init_device_mesh("cpu", {4, 0}); },
        "every dim of mesh_shape needs at least one rank"},
@@ -286,6 +287,184 @@ DTENSOR_TEST_F(DeviceMeshThreaded, DifferentMeshesOnRanksFailOnEveryRank) {
             rank() < 2 ? 1 : 5);
 }
 
+// ---- DeviceMesh over a subset of the world, get_local_rank() / get_group() without a dim,
+// _flatten, mesh_broadcast / mesh_scatter (PyTorch test_device_mesh.py) ---------------------
+
+DTENSOR_TEST_F(DeviceMeshThreaded, SubsetMeshRanksOutsideHoldNothing) {
+  const int r = rank();
+  // PyTorch: DeviceMesh(device_type, [0, 2]) on 4 ranks (test_dtensor.py *_sub_mesh).
+  DeviceMesh mesh("cpu", ranks({0, 2}, {2}));
+  EXPECT_EQ(mesh.size(), 2);
+  EXPECT_EQ(mesh.get_rank(), r);
+  if (r % 2 == 0) {
+    ASSERT_TRUE(mesh.get_coordinate().has_value());
+    EXPECT_EQ(*mesh.get_coordinate(), Shape{r / 2});
+    EXPECT_EQ(mesh.get_local_rank(), r / 2);
+    EXPECT_EQ(mesh.get_group()->size(), 2);
+    EXPECT_EQ(reduce_world_rank_over(mesh, 0), 2);  // 0 + 2
+  } else {
+    EXPECT_FALSE(mesh.get_coordinate().has_value());
+    EXPECT_EQ(mesh.get_all_groups(), std::vector<comm::GroupPtr>{nullptr});
+    EXPECT_PRED2(contains, error_of([&] { mesh.get_group(0); }),
+                 "get_group: rank " + std::to_string(r) + " is not in DeviceMesh('cpu', [0, 2])");
+    EXPECT_PRED2(contains, error_of([&] { mesh.get_local_rank(); }), "is not in DeviceMesh('cpu', [0, 2])");
+  }
+  // A 2-D subset in another order, and init_device_mesh over the first ranks.
+  DeviceMesh m2("cpu", ranks({3, 1}, {2, 1}), {"dp", "tp"});
+  if (r == 3 || r == 1) {
+    EXPECT_EQ(*m2.get_coordinate(), (Shape{r == 3 ? 0 : 1, 0}));
+    EXPECT_EQ(reduce_world_rank_over(m2, 0), 4);
+    EXPECT_EQ(reduce_world_rank_over(m2, 1), r);
+    EXPECT_TRUE(at::equal(m2["dp"].mesh(), ranks({3, 1}, {2})));
+  } else {
+    EXPECT_FALSE(m2.get_coordinate().has_value());
+    EXPECT_PRED2(contains, error_of([&] { m2["dp"]; }), "is not in the mesh, so it has no slice");
+  }
+  DeviceMesh first3 = init_device_mesh("cpu", {3});
+  EXPECT_EQ(first3.get_coordinate().has_value(), r < 3);
+  if (r < 3) EXPECT_EQ(reduce_world_rank_over(first3, 0), 3);
+  // The world is still usable.
+  EXPECT_EQ(reduce_world_rank_over(init_device_mesh("cpu", {4}), 0), 6);
+}
+
+DTENSOR_TEST_F(DeviceMeshThreaded, LocalRankAndGroupWithoutADimOnlyOnA1DMesh) {
+  DeviceMesh m1 = init_device_mesh("cpu", {4});
+  EXPECT_EQ(m1.get_local_rank(), rank());
+  EXPECT_EQ(m1.get_group(), m1.get_group(0));
+  DeviceMesh m2 = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  EXPECT_EQ(m2["tp"].get_local_rank(), rank() % 2);
+  EXPECT_PRED2(contains, error_of([&] { m2.get_local_rank(); }),
+               "get_local_rank() on DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp')): the mesh has "
+               "2 dims; pass the mesh dim");
+  EXPECT_PRED2(contains, error_of([&] { m2.get_group(); }), "the mesh has 2 dims; pass the mesh dim");
+}
+
+// test_device_mesh.py TestDeviceMeshGetItem test_flatten_mesh_1d/_3d (world 8 there, 4 here:
+// mesh (1, 2, 2) and (2, 1, 2)).
+DTENSOR_TEST_F(DeviceMeshThreaded, FlattenMakesA1DMeshTheRootKnows) {
+  const int r = rank();
+  DeviceMesh m3 = init_device_mesh("cpu", {1, 2, 2}, {"dp", "cp", "tp"});
+  // dp x cp: the ranks that share tp: [0, 2] and [1, 3].
+  DeviceMesh dp_cp = m3[{"dp", "cp"}]._flatten();
+  EXPECT_TRUE(at::equal(dp_cp.mesh(), ranks({r % 2, r % 2 + 2}, {2}))) << dp_cp;
+  EXPECT_EQ(dp_cp.mesh_dim_names(), std::vector<std::string>{"dp_cp"});
+  EXPECT_EQ(*dp_cp.get_coordinate(), Shape{r / 2});
+  EXPECT_EQ(reduce_world_rank_over(dp_cp, 0), r % 2 == 0 ? 2 : 4);
+  EXPECT_EQ(*dp_cp.get_parent_mesh(), m3);
+  EXPECT_EQ(dp_cp.get_root_mesh(), m3);
+  // The root finds it by name: slicing, get_group, get_local_rank; no new group.
+  EXPECT_EQ(m3["dp_cp"], dp_cp);
+  EXPECT_EQ(m3["dp_cp"].get_group(), dp_cp.get_group());
+  EXPECT_EQ(m3.get_group("dp_cp"), dp_cp.get_group());
+  EXPECT_EQ(m3.get_local_rank("dp_cp"), r / 2);
+  EXPECT_EQ(m3["tp"].get_group("dp_cp"), dp_cp.get_group());  // through the root of a slice
+  // Flattening again with the same dims and name: the registered mesh, same group.
+  EXPECT_EQ((m3[{"dp", "cp"}]._flatten().get_group()), dp_cp.get_group());
+  EXPECT_EQ((m3[{"dp", "cp"}].flatten("dp_cp").get_group()), dp_cp.get_group());
+  // A flattened dim slices together with the other dims (at its last dim's position).
+  DeviceMesh two_d = m3[{"dp_cp", "tp"}];
+  EXPECT_TRUE(at::equal(two_d.mesh(), ranks({0, 1, 2, 3}, {2, 2}))) << two_d;
+  EXPECT_EQ(*two_d.get_coordinate(), (Shape{r / 2, r % 2}));
+  EXPECT_EQ(two_d.get_group(0), dp_cp.get_group());
+  EXPECT_EQ(two_d.get_group(1), m3.get_group("tp"));
+  EXPECT_EQ(two_d.get_parent_mesh_dims(), (std::vector<int64_t>{-1, 2}));
+  // The whole mesh, named: every rank in one group.
+  DeviceMesh all = m3._flatten("world");
+  EXPECT_TRUE(at::equal(all.mesh(), at::arange(4)));
+  EXPECT_EQ(reduce_world_rank_over(all, 0), 6);
+  // A 1-D mesh flattened under its own name is itself; under another name, a new mesh.
+  DeviceMesh tp = m3["tp"];
+  EXPECT_EQ(tp._flatten(), tp);
+  EXPECT_EQ(tp._flatten("tp2").mesh_dim_names(), std::vector<std::string>{"tp2"});
+  EXPECT_TRUE(at::equal(tp._flatten("tp2").mesh(), tp.mesh()));
+  // Non-adjacent dims (dp, tp of a (2, 1, 2) mesh): row-major over those dims.
+  DeviceMesh m3b = init_device_mesh("cpu", {2, 1, 2}, {"dp", "cp", "tp"});
+  DeviceMesh dp_tp = m3b[{"dp", "tp"}]._flatten();
+  EXPECT_TRUE(at::equal(dp_tp.mesh(), at::arange(4)));
+  EXPECT_EQ(dp_tp.get_local_rank(), r);
+  EXPECT_EQ((m3b[{"cp", "dp_tp"}].shape()), (Shape{1, 4}));
+  // Errors: every rank raises alike, before any collective.
+  DeviceMesh unnamed = init_device_mesh("cpu", {2, 2});
+  expect_errors({
+      {"no names", [&] { unnamed._flatten(); }, "Cannot flatten a DeviceMesh without mesh_dim_names"},
+      {"a name of the root", [&] { m3[{"dp", "cp"}]._flatten("tp"); },
+       "'tp' already exists as a dim of the root mesh"},
+      {"a name taken by other dims", [&] { m3[{"cp", "tp"}]._flatten("dp_cp"); },
+       "a flattened mesh named 'dp_cp' was created before from other dims"},
+      {"overlapping slice", [&] { m3[{"cp", "dp_cp"}]; }, "overlaps another flattened dim"},
+      {"flattened dim out of order", [&] { m3[{"dp_cp", "dp"}]; }, "is named more than once"},
+  });
+  // Ranks that disagree all raise; the world stays usable.
+  EXPECT_PRED2(contains, error_of([&] { m3[{"cp", "tp"}]._flatten(r == 1 ? "x" : "y"); }),
+               "the ranks flattened different dims or names");
+  EXPECT_EQ(reduce_world_rank_over(m3[{"cp", "tp"}]._flatten("cp_tp"), 0), 6);
+}
+
+// test_device_mesh.py TestDeviceMeshCollectives (world 8 and mesh (2, 2, 2) there; 4 here).
+DTENSOR_TEST_F(DeviceMeshThreaded, MeshBroadcastAndScatterAlongEachDim) {
+  const int r = rank();
+  DeviceMesh m1 = init_device_mesh("cpu", {4});
+  at::Tensor t = at::ones({3, 3}) * r;
+  mesh_broadcast(t, m1, 0);
+  EXPECT_TRUE(at::equal(t, at::zeros({3, 3})));  // test_broadcast_1d
+  // test_scatter_1d: every scatter dim of a [3, 3, 3] tensor grown 4x along it.
+  for (int64_t dim = 0; dim < 3; ++dim) {
+    std::vector<int64_t> shape = {3, 3, 3};
+    shape[dim] *= 4;
+    at::Tensor global = at::arange(shape[0] * shape[1] * shape[2], at::kFloat).reshape(shape);
+    std::vector<at::Tensor> pieces;
+    for (auto& p : global.tensor_split(4, dim)) pieces.push_back(p.contiguous());
+    at::Tensor recv = at::empty_like(pieces[r]);
+    mesh_scatter(recv, r == 0 ? pieces : std::vector<at::Tensor>{}, m1, 0);
+    EXPECT_TRUE(at::equal(recv, pieces[r])) << "scatter dim " << dim;
+  }
+  // test_broadcast_nd / test_scatter_nd on a 2x2 mesh: each dim's groups, from their first
+  // rank (and from group_src 1).
+  DeviceMesh m2 = init_device_mesh("cpu", {2, 2});
+  for (int64_t dim = 0; dim < 2; ++dim) {
+    at::Tensor slice = m2.mesh().swapdims(-1, dim).reshape({-1, 2});
+    std::vector<int64_t> mine;
+    for (int64_t row = 0; row < 2; ++row)
+      if (slice[row][0].item<int64_t>() == r || slice[row][1].item<int64_t>() == r)
+        mine = {slice[row][0].item<int64_t>(), slice[row][1].item<int64_t>()};
+    for (int src : {0, 1}) {
+      SCOPED_TRACE("dim " + std::to_string(dim) + " src " + std::to_string(src));
+      at::Tensor b = at::ones({3, 3}) * r;
+      mesh_broadcast(b, m2, dim, src);
+      EXPECT_TRUE(at::equal(b, at::ones({3, 3}) * mine[src]));
+      std::vector<at::Tensor> list = {at::ones({3, 3}) * (r * 10), at::ones({3, 3}) * (r * 10 + 1)};
+      at::Tensor out = at::empty({3, 3});
+      mesh_scatter(out, list, m2, dim, src);
+      const int64_t my_pos = mine[0] == r ? 0 : 1;
+      EXPECT_TRUE(at::equal(out, at::ones({3, 3}) * (mine[src] * 10 + my_pos)));
+    }
+  }
+  // Meta tensors are left alone (no collective: ranks need not match).
+  at::Tensor meta = at::empty({2}, at::TensorOptions().device(at::kMeta));
+  if (r == 0) mesh_broadcast(meta, m1);
+  // Errors.
+  DeviceMesh sub("cpu", ranks({0, 1}, {2}));
+  if (r >= 2) {
+    at::Tensor x = at::ones({1});
+    EXPECT_PRED2(contains, error_of([&] { mesh_broadcast(x, sub); }),
+                 "mesh_broadcast: rank " + std::to_string(r) + " is not in DeviceMesh('cpu', [0, 1])");
+  }
+  at::Tensor y = at::ones({1});
+  EXPECT_PRED2(contains, error_of([&] { mesh_scatter(y, {}, m1, 0, 4); }),
+               "mesh_scatter: group_src 4 is not a rank of mesh dim 0");
+  // mesh_all_gather_object: every rank of the mesh, in row-major mesh order.
+  DeviceMesh perm("cpu", ranks({2, 0, 3, 1}, {2, 2}));
+  EXPECT_EQ(mesh_all_gather_object(perm, r * 100), (std::vector<int>{200, 0, 300, 100}));
+  if (r == 1 || r == 3) {
+    DeviceMesh odd("cpu", ranks({3, 1}, {2}));
+    EXPECT_EQ(mesh_all_gather_object(odd, std::string(1, static_cast<char>('a' + r))),
+              (std::vector<std::string>{"d", "b"}));
+  } else {
+    DeviceMesh odd("cpu", ranks({3, 1}, {2}));  // collective over the world: every rank builds it
+    (void)odd;
+  }
+}
+
 DTENSOR_TEST_F(DeviceMeshGloo, TwoByTwoNamedMeshGroupsReduceOverEachDim) {
   ASSERT_EQ(group().backend(), "gloo");
   DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
@@ -297,6 +476,20 @@ DTENSOR_TEST_F(DeviceMeshGloo, TwoByTwoNamedMeshGroupsReduceOverEachDim) {
   DeviceMesh tp = mesh["tp"];
   EXPECT_EQ(tp.get_group(0), mesh.get_group("tp"));
   EXPECT_EQ(reduce_world_rank_over(tp, 0), rank() < 2 ? 1 : 5);
+  // Over c10d: a subset mesh, a flattened dim, mesh_broadcast and mesh_scatter.
+  DeviceMesh odd("cpu", ranks({1, 3}, {2}));
+  if (rank() % 2 == 1) EXPECT_EQ(reduce_world_rank_over(odd, 0), 4);
+  else EXPECT_FALSE(odd.get_coordinate().has_value());
+  DeviceMesh flat = mesh._flatten();
+  EXPECT_EQ(reduce_world_rank_over(flat, 0), 6);
+  at::Tensor b = at::ones({2}) * rank();
+  mesh_broadcast(b, mesh, 0, 1);  // dp groups {0, 2}, {1, 3}: from 2 or 3
+  EXPECT_TRUE(at::equal(b, at::ones({2}) * (rank() % 2 + 2)));
+  at::Tensor out = at::empty({2});
+  std::vector<at::Tensor> pieces;
+  for (int i = 0; i < 4; ++i) pieces.push_back(at::ones({2}) * (i + 10));
+  mesh_scatter(out, pieces, flat, 0);
+  EXPECT_TRUE(at::equal(out, at::ones({2}) * (rank() + 10)));
 }
 
 // ---- Placements -------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 // common_dtensor.py): the same inputs, placements, expected placements, values and collective
 // counts.
 #include "dtensor/comm/comm.h"
+#include "dtensor/nn/module_surgery.h"
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
 #include "suites/testing/counting_group.h"
@@ -11,6 +12,10 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/serialize.h>
+
+#include <sstream>
 
 namespace dtensor {
 namespace {
@@ -375,6 +380,142 @@ DTENSOR_TEST_F(Parity, ShardTensorAndSrcDataRank) {
   EXPECT_TRUE(at::equal(full_tensor(distribute_tensor(mine, mesh, {Replicate{}})), global));
   EXPECT_PRED2(contains, error_of([&] { distribute_tensor(mine, mesh, {Shard{0}}, 4); }),
                "src_data_rank 4 is not a coordinate of mesh dim 0 (size 4)");
+}
+
+// ---- distribute_tensor to Partial (PyTorch: replicate, then Partial._partition_value) --------
+
+DTENSOR_TEST_F(Parity, DistributeTensorToPartialPartitionsTheValue) {
+  auto mesh = counted_mesh();
+  const at::Tensor x = at::arange(8, at::kFloat).reshape({2, 4});
+  at::Tensor sum = distribute_tensor(x, mesh, {Partial{}});
+  EXPECT_EQ(get_spec(sum).placements, std::vector<Placement>{Partial{}});
+  EXPECT_TRUE(at::equal(local_tensor(sum), x / 4));  // _partition_value: tensor / num_chunks
+  EXPECT_TRUE(at::allclose(full_tensor(sum), x));
+  for (auto op : {comm::ReduceOp::AVG, comm::ReduceOp::MAX, comm::ReduceOp::MIN}) {
+    SCOPED_TRACE(comm::to_string(op));
+    at::Tensor p = distribute_tensor(x, mesh, {Partial(op)});
+    EXPECT_TRUE(at::equal(local_tensor(p), x));
+    EXPECT_TRUE(at::equal(full_tensor(p), x));
+  }
+  // Integers: the value on the first rank, zeros elsewhere (exact; the dtype stays).
+  const at::Tensor xi = at::arange(8, at::kLong);
+  at::Tensor pi = distribute_tensor(xi, mesh, {Partial{}});
+  EXPECT_TRUE(at::equal(local_tensor(pi), rank() == 0 ? xi : at::zeros_like(xi)));
+  EXPECT_TRUE(at::equal(full_tensor(pi), xi));
+  // 2-D: Partial on one dim, Shard on the other.
+  auto mesh2 = init_device_mesh("cpu", {2, 2});
+  const at::Tensor y = at::arange(16, at::kFloat).reshape({4, 4});
+  at::Tensor ps = distribute_tensor(y, mesh2, {Partial{}, Shard{0}});
+  EXPECT_TRUE(at::equal(local_tensor(ps), y.chunk(2, 0)[static_cast<size_t>(rank() % 2)] / 2));
+  EXPECT_TRUE(at::allclose(full_tensor(ps), y));
+}
+
+// ---- 8. libtorch's serialization of a DTensor raises, saying how to save it -------------------
+
+DTENSOR_TEST_F(Parity, TorchSaveOfADTensorSaysHowToSaveIt) {
+  auto mesh = init_device_mesh("cpu", {4});
+  at::Tensor dt = distribute_tensor(at::ones({4, 2}), mesh, {Shard{0}});
+  std::ostringstream os;
+  const std::string err = error_of([&] { torch::save(dt, os); });
+  EXPECT_PRED2(contains, err, "Cannot access storage of DTensorImpl (a DTensor has no storage of its own, so "
+                              "libtorch's serialization (torch::save, pickle_save) cannot save it: save its local "
+                              "shard (dtensor::to_local) on every rank");
+  torch::nn::Linear lin(2, 2);
+  nn::swap_parameter(*lin, "weight", distribute_tensor(lin->weight.detach(), mesh, {Shard{0}}));
+  std::ostringstream os2;
+  const std::string err2 = error_of([&] { torch::save(lin, os2); });
+  EXPECT_PRED2(contains, err2, "dtensor::checkpoint::save(dtensor::checkpoint::get_model_state_dict(module), dir)");
+}
+
+// ---- 5. DTensors on a mesh over a subset of the world (test_dtensor.py DTensorMeshTest
+// test_from_local_sub_mesh, test_default_value_sub_mesh, test_redistribute_sub_mesh) -----------
+
+// The local tensor on ranks 0 and 2 (the mesh), an empty one elsewhere.
+void expect_sub_mesh_local(int rank, const at::Tensor& expected_in_mesh, const at::Tensor& local) {
+  if (rank % 2 == 0) {
+    EXPECT_TRUE(at::equal(local, expected_in_mesh)) << local;
+  } else {
+    EXPECT_EQ(local.sizes(), (c10::IntArrayRef{0})) << local;
+    EXPECT_EQ(local.scalar_type(), expected_in_mesh.scalar_type());
+  }
+}
+
+DTENSOR_TEST_F(Parity, SubMeshFromLocalOpsAndRedistribute) {
+  counting_ = std::make_shared<CountingGroup>(group_ptr());
+  DeviceMesh mesh("cpu", at::tensor({0, 2}, at::kLong), {}, counting_);
+  counting_->reset();
+  at::Tensor dt = from_local(at::ones({3, 4}), mesh, {Shard{0}});
+  EXPECT_EQ(dt.sizes(), (c10::IntArrayRef{6, 4}));
+  expect_sub_mesh_local(rank(), at::ones({3, 4}), to_local(dt));
+  // Only ranks 0 and 2 compute.
+  at::Tensor plus = dt + 2;
+  EXPECT_EQ(plus.sizes(), (c10::IntArrayRef{6, 4}));
+  EXPECT_EQ(get_spec(plus).placements, std::vector<Placement>{Shard{0}});
+  expect_sub_mesh_local(rank(), at::ones({3, 4}) + 2, to_local(plus));
+  // Redistribute on the submesh: ranks outside it communicate nothing.
+  at::Tensor sharded = from_local(at::ones({4, 3}), mesh, {Shard{0}});
+  at::Tensor replicated = redistribute(sharded, {Replicate{}});
+  expect_sub_mesh_local(rank(), at::ones({8, 3}), to_local(replicated));
+  at::Tensor again = redistribute(replicated, {Shard{0}});
+  expect_sub_mesh_local(rank(), at::ones({4, 3}), to_local(again));
+  expect_sub_mesh_local(rank(), at::ones({8, 3}), full_tensor(again));
+  // A matmul and a reduction with a gradient, on the members only.
+  at::Tensor w = distribute_tensor(at::ones({3, 2}), mesh, {Replicate{}}).requires_grad_(true);
+  at::Tensor y = at::mm(sharded, w);
+  EXPECT_EQ(y.sizes(), (c10::IntArrayRef{8, 2}));
+  expect_sub_mesh_local(rank(), at::full({4, 2}, 3.0), to_local(y));
+  y.sum().backward();
+  ASSERT_TRUE(w.grad().defined());
+  expect_sub_mesh_local(rank(), at::full({3, 2}, 8.0), full_tensor(w.grad()));
+  if (rank() % 2 == 1) EXPECT_EQ(counting_->collectives(), 0);
+  else EXPECT_GT(counting_->collectives(), 0);
+}
+
+DTENSOR_TEST_F(Parity, SubMeshDefaultValues) {
+  DeviceMesh mesh("cpu", at::tensor({0, 2}, at::kLong));
+  at::Tensor a = from_local(at::ones({4, 3}), mesh, {Shard{0}});
+  at::Tensor b = from_local(at::ones({4, 3}), mesh, {Shard{0}});
+  EXPECT_TRUE(a.equal(b));  // a scalar result: true outside the mesh
+  // A 0-dim result: a 0-dim zero outside the mesh.
+  at::Tensor s = from_local(at::ones({4, 3}), mesh, {Shard{0}}).sum();
+  EXPECT_EQ(s.dim(), 0);
+  EXPECT_TRUE(at::equal(to_local(s), rank() % 2 == 0 ? at::scalar_tensor(12.0) : at::scalar_tensor(0.0)));
+  // A list result: one empty local per element outside the mesh.
+  at::Tensor c = from_local(at::ones({3, 4}), mesh, {Shard{0}});
+  auto parts = c.split({2, 2}, 1);
+  ASSERT_EQ(parts.size(), 2u);
+  for (const auto& p : parts) {
+    EXPECT_EQ(p.sizes(), (c10::IntArrayRef{6, 2}));
+    expect_sub_mesh_local(rank(), at::ones({3, 2}), to_local(p));
+  }
+  // A non-tensor result that only the mesh can compute: a clear error outside it.
+  at::Tensor one = distribute_tensor(at::ones({1}), mesh, {Replicate{}});
+  if (rank() % 2 == 0) EXPECT_EQ(one.item<float>(), 1.0f);
+  else EXPECT_PRED2(contains, error_of([&] { one.item<float>(); }), "which is not in DeviceMesh('cpu', [0, 2])");
+}
+
+DTENSOR_TEST_F(Parity, SubMeshDistributeTensorAndRunCheck) {
+  counting_ = std::make_shared<CountingGroup>(group_ptr());
+  DeviceMesh mesh("cpu", at::tensor({2, 0}, at::kLong), {}, counting_);  // rank 2 first
+  at::Tensor global = at::arange(12, at::kFloat).reshape({4, 3});
+  counting_->reset();
+  at::Tensor dt = distribute_tensor(global + rank(), mesh, {Shard{0}}, /*src_data_rank=*/0);
+  EXPECT_EQ(dt.sizes(), (c10::IntArrayRef{4, 3}));
+  // The values of the mesh's first rank (2), rank 2 holding rows 0-1.
+  const at::Tensor want = (global + 2).chunk(2, 0)[rank() == 2 ? 0 : 1];
+  expect_sub_mesh_local(rank(), want, to_local(dt));
+  expect_sub_mesh_local(rank(), global + 2, full_tensor(dt));
+  if (rank() % 2 == 1) EXPECT_EQ(counting_->collectives(), 0);
+  // run_check among the mesh's ranks only: rank 0 differs from rank 2 (the mesh's first).
+  at::Tensor local = at::ones({2, 3}).requires_grad_(rank() != 0);
+  const std::string err = error_of([&] { from_local(local, mesh, {Shard{0}}, /*run_check=*/true); });
+  if (rank() % 2 == 0)
+    EXPECT_PRED2(contains, err, "rank 0 passed a local tensor with requires_grad=false but rank 2 with requires_grad=true");
+  else
+    EXPECT_EQ(err, "<no error>");
+  // Replicate with run_check: the mesh's first rank's values.
+  at::Tensor rep = from_local(at::full({2}, static_cast<double>(rank())), mesh, {Replicate{}}, true);
+  expect_sub_mesh_local(rank(), at::full({2}, 2.0), to_local(rep));
 }
 
 }  // namespace
