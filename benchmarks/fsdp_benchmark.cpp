@@ -5,6 +5,11 @@
 //   mode 1: fully_shard on 4 ranks (blocks, then the root), 2 sequences per rank;
 //   mode 2: the model replicated on 4 ranks with one flat all-reduce of the gradients after
 //           backward (DDP-like), 2 sequences per rank;
+//   mode 3: 2-D FSDP x TP on a 2x2 (dp, tp) mesh: Transformer::parallelize (no sequence
+//           parallelism) on mesh["tp"], then fully_shard (blocks, root) on mesh["dp"]; 4
+//           sequences per dp rank (issue 13);
+//   mode 4: tensor parallel only, 4-way (Transformer::parallelize on the 4 ranks), the whole
+//           batch on every rank;
 // ranks as threads (ThreadGroup) and as Gloo processes (the harness's worker pool). Counters:
 // state_bytes (this rank's parameters + gradients + Adam state), state_ratio (state_bytes over
 // the unsharded model's), peak_bytes (peak of allocated CPU memory during a step, threads only:
@@ -18,6 +23,7 @@
 #include "dtensor/comm/comm.h"
 #include "dtensor/fsdp/fsdp.h"
 #include "dtensor/nn/nn.h"
+#include "dtensor/parallel/parallel.h"
 #include "dtensor/tensor/dtensor.h"
 #include "models/models.h"
 #include "suites/testing/counting_group.h"
@@ -37,7 +43,11 @@ constexpr int kWorld = 4;
 constexpr int64_t kGlobalBatch = 8;
 using bench::TrackingAllocator;
 
-enum Mode { kOneRank = 0, kFsdp = 1, kDdp = 2 };
+enum Mode { kOneRank = 0, kFsdp = 1, kDdp = 2, kFsdpTp = 3, kTp = 4 };
+
+// Sequences per rank on 4 ranks, and which block of the global batch rank r takes.
+int64_t batch_of(Mode mode) { return mode == kFsdpTp ? kGlobalBatch / 2 : mode == kTp ? kGlobalBatch : kGlobalBatch / kWorld; }
+int64_t block_of(Mode mode, int rank) { return mode == kFsdpTp ? rank / 2 : mode == kTp ? 0 : rank; }
 
 models::ModelArgs bench_args() {
   models::ModelArgs a;
@@ -56,9 +66,21 @@ int64_t local_bytes(const at::Tensor& t) {
 }
 
 struct Trainer {
-  Trainer(Mode mode, int64_t batch, int rank, comm::GroupPtr group) : args(bench_args()), mode(mode), group(group) {
+  Trainer(Mode mode, int64_t batch, int rank, comm::GroupPtr group, int64_t block = -1)
+      : args(bench_args()), mode(mode), group(group) {
     model = models::Transformer(args);
-    if (mode == kFsdp) {
+    if (block < 0) block = rank;
+    if (mode == kFsdpTp) {
+      // parallelize broadcasts the parameters from each tp group's first rank.
+      auto mesh = init_device_mesh("cpu", {2, group->size() / 2}, {"dp", "tp"}, group);
+      models::Transformer::parallelize(model, mesh["tp"], false);
+      fsdp::FullyShardOptions opts;
+      opts.mesh = mesh["dp"];
+      for (size_t i = 0; i < model->layers->size(); ++i) fsdp::fully_shard(*model->layers->ptr(i), opts);
+      fsdp::fully_shard(model, opts);
+    } else if (mode == kTp) {
+      models::Transformer::parallelize(model, init_device_mesh("cpu", {group->size()}, {}, group), false);
+    } else if (mode == kFsdp) {
       fsdp::FullyShardOptions opts;
       opts.mesh = init_device_mesh("cpu", {group->size()}, {}, group);
       for (size_t i = 0; i < model->layers->size(); ++i) {
@@ -75,7 +97,7 @@ struct Trainer {
     opt = std::make_unique<torch::optim::Adam>(nn::parameters(*model), torch::optim::AdamOptions(1e-3));
     const int64_t seq = args.max_seq_len;
     at::Tensor all = (at::arange(kGlobalBatch * seq, at::kLong) * 7 + 1).remainder(args.vocab_size).view({kGlobalBatch, seq});
-    tokens = all.narrow(0, rank * batch, batch);
+    tokens = all.narrow(0, block * batch, batch);
     targets = tokens.roll(1, 1).flatten();
   }
   void step() {
@@ -169,7 +191,7 @@ void BM_StepThreads(benchmark::State& state) {
   bench::RankThreads ranks(kWorld, [&](int r) -> bench::RankThreads::Step {
     TrackingAllocator::set_slot(r + 1);
     auto counting = std::make_shared<testing::CountingGroup>(std::make_shared<comm::ThreadGroup>(world, r));
-    auto t = std::make_shared<Trainer>(mode, kGlobalBatch / kWorld, r, counting);
+    auto t = std::make_shared<Trainer>(mode, batch_of(mode), r, counting, block_of(mode, r));
     t->step();  // warm-up: Adam state
     counting->reset();
     const int64_t peak = step_peak(*t, r + 1).first;
@@ -202,7 +224,7 @@ class FsdpBenchProcess : public testing::MultiProcessTest {};
 
 void process_body(testing::MultiRankTest& t, Mode mode) {
   auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
-  Trainer trainer(mode, kGlobalBatch / t.group().size(), t.rank(), counting);
+  Trainer trainer(mode, batch_of(mode), t.rank(), counting, block_of(mode, t.rank()));
   trainer.step();
   counting->reset();
   trainer.step();
@@ -213,14 +235,16 @@ void process_body(testing::MultiRankTest& t, Mode mode) {
 }
 DTENSOR_TEST_F(FsdpBenchProcess, Step_mode1) { process_body(*this, kFsdp); }
 DTENSOR_TEST_F(FsdpBenchProcess, Step_mode2) { process_body(*this, kDdp); }
+DTENSOR_TEST_F(FsdpBenchProcess, Step_mode3) { process_body(*this, kFsdpTp); }
+DTENSOR_TEST_F(FsdpBenchProcess, Step_mode4) { process_body(*this, kTp); }
 
 void BM_StepProcesses(benchmark::State& state) {
   bench::run_in_worker_pool(state, kWorld, "FsdpBenchProcess.Step_mode" + std::to_string(state.range(0)));
 }
 
 BENCHMARK(BM_StepOneRank)->Unit(benchmark::kMillisecond)->MinTime(0.5);
-BENCHMARK(BM_StepThreads)->ArgName("mode")->Arg(kFsdp)->Arg(kDdp)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
-BENCHMARK(BM_StepProcesses)->ArgName("mode")->Arg(kFsdp)->Arg(kDdp)->Unit(benchmark::kMillisecond)->UseManualTime()->Iterations(1);
+BENCHMARK(BM_StepThreads)->ArgName("mode")->Arg(kFsdp)->Arg(kDdp)->Arg(kFsdpTp)->Arg(kTp)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_StepProcesses)->ArgName("mode")->Arg(kFsdp)->Arg(kDdp)->Arg(kFsdpTp)->Arg(kTp)->Unit(benchmark::kMillisecond)->UseManualTime()->Iterations(1);
 
 }  // namespace
 }  // namespace dtensor

@@ -11,7 +11,11 @@
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdlib>
+#include <string>
 
 namespace dtensor {
 namespace {
@@ -103,13 +107,63 @@ void BM_Threads(benchmark::State& state) {
   for (auto _ : state) runner.run();
 }
 
+// A whole gtest program of N tests, as ctest or a user runs it: this binary re-executed as a
+// gtest program (DTENSOR_BENCH_AS_GTEST=1) running OverheadProcess.AllReduceBody N times
+// (--gtest_repeat, fresh ranks per test in fork mode, the same ranks in pool mode), timed from
+// exec to exit. Reported: the program's wall time, and per_test_ms = (T(N) - T(1)) / (N - 1),
+// which leaves out what a program pays once (loading libtorch, the fork server, the pool).
+double run_program_ms(const std::string& mode, int tests) {
+  char exe[4096];
+  const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len <= 0) return -1;
+  exe[len] = 0;
+  const std::string cmd = "DTENSOR_BENCH_AS_GTEST=1 DTENSOR_LAUNCH_MODE=" + mode + " '" + exe +
+                          "' --gtest_filter=OverheadProcess.AllReduceBody --gtest_repeat=" +
+                          std::to_string(tests) + " >/dev/null 2>&1";
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = std::system(cmd.c_str());
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return rc == 0 ? ms : -1;
+}
+
+void BM_Program(benchmark::State& state) {
+  const int tests = static_cast<int>(state.range(0));
+  const std::string mode = state.range(1) == 0 ? "fork" : "pool";
+  double per_test = 0, total = 0;
+  int iters = 0;
+  for (auto _ : state) {
+    const double one = run_program_ms(mode, 1);
+    const double all = run_program_ms(mode, tests);
+    if (one < 0 || all < 0) {
+      state.SkipWithError("the program failed");
+      return;
+    }
+    state.SetIterationTime(all / 1000.0);
+    per_test += (all - one) / (tests - 1);
+    total += all;
+    ++iters;
+  }
+  state.counters["per_test_ms"] = per_test / iters;
+  state.counters["program_ms"] = total / iters;
+  state.SetLabel(std::to_string(tests) + " tests of 4 ranks, " + mode + " mode");
+}
+
 BENCHMARK(BM_ForkServer)->Arg(2)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
 BENCHMARK(BM_Spawn)->Arg(2)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
 BENCHMARK(BM_WorkerPool)->Arg(2)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
 BENCHMARK(BM_AllReduceCallCheck)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
 BENCHMARK(BM_Threads)->Arg(2)->Arg(4)->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(1.0);
+BENCHMARK(BM_Program)->Args({21, 0})->Args({21, 1})->Unit(benchmark::kMillisecond)->UseManualTime()->Iterations(3);
 
 }  // namespace
 }  // namespace dtensor
 
-int main(int argc, char** argv) { return dtensor::bench::main(argc, argv); }
+int main(int argc, char** argv) {
+  if (std::getenv("DTENSOR_BENCH_AS_GTEST")) {  // BM_Program's child: a plain gtest program
+    return dtensor::testing::main_with_harness(argc, argv, [](int& ac, char** av) {
+      ::testing::InitGoogleTest(&ac, av);
+      return RUN_ALL_TESTS();
+    });
+  }
+  return dtensor::bench::main(argc, argv);
+}

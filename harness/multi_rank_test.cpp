@@ -243,9 +243,11 @@ void MultiThreadedTest::RunRanks(const std::string& test_id) {
     std::condition_variable cv;
     int finished = 0;
     std::vector<std::optional<internal::RankResult>> results;
+    std::vector<bool> body_done;
   };
   auto shared = std::make_shared<Shared>();
   shared->results.resize(n);
+  shared->body_done.resize(n, false);
   // Threads share the sink; the capture (the installed gtest reporter) belongs to this frame
   // and is removed before reporting, so that the report itself reaches gtest.
   auto sink = std::make_shared<internal::RankSink>();
@@ -256,7 +258,12 @@ void MultiThreadedTest::RunRanks(const std::string& test_id) {
       t_thread_rank = r;
       auto g = std::make_shared<comm::ThreadGroup>(world, r);
       comm::set_thread_default_group(g);
+      internal::set_body_done_hook([shared, r] {
+        std::lock_guard<std::mutex> lk(shared->mu);
+        shared->body_done[r] = true;
+      });
       internal::RankResult res = internal::run_rank_body(test_id, r, g, *sink);
+      internal::set_body_done_hook(nullptr);
       comm::set_thread_default_group(nullptr);
       internal::set_current_rank(-1);
       if (res.fatal()) world->abort("rank " + std::to_string(r) + " stopped early");
@@ -287,6 +294,7 @@ void MultiThreadedTest::RunRanks(const std::string& test_id) {
     for (int r = 0; r < n; ++r) {
       outcomes[r].rank = r;
       outcomes[r].result = shared->results[r];
+      outcomes[r].body_done = shared->body_done[r];
       if (unfinished_at_timeout[r]) {
         outcomes[r].end = internal::RankOutcome::End::kTimedOut;
         outcomes[r].result.reset();

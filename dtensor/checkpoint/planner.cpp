@@ -70,18 +70,6 @@ void validate_chunks(const std::string& what, const std::vector<int64_t>& size, 
               " elements of size ", join(size));
 }
 
-std::array<std::array<uint32_t, 256>, 8> make_crc_tables() {
-  std::array<std::array<uint32_t, 256>, 8> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    t[0][i] = c;
-  }
-  for (uint32_t i = 0; i < 256; ++i) {
-    for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
-  }
-  return t;
-}
 
 }  // namespace
 
@@ -339,22 +327,6 @@ void from_json(const nlohmann::json& j, Metadata& m) {
   j.at("world_size").get_to(m.world_size);
   j.at("checksum_block_bytes").get_to(m.checksum_block_bytes);
   j.at("entries").get_to(m.entries);
-}
-
-uint32_t crc32(const void* data, size_t n, uint32_t crc) {
-  static const auto t = make_crc_tables();
-  const auto* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  while (n >= 8) {
-    uint32_t lo = crc ^ (uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24);
-    uint32_t hi = uint32_t(p[4]) | uint32_t(p[5]) << 8 | uint32_t(p[6]) << 16 | uint32_t(p[7]) << 24;
-    crc = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^ t[3][hi & 0xFF] ^
-          t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
-    p += 8;
-    n -= 8;
-  }
-  while (n--) crc = t[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
-  return ~crc;
 }
 
 }  // namespace checkpoint

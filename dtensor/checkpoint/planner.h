@@ -16,6 +16,8 @@
 //   - chunk_overlap: the box two chunks share (how load finds the byte ranges to read).
 #pragma once
 
+#include "dtensor/checkpoint/crc32.h"
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 #include <nlohmann/json.hpp>
@@ -132,9 +134,6 @@ void from_json(const nlohmann::json& j, Entry& e);
 // from_json checks the format name and version ("... format version 2, this build reads 1").
 void to_json(nlohmann::json& j, const Metadata& m);
 void from_json(const nlohmann::json& j, Metadata& m);
-
-// CRC-32 (IEEE 802.3, as zlib's crc32) of `n` bytes, continuing from `crc` (0 to start).
-uint32_t crc32(const void* data, size_t n, uint32_t crc = 0);
 
 }  // namespace checkpoint
 }  // namespace dtensor

@@ -239,8 +239,12 @@ std::vector<WriteResult> write_items(const std::vector<LocalItem>& local, const 
     sc.file = name;
     sc.offset = offset;
     sc.length = n;
-    for (int64_t b = 0; b < n; b += block) sc.crc32.push_back(crc32(bytes + b, size_t(std::min(block, n - b))));
-    write_all(fd, bytes, n, path);
+    // Checksum and write one block at a time (the block is still in the cache when written).
+    for (int64_t b = 0; b < n; b += block) {
+      const int64_t len = std::min(block, n - b);
+      sc.crc32.push_back(crc32(bytes + b, size_t(len)));
+      write_all(fd, bytes + b, len, path);
+    }
     offset += n;
     results.push_back({w, sc});
     if (opts.on_item_written) opts.on_item_written(w.fqn, n);
@@ -251,10 +255,8 @@ std::vector<WriteResult> write_items(const std::vector<LocalItem>& local, const 
   return results;
 }
 
-// The coordinator's commit: builds the metadata, writes it under a temporary name, renames it
-// to `.metadata`, and removes the data files of older saves.
-Metadata commit(const std::vector<std::vector<WriteResult>>& all, const std::string& dir, int64_t save_id,
-                const SaveOptions& opts) {
+// The metadata of a save from every rank's write results (every rank builds the same).
+Metadata build_metadata(const std::vector<std::vector<WriteResult>>& all, int64_t save_id, const SaveOptions& opts) {
   Metadata m;
   m.save_id = save_id;
   m.world_size = int(all.size());
@@ -273,6 +275,12 @@ Metadata commit(const std::vector<std::vector<WriteResult>>& all, const std::str
               [](const StoredChunk& a, const StoredChunk& b) { return a.chunk < b.chunk; });
   }
   validate_metadata(m);
+  return m;
+}
+
+// The coordinator's commit: writes the metadata under a temporary name, renames it to
+// `.metadata`, and removes the data files of older saves.
+void commit(const Metadata& m, const std::string& dir, const SaveOptions& opts) {
   const std::string tmp = (fs::path(dir) / (std::string(kMetadataFile) + ".tmp")).string();
   const std::string final_path = (fs::path(dir) / kMetadataFile).string();
   {
@@ -300,7 +308,6 @@ Metadata commit(const std::vector<std::vector<WriteResult>>& all, const std::str
     std::string name = de.path().filename().string();
     if (std::regex_match(name, data_file) && !keep.count(name) && de.is_regular_file(ec)) fs::remove(de.path(), ec);
   }
-  return m;
 }
 
 int64_t next_save_id(const std::string& dir) {
@@ -311,7 +318,30 @@ int64_t next_save_id(const std::string& dir) {
   }
 }
 
+// Runs `fn` (the same deterministic computation on every rank, from values every rank has);
+// its error is the coordinator's failure of `step`, raised as a CheckpointException on every rank.
+template <class Fn>
+auto on_every_rank(const DistWrapper& dist, const std::string& step, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const CheckpointException&) {
+    throw;
+  } catch (...) {
+    throw CheckpointException(step, {{dist.coordinator_rank(), wrap_exception(std::current_exception())}});
+  }
+}
+
 // `local_error`: this rank failed to collect its items; it fails the plan step on every rank.
+//
+// Three rounds of object collectives (each costs a few messages between every rank; on small
+// hosts their latency is much of a save's time, so there are as few as the steps need):
+//   1. "plan": all_gather of the local plans (the coordinator's also carries the save id, and
+//      creating the directory is part of its step); every rank then merges them into the same
+//      global plan (deterministic) and takes its part;
+//   2. "write": each rank writes its part; all_gather of the write results, from which every
+//      rank builds the same metadata;
+//   3. "commit": the coordinator writes the metadata (only reached when every write succeeded);
+//      a broadcast tells every rank whether it did.
 Metadata save_items(const std::vector<LocalItem>& local, std::exception_ptr local_error, const std::string& dir,
                     const SaveOptions& opts, bool use_dist, const comm::GroupPtr& group) {
   TORCH_CHECK(opts.checksum_block_bytes > 0 && opts.checksum_block_bytes % 16 == 0,
@@ -319,32 +349,35 @@ Metadata save_items(const std::vector<LocalItem>& local, std::exception_ptr loca
   DistWrapper dist(group, use_dist, opts.coordinator_rank);
   const int rank = dist.get_rank();
 
-  // 1. Plan: local plans -> the coordinator's global plan -> this rank's part (+ the save id).
-  nlohmann::json mine = dist.reduce_scatter(
-      "plan",
-      [&] {
-        if (local_error) std::rethrow_exception(local_error);
-        SavePlan p;
-        for (const auto& li : local) p.items.push_back(li.item);
-        return p;
-      },
-      [&](std::vector<SavePlan> all) {
-        std::vector<SavePlan> global = create_global_save_plan(all);
-        std::error_code ec;
-        fs::create_directories(dir, ec);
-        TORCH_CHECK(!ec && fs::is_directory(dir), "cannot create checkpoint directory '", dir, "': ", ec.message());
-        int64_t save_id = next_save_id(dir);
-        std::vector<nlohmann::json> out;
-        for (auto& p : global) out.push_back({{"save_id", save_id}, {"plan", p}});
-        return out;
-      });
-  const int64_t save_id = mine.at("save_id").get<int64_t>();
-  const SavePlan plan = mine.at("plan").get<SavePlan>();
+  std::vector<nlohmann::json> offers = dist.all_gather("plan", [&] {
+    if (local_error) std::rethrow_exception(local_error);
+    SavePlan p;
+    for (const auto& li : local) p.items.push_back(li.item);
+    nlohmann::json offer{{"plan", p}};
+    if (dist.is_coordinator()) {
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      TORCH_CHECK(!ec && fs::is_directory(dir), "cannot create checkpoint directory '", dir, "': ", ec.message());
+      offer["save_id"] = next_save_id(dir);
+    }
+    return offer;
+  });
+  const int64_t save_id = offers.at(size_t(dist.coordinator_rank())).at("save_id").get<int64_t>();
+  const SavePlan plan = on_every_rank(dist, "plan", [&] {
+    std::vector<SavePlan> all;
+    all.reserve(offers.size());
+    for (const auto& o : offers) all.push_back(o.at("plan").get<SavePlan>());
+    return create_global_save_plan(all).at(size_t(rank));
+  });
 
-  // 2. Write, then (only when every rank succeeded) the coordinator commits.
-  return dist.all_reduce(
-      "write", [&] { return write_items(local, plan, dir, rank, save_id, opts); },
-      [&](std::vector<std::vector<WriteResult>> all) { return commit(all, dir, save_id, opts); });
+  std::vector<std::vector<WriteResult>> written =
+      dist.all_gather("write", [&] { return write_items(local, plan, dir, rank, save_id, opts); });
+  Metadata m = on_every_rank(dist, "commit", [&] { return build_metadata(written, save_id, opts); });
+  dist.broadcast("commit", [&] {
+    commit(m, dir, opts);
+    return true;
+  });
+  return m;
 }
 
 // ---- reading ----------------------------------------------------------------------------------
@@ -358,39 +391,62 @@ class Reader {
   Reader(const Reader&) = delete;
   Reader& operator=(const Reader&) = delete;
 
-  // Bytes [from, to) of the stored chunk (rounded out to checksum blocks, each verified) into
-  // `out`; returns the offset of byte `from` in `out`.
-  int64_t read(const std::string& fqn, const StoredChunk& sc, int64_t from, int64_t to, at::Tensor& out) {
-    const int64_t blk_lo = from / block_;
-    const int64_t start = blk_lo * block_;
-    const int64_t end = std::min(sc.length, (to + block_ - 1) / block_ * block_);
-    out = at::empty({end - start}, at::kByte);
-    char* p = static_cast<char*>(out.data_ptr());
+  // Bytes [from, to) of the stored chunk into `out` (to - from bytes), verifying the checksum
+  // of every block that holds them. The blocks that lie wholly inside the range are read
+  // straight into `out` and checked there; the partial blocks at either end go through a
+  // scratch buffer.
+  void read(const std::string& fqn, const StoredChunk& sc, int64_t from, int64_t to, char* out) {
+    if (to <= from) return;
     const std::string path = (fs::path(dir_) / sc.file).string();
-    int fd = open_file(fqn, sc, path);
+    const int fd = open_file(fqn, sc, path);
+    const int64_t first_block = from / block_;
+    const int64_t end_block = (to + block_ - 1) / block_;
+    // Whole blocks inside [from, to): [mid_lo, mid_hi) (the chunk's last block ends at its end).
+    const int64_t mid_lo = (from % block_ == 0) ? from : (first_block + 1) * block_;
+    const int64_t mid_hi = (to == sc.length || to % block_ == 0) ? to : (to / block_) * block_;
+    // One block at a time, checked right after it is read (while it is still in the cache).
+    for (int64_t b = mid_lo; b < mid_hi; b += block_) {
+      const int64_t n = std::min(block_, mid_hi - b);
+      read_exact(fd, path, fqn, sc, b, b + n, out + (b - from));
+      verify(path, fqn, sc, b, n, out + (b - from));
+    }
+    for (int64_t blk = first_block; blk < end_block; ++blk) {
+      const int64_t bs = blk * block_;
+      const int64_t be = std::min(bs + block_, sc.length);
+      if (mid_lo < mid_hi && bs >= mid_lo && be <= mid_hi) continue;  // read above
+      scratch_.resize(size_t(be - bs));
+      read_exact(fd, path, fqn, sc, bs, be, scratch_.data());
+      verify(path, fqn, sc, bs, be - bs, scratch_.data());
+      const int64_t lo = std::max(bs, from), hi = std::min(be, to);
+      std::memcpy(out + (lo - from), scratch_.data() + (lo - bs), size_t(hi - lo));
+    }
+  }
+
+ private:
+  void read_exact(int fd, const std::string& path, const std::string& fqn, const StoredChunk& sc, int64_t lo,
+                  int64_t hi, char* p) {
     int64_t got = 0;
-    while (got < end - start) {
-      ssize_t r = ::pread(fd, p + got, size_t(end - start - got), off_t(sc.offset + start + got));
+    while (got < hi - lo) {
+      ssize_t r = ::pread(fd, p + got, size_t(hi - lo - got), off_t(sc.offset + lo + got));
       if (r < 0 && errno == EINTR) continue;
       TORCH_CHECK(r >= 0, "cannot read '", path, "' (key '", fqn, "'): ", errno_str());
       if (r == 0) break;
       got += r;
     }
-    TORCH_CHECK(got == end - start, "data file '", path, "' is truncated: key '", fqn, "' (chunk ",
-                sc.chunk.to_string(), ") needs bytes [", sc.offset + start, ", ", sc.offset + end,
-                ") of it, the file ends at ", sc.offset + start + got);
-    for (int64_t b = start; b < end; b += block_) {
-      const int64_t i = b / block_;
-      const int64_t n = std::min(block_, sc.length - b);
-      uint32_t c = crc32(p + (b - start), size_t(n));
-      TORCH_CHECK(c == sc.crc32.at(size_t(i)), "checksum mismatch in data file '", path, "': key '", fqn, "' (chunk ",
-                  sc.chunk.to_string(), "), bytes [", sc.offset + b, ", ", sc.offset + b + n, ") have crc32 ", c,
-                  ", the metadata says ", sc.crc32.at(size_t(i)), " (the file is corrupted)");
-    }
-    return from - start;
+    TORCH_CHECK(got == hi - lo, "data file '", path, "' is truncated: key '", fqn, "' (chunk ", sc.chunk.to_string(),
+                ") needs bytes [", sc.offset + lo, ", ", sc.offset + hi, ") of it, the file ends at ",
+                sc.offset + lo + got);
   }
 
- private:
+  void verify(const std::string& path, const std::string& fqn, const StoredChunk& sc, int64_t b, int64_t n,
+              const char* p) {
+    const uint32_t want = sc.crc32.at(size_t(b / block_));
+    const uint32_t c = crc32(p, size_t(n));
+    TORCH_CHECK(c == want, "checksum mismatch in data file '", path, "': key '", fqn, "' (chunk ", sc.chunk.to_string(),
+                "), bytes [", sc.offset + b, ", ", sc.offset + b + n, ") have crc32 ", c, ", the metadata says ", want,
+                " (the file is corrupted)");
+  }
+
   int open_file(const std::string& fqn, const StoredChunk& sc, const std::string& path) {
     auto it = fds_.find(sc.file);
     if (it != fds_.end()) return it->second;
@@ -403,9 +459,13 @@ class Reader {
   std::string dir_;
   int64_t block_;
   std::map<std::string, int> fds_;
+  std::vector<char> scratch_;
 };
 
 // Copies the part of the saved entry `e` that overlaps `box` into `target` (which holds box).
+// An overlap that is one run of bytes in the stored chunk and in a contiguous CPU target (the
+// same layout, or row blocks of it) is read straight into the target's memory; others are
+// read into a buffer and copied with strides.
 void read_into(Reader& reader, const std::string& fqn, const Entry& e, const ChunkMeta& box, const at::Tensor& target) {
   const at::ScalarType dtype = dtype_from_name(e.dtype);
   const int64_t esize = int64_t(c10::elementSize(dtype));
@@ -421,22 +481,24 @@ void read_into(Reader& reader, const std::string& fqn, const Entry& e, const Chu
       first += lo * strides[d];
       last += (lo + ov->sizes[d] - 1) * strides[d];
     }
-    at::Tensor buf;
-    int64_t at_byte = reader.read(fqn, sc, first * esize, (last + 1) * esize, buf);
-    at::Tensor flat = at::from_blob(buf.data_ptr(), {buf.numel() / esize}, at::TensorOptions().dtype(dtype));
-    at::Tensor src = flat.as_strided(ov->sizes, strides, at_byte / esize);
     at::Tensor dst = target;
     for (size_t d = 0; d < nd; ++d) dst = dst.narrow(int64_t(d), ov->offsets[d] - box.offsets[d], ov->sizes[d]);
-    dst.copy_(src);
+    if (last - first + 1 == ov->numel() && dst.device().is_cpu() && dst.scalar_type() == dtype &&
+        dst.is_contiguous()) {
+      reader.read(fqn, sc, first * esize, (last + 1) * esize, static_cast<char*>(dst.data_ptr()));
+      if (!dst.is_inference()) dst.unsafeGetTensorImpl()->bump_version();
+      continue;
+    }
+    at::Tensor buf = at::empty({last - first + 1}, at::TensorOptions().dtype(dtype));
+    reader.read(fqn, sc, first * esize, (last + 1) * esize, static_cast<char*>(buf.data_ptr()));
+    dst.copy_(buf.as_strided(ov->sizes, strides, 0));
   }
 }
 
 c10::IValue read_object(Reader& reader, const std::string& fqn, const Entry& e) {
   const StoredChunk& sc = e.chunks.at(0);
-  at::Tensor buf;
-  reader.read(fqn, sc, 0, sc.length, buf);
-  const char* p = static_cast<const char*>(buf.data_ptr());
-  std::vector<char> bytes(p, p + sc.length);
+  std::vector<char> bytes(size_t(sc.length));
+  reader.read(fqn, sc, 0, sc.length, bytes.data());
   return torch::jit::pickle_load(bytes);
 }
 
@@ -612,12 +674,11 @@ LoadResult load(StateDict& state_dict, const std::string& checkpoint_dir, const 
   const bool use_dist = resolve_use_dist(options.no_dist, options.process_group);
   comm::GroupPtr group = resolve_group(use_dist, options.process_group);
   DistWrapper dist(group, use_dist, options.coordinator_rank);
-  Metadata m = dist.broadcast("read metadata", [&] { return read_metadata(checkpoint_dir); });
-  return dist.all_reduce(
-      "read", [&] { return load_local(state_dict, m, checkpoint_dir, options); },
-      [&](std::vector<LoadResult> all) {
-        return LoadResult{merged(all, /*missing=*/true), merged(all, /*missing=*/false)};
-      });
+  // One round of collectives: every rank reads the metadata itself (as PyTorch's readers do)
+  // and its shards; the all_gather reports any rank's failure on every rank.
+  std::vector<LoadResult> all = dist.all_gather(
+      "read", [&] { return load_local(state_dict, read_metadata(checkpoint_dir), checkpoint_dir, options); });
+  return LoadResult{merged(all, /*missing=*/true), merged(all, /*missing=*/false)};
 }
 
 }  // namespace checkpoint

@@ -1,6 +1,8 @@
 // dtensor/comm/c10d_group.cpp
 #include "dtensor/comm/c10d_group.h"
 
+#include "dtensor/comm/abort.h"
+
 #include "dtensor/comm/c10d_guard.h"
 #include "dtensor/comm/device.h"
 #include "dtensor/compat.h"
@@ -19,8 +21,11 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupMPI.hpp>
 #endif
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 
@@ -170,6 +175,9 @@ struct C10dGroup::Impl {
   std::vector<detail::BackendEntry> entries;
   std::vector<c10::intrusive_ptr<BackendPg>> pgs;
   uint64_t subgroups_created = 0;
+  // A wait on this group was aborted (NOTE: [Aborting waits]): a backend thread may be
+  // blocked in that operation, and destroying the process group would join it.
+  std::atomic<bool> poisoned{false};
 
   // Where the collective on `t` runs (NOTE: [Backend routing]).
   struct Target {
@@ -237,12 +245,17 @@ static void creation_barrier(c10d::Store& store, int size, std::chrono::millisec
   if (size <= 1) return;
   const int64_t arrived = store.add("dtensor_group_ready_count", 1);
   const std::string gate = "dtensor_group_ready_" + std::to_string((arrived - 1) / size);
+  // The last to arrive also waits (one round trip): its set is then processed, and the
+  // others woken, before it can go on (and, say, crash, taking the store's host with it).
   if (arrived % size == 0) store.set(gate, std::vector<uint8_t>{1});
   store.wait({gate}, timeout);
 }
 
 C10dGroup::C10dGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-C10dGroup::~C10dGroup() = default;
+C10dGroup::~C10dGroup() {
+  if (impl_ && impl_->poisoned)
+    for (auto& pg : impl_->pgs) (void)pg.release();  // leaked on purpose (Impl::poisoned)
+}
 
 std::shared_ptr<C10dGroup> C10dGroup::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                              int size, const C10dGroupOptions& options) {
@@ -272,11 +285,43 @@ const std::vector<int>& C10dGroup::global_ranks() const { return impl_->global_r
 
 namespace {
 
+// NOTE: [Aborting waits] (abort.h)
+std::atomic<bool> g_abortable{false};
+std::atomic<bool> g_aborted{false};
+std::mutex g_abort_mu;
+std::string g_abort_reason;
+constexpr std::chrono::milliseconds kAbortSlice{20};
+
 // Waits for `work`, turning c10d/Gloo failures into CollectiveError with context.
-void wait_work(const Group& g, const char* op, const c10::intrusive_ptr<c10d::Work>& work,
-               std::chrono::milliseconds timeout) {
+void wait_work(const Group& g, std::atomic<bool>& poisoned, const char* op,
+               const c10::intrusive_ptr<c10d::Work>& work, std::chrono::milliseconds timeout) {
   try {
-    work->wait(timeout);
+    if (!g_abortable.load()) {
+      work->wait(timeout);
+      return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      if (auto why = waits_aborted()) {
+        poisoned = true;  // the operation stays pending in the backend (~C10dGroup)
+        throw CollectiveError(std::string(op) + " on " + g.describe() + " aborted: " + *why);
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      try {
+        work->wait(std::max(std::chrono::milliseconds(1), std::min(left, kAbortSlice)));
+        return;
+      } catch (const std::exception&) {
+        // A slice that ended without completion is no error until the deadline.
+        if (work->isCompleted()) {
+          work->wait(kAbortSlice);  // rethrows the operation's own error
+          return;
+        }
+        if (left <= kAbortSlice) throw;
+      }
+    }
+  } catch (const CollectiveError&) {
+    throw;
   } catch (const std::exception& e) {
     std::string what = e.what();
     if (auto* ce = dynamic_cast<const c10::Error*>(&e)) what = ce->what_without_backtrace();
@@ -315,7 +360,7 @@ void C10dGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
     std::vector<at::Tensor> ts{t};
     c10d::AllreduceOptions o;
     o.reduceOp = op == ReduceOp::AVG && tg.native.avg ? c10d::ReduceOp(c10d::ReduceOp::AVG) : to_c10d(op);
-    wait_work(*this, "all_reduce", tg.pg->allreduce(ts, o), impl_->options.timeout);
+    wait_work(*this, impl_->poisoned, "all_reduce", tg.pg->allreduce(ts, o), impl_->options.timeout);
     if (op == ReduceOp::AVG && !tg.native.avg) t.div_(static_cast<double>(size()));
   });
 }
@@ -327,14 +372,14 @@ void C10dGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
   at::Tensor in = for_backend(input, tg);
   in_place(output, tg, [&](at::Tensor& out) {
     if (tg.native.all_gather_base) {
-      wait_work(*this, "all_gather_into", tg.pg->_allgather_base(out, in), impl_->options.timeout);
+      wait_work(*this, impl_->poisoned, "all_gather_into", tg.pg->_allgather_base(out, in), impl_->options.timeout);
       return;
     }
     // Emulated: 1.13 Gloo has no _allgather_base. Blocks of a contiguous output along dim 0
     // are contiguous views, so the backend writes straight into them.
     std::vector<std::vector<at::Tensor>> outs{out.chunk(size(), 0)};
     std::vector<at::Tensor> ins{in};
-    wait_work(*this, "all_gather_into", tg.pg->allgather(outs, ins), impl_->options.timeout);
+    wait_work(*this, impl_->poisoned, "all_gather_into", tg.pg->allgather(outs, ins), impl_->options.timeout);
   });
 }
 
@@ -351,7 +396,7 @@ void C10dGroup::reduce_scatter_into(at::Tensor& output, const at::Tensor& input,
     in_place(output, tg, [&](at::Tensor& out) {
       c10d::ReduceScatterOptions o;
       o.reduceOp = op == ReduceOp::AVG && tg.native.avg ? c10d::ReduceOp(c10d::ReduceOp::AVG) : to_c10d(op);
-      wait_work(*this, "reduce_scatter_into", tg.pg->_reduce_scatter_base(out, in, o), impl_->options.timeout);
+      wait_work(*this, impl_->poisoned, "reduce_scatter_into", tg.pg->_reduce_scatter_base(out, in, o), impl_->options.timeout);
       if (op == ReduceOp::AVG && !tg.native.avg) out.div_(static_cast<double>(size()));
     });
     return;
@@ -370,7 +415,7 @@ void C10dGroup::all_to_all_single(at::Tensor& output, const at::Tensor& input,
   const Target tg = impl_->target(input);
   at::Tensor in = for_backend(input, tg);
   in_place(output, tg, [&](at::Tensor& out) {
-    wait_work(*this, "all_to_all_single", tg.pg->alltoall_base(out, in, splits.first, splits.second),
+    wait_work(*this, impl_->poisoned, "all_to_all_single", tg.pg->alltoall_base(out, in, splits.first, splits.second),
               impl_->options.timeout);
   });
 }
@@ -383,13 +428,13 @@ void C10dGroup::broadcast(at::Tensor& tensor, int src) {
     std::vector<at::Tensor> ts{t};
     c10d::BroadcastOptions o;
     o.rootRank = src;
-    wait_work(*this, "broadcast", tg.pg->broadcast(ts, o), impl_->options.timeout);
+    wait_work(*this, impl_->poisoned, "broadcast", tg.pg->broadcast(ts, o), impl_->options.timeout);
   });
 }
 
 void C10dGroup::barrier() {
   if (guard::barrier(*this)) return;
-  wait_work(*this, "barrier", impl_->default_pg().barrier(), impl_->options.timeout);
+  wait_work(*this, impl_->poisoned, "barrier", impl_->default_pg().barrier(), impl_->options.timeout);
 }
 
 void C10dGroup::send(const at::Tensor& tensor, int dst, int tag) {
@@ -398,7 +443,7 @@ void C10dGroup::send(const at::Tensor& tensor, int dst, int tag) {
   TORCH_CHECK(dst != rank(), "send on ", describe(), ": a rank cannot send to itself");
   const Target tg = impl_->target(tensor);
   std::vector<at::Tensor> ts{for_backend(tensor, tg)};
-  wait_work(*this, "send", tg.pg->send(ts, dst, tag), impl_->options.timeout);
+  wait_work(*this, impl_->poisoned, "send", tg.pg->send(ts, dst, tag), impl_->options.timeout);
 }
 
 void C10dGroup::recv(at::Tensor& tensor, int src, int tag) {
@@ -408,7 +453,7 @@ void C10dGroup::recv(at::Tensor& tensor, int src, int tag) {
   const Target tg = impl_->target(tensor);
   in_place(tensor, tg, [&](at::Tensor& t) {
     std::vector<at::Tensor> ts{t};
-    wait_work(*this, "recv", tg.pg->recv(ts, src, tag), impl_->options.timeout);
+    wait_work(*this, impl_->poisoned, "recv", tg.pg->recv(ts, src, tag), impl_->options.timeout);
   });
 }
 
@@ -424,7 +469,7 @@ void C10dGroup::gather(const at::Tensor& input, std::vector<at::Tensor>& outputs
   }
   c10d::GatherOptions o;
   o.rootRank = dst;
-  wait_work(*this, "gather", tg.pg->gather(outs, ins, o), impl_->options.timeout);
+  wait_work(*this, impl_->poisoned, "gather", tg.pg->gather(outs, ins, o), impl_->options.timeout);
   if (rank() == dst) {
     outputs = std::move(outs[0]);
     if (tg.stage)
@@ -452,7 +497,7 @@ void C10dGroup::scatter(at::Tensor& output, const std::vector<at::Tensor>& input
   o.rootRank = src;
   in_place(output, tg, [&](at::Tensor& out) {
     std::vector<at::Tensor> outs{out};
-    wait_work(*this, "scatter", tg.pg->scatter(outs, ins, o), impl_->options.timeout);
+    wait_work(*this, impl_->poisoned, "scatter", tg.pg->scatter(outs, ins, o), impl_->options.timeout);
   });
 }
 
@@ -474,6 +519,24 @@ std::shared_ptr<Group> C10dGroup::new_subgroup(const std::vector<int>& ranks) {
   sub->impl_->global_ranks.clear();
   for (int r : ranks) sub->impl_->global_ranks.push_back(impl_->global_ranks[r]);
   return sub;
+}
+
+void set_waits_abortable(bool on) { g_abortable = on; }
+void abort_waits(const std::string& reason) {
+  std::lock_guard<std::mutex> lk(g_abort_mu);
+  if (!g_aborted.load()) g_abort_reason = reason;
+  g_aborted = true;
+}
+void clear_aborted_waits() {
+  std::lock_guard<std::mutex> lk(g_abort_mu);
+  g_aborted = false;
+  g_abort_reason.clear();
+}
+std::optional<std::string> waits_aborted() {
+  if (!g_aborted.load()) return std::nullopt;
+  std::lock_guard<std::mutex> lk(g_abort_mu);
+  if (!g_aborted.load()) return std::nullopt;
+  return g_abort_reason;
 }
 
 }  // namespace comm

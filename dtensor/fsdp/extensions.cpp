@@ -14,8 +14,6 @@ namespace fsdp {
 
 namespace {
 
-std::string str(const std::vector<int64_t>& v) { return c10::str(c10::IntArrayRef(v)); }
-
 const DeviceMesh& mesh_1d(const at::Tensor& dtensor, const char* what) {
   TORCH_CHECK(is_dtensor(dtensor), what, ": expected a DTensor");
   const DeviceMesh& mesh = get_spec(dtensor).mesh;

@@ -555,6 +555,13 @@ std::shared_ptr<const ShardingSpec> infer_sharding_spec(const std::vector<ShardM
   if (shards.empty()) return nullptr;
   for (const auto& s : shards)
     if (!s.placement() || s.shard_offsets().size() != size.size()) return nullptr;
+  auto enumerable = [&]() -> std::shared_ptr<const ShardingSpec> {
+    try {
+      return std::make_shared<EnumerableShardingSpec>(shards);
+    } catch (const c10::Error&) {
+      return nullptr;  // overlapping shards: no spec describes them
+    }
+  };
   for (size_t d = 0; d < size.size(); ++d) {
     std::vector<ShardMetadata> order = shards;
     std::stable_sort(order.begin(), order.end(), [d](const ShardMetadata& a, const ShardMetadata& b) {
@@ -565,7 +572,7 @@ std::shared_ptr<const ShardingSpec> infer_sharding_spec(const std::vector<ShardM
     auto spec = std::make_shared<ChunkShardingSpec>(static_cast<int64_t>(d), placements);
     if (spec->build_metadata(size, {}).shards_metadata == order) return spec;
   }
-  return nullptr;
+  return enumerable();
 }
 
 }  // namespace sharded

@@ -112,7 +112,8 @@ class ShardedTensor {
   int64_t size(int64_t dim) const;
   int64_t dim() const;
   at::ScalarType dtype() const;
-  // The spec it was sharded with, or inferred; nullptr when the shards are not a chunk layout.
+  // The spec it was sharded with, or inferred (a ChunkShardingSpec when the shards form one,
+  // else an EnumerableShardingSpec of the shards, as in PyTorch).
   std::shared_ptr<const ShardingSpec> sharding_spec() const;
   const comm::GroupPtr& process_group() const;
 
@@ -160,9 +161,9 @@ class ShardedTensor {
 };
 
 // The ChunkShardingSpec `shards` form (the first dim along which they are exactly
-// spec.build_metadata(size) for placements ordered by offset), or nullptr.
-// (PyTorch: _infer_sharding_spec_from_shards_metadata, which returns an EnumerableShardingSpec
-// otherwise.)
+// spec.build_metadata(size) for placements ordered by offset), else an EnumerableShardingSpec
+// of them; nullptr for no shards, shards without placements or of another number of dims, or
+// overlapping shards. (PyTorch: _infer_sharding_spec_from_shards_metadata.)
 std::shared_ptr<const ShardingSpec> infer_sharding_spec(const std::vector<ShardMetadata>& shards,
                                                         const std::vector<int64_t>& size);
 

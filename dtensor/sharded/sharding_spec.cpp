@@ -73,15 +73,18 @@ ShardedTensor ChunkShardingSpec::shard(const at::Tensor& tensor, int src_rank, c
                 g.describe());
     chunk_of_rank[owners[i]] = static_cast<int>(i);
   }
-  TORCH_CHECK(static_cast<int>(owners.size()) == g.size(), "ChunkShardingSpec.shard: ", to_string(), " has ",
-              owners.size(), " placements; it needs one placement per rank of the ", g.describe());
 
   // 2. One scatter of flat pieces padded to the largest piece.
   const int64_t d = dim_ < 0 ? dim_ + tensor.dim() : dim_;
   const int64_t split = get_split_size(tensor.size(d), static_cast<int64_t>(placements_.size()));
   const int64_t scatter_numel = tensor.numel() == 0 ? 0 : split * (tensor.numel() / tensor.size(d));
-  const ShardMetadata& mine = meta.shards_metadata[chunk_of_rank[g.rank()]];
-  const auto options = tensor.options().device(mine.placement()->device()).requires_grad(false);
+  // A rank with no placement takes part in the scatter (it needs every rank) and drops what it
+  // receives: an empty piece.
+  const bool placed = chunk_of_rank[g.rank()] >= 0;
+  const ShardMetadata empty_md(std::vector<int64_t>(tensor.dim(), 0), std::vector<int64_t>(tensor.dim(), 0));
+  const ShardMetadata& mine = placed ? meta.shards_metadata[chunk_of_rank[g.rank()]] : empty_md;
+  const auto options =
+      tensor.options().device(placed ? mine.placement()->device() : tensor.device()).requires_grad(false);
   // Unpadded, the scatter writes straight into the shard; padded, into a buffer the shard is
   // copied out of.
   const bool padded = mine.numel() < scatter_numel;
@@ -93,6 +96,10 @@ ShardedTensor ChunkShardingSpec::shard(const at::Tensor& tensor, int src_rank, c
     if (g.rank() == src_rank) {
       at::Tensor src = tensor.detach();
       for (int r = 0; r < g.size(); ++r) {
+        if (chunk_of_rank[r] < 0) {
+          pieces.push_back(at::empty({scatter_numel}, tensor.options().requires_grad(false)));
+          continue;
+        }
         const ShardMetadata& m = meta.shards_metadata[chunk_of_rank[r]];
         at::Tensor piece = src.narrow(d, m.shard_offsets()[d], m.shard_sizes()[d]);
         if (piece.is_contiguous() && piece.numel() == scatter_numel) {
@@ -109,7 +116,7 @@ ShardedTensor ChunkShardingSpec::shard(const at::Tensor& tensor, int src_rank, c
   }
   local.set_requires_grad(tensor.requires_grad());
   std::vector<Shard> shards;
-  shards.emplace_back(local, mine);
+  if (placed) shards.emplace_back(local, mine);
   return ShardedTensor::init_from_local_shards_and_global_metadata(std::move(shards), meta, group, clone());
 }
 
@@ -129,6 +136,77 @@ ChunkShardingSpec ChunkShardingSpec::from_json(const nlohmann::json& j) {
   TORCH_CHECK(j.at("type").get<std::string>() == "ChunkShardingSpec", "ChunkShardingSpec.from_json: got a ",
               j.at("type").get<std::string>());
   return ChunkShardingSpec(j.at("dim").get<int64_t>(), j.at("placements").get<std::vector<RemoteDevice>>());
+}
+
+// ---- EnumerableShardingSpec ------------------------------------------------------------------------
+
+EnumerableShardingSpec::EnumerableShardingSpec(std::vector<ShardMetadata> shards) : shards_(std::move(shards)) {
+  TORCH_CHECK(!shards_.empty(), "Empty shard list provided: []");
+  for (const auto& s : shards_)
+    TORCH_CHECK(s.shard_offsets().size() == shards_[0].shard_offsets().size(),
+                "Found inconsistent ranks for shards: ", shards_[0].shard_offsets().size(), " and ",
+                s.shard_offsets().size());
+  validate_non_overlapping_shards_metadata(shards_);
+}
+
+ShardedTensorMetadata EnumerableShardingSpec::build_metadata(const std::vector<int64_t>& tensor_sizes,
+                                                             const TensorProperties& tensor_properties) const {
+  TORCH_CHECK(tensor_sizes.size() == shards_[0].shard_offsets().size(), to_string(), " has shards of ",
+              shards_[0].shard_offsets().size(), " dims but the tensor has ", tensor_sizes.size(), " dims");
+  check_tensor(shards_, tensor_sizes);
+  ShardedTensorMetadata meta;
+  meta.shards_metadata = shards_;
+  meta.size = tensor_sizes;
+  meta.tensor_properties = tensor_properties;
+  return meta;
+}
+
+ShardedTensor EnumerableShardingSpec::shard(const at::Tensor& tensor, int src_rank, comm::GroupPtr group) const {
+  if (!group) group = comm::default_group();
+  comm::Group& g = *group;
+  comm::detail::check_rank_arg(g, "EnumerableShardingSpec.shard", "src_rank", src_rank);
+  TORCH_CHECK(tensor.defined(), "EnumerableShardingSpec.shard: the tensor is undefined");
+  TORCH_CHECK(tensor.layout() == c10::kStrided, "EnumerableShardingSpec.shard: only strided tensors, got ",
+              tensor.layout());
+  // Metadata and placements first (the same on every rank: every rank throws alike).
+  const ShardedTensorMetadata meta = build_metadata(tensor.sizes().vec(), TensorProperties::create_from_tensor(tensor));
+  const std::vector<int> owners = placement_group_ranks(meta.shards_metadata, g);
+  at::Tensor full;
+  {
+    at::NoGradGuard no_grad;
+    full = tensor.detach().clone(at::MemoryFormat::Contiguous);
+    if (full.numel() > 0) g.broadcast(full, src_rank);
+  }
+  std::vector<Shard> shards;
+  for (size_t i = 0; i < owners.size(); ++i) {
+    if (owners[i] != g.rank()) continue;
+    const ShardMetadata& m = meta.shards_metadata[i];
+    at::Tensor piece = full;
+    for (size_t d = 0; d < m.shard_offsets().size(); ++d)
+      piece = piece.narrow(static_cast<int64_t>(d), m.shard_offsets()[d], m.shard_sizes()[d]);
+    at::Tensor local = piece.to(m.placement()->device()).clone(at::MemoryFormat::Contiguous);
+    local.set_requires_grad(tensor.requires_grad());
+    shards.emplace_back(local, m);
+  }
+  return ShardedTensor::init_from_local_shards_and_global_metadata(std::move(shards), meta, group, clone());
+}
+
+std::string EnumerableShardingSpec::to_string() const {
+  std::ostringstream os;
+  os << "EnumerableShardingSpec(shards=[";
+  for (size_t i = 0; i < shards_.size(); ++i) os << (i ? ", " : "") << shards_[i];
+  os << "])";
+  return os.str();
+}
+
+nlohmann::json EnumerableShardingSpec::to_json() const {
+  return {{"type", "EnumerableShardingSpec"}, {"shards", shards_}};
+}
+
+EnumerableShardingSpec EnumerableShardingSpec::from_json(const nlohmann::json& j) {
+  TORCH_CHECK(j.at("type").get<std::string>() == "EnumerableShardingSpec",
+              "EnumerableShardingSpec.from_json: got a ", j.at("type").get<std::string>());
+  return EnumerableShardingSpec(j.at("shards").get<std::vector<ShardMetadata>>());
 }
 
 }  // namespace sharded

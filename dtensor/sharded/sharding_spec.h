@@ -2,7 +2,7 @@
 //
 // How a tensor is cut into shards (torch.distributed._shard.sharding_spec). ChunkShardingSpec
 // cuts one dim like torch.chunk into as many pieces as it has placements; piece i goes to
-// placements[i].
+// placements[i]. EnumerableShardingSpec lists the shards.
 //
 //   ChunkShardingSpec spec(0, {"rank:0/cpu", "rank:1/cpu", "rank:2/cpu", "rank:3/cpu"});
 //   auto meta = spec.build_metadata({10, 4}, {});   // rows 0-2, 3-5, 6-8, 9 on ranks 0..3
@@ -59,8 +59,10 @@ class ChunkShardingSpec : public ShardingSpec {
   ShardedTensorMetadata build_metadata(const std::vector<int64_t>& tensor_sizes,
                                        const TensorProperties& tensor_properties) const override;
 
-  // Collective (see ShardingSpec::shard). The placements must name every rank of the group
-  // once (by global rank); rank p receives the piece of its placement. Source: a contiguous
+  // Collective (see ShardingSpec::shard). The placements name ranks of the group (by global
+  // rank), each at most once; a rank named by no placement gets no shard (as in PyTorch, a
+  // spec may place the tensor on a subset of the group); rank p receives the piece of its
+  // placement. Source: a contiguous
   // copy of each piece, padded to the largest piece (one scatter needs equal sizes); an even
   // chunking of dim 0 is scattered without copies. Each rank's shard is a new leaf tensor
   // with the input's requires_grad.
@@ -77,6 +79,43 @@ class ChunkShardingSpec : public ShardingSpec {
  private:
   int64_t dim_;
   std::vector<RemoteDevice> placements_;
+};
+
+// The shards listed one by one (torch.distributed._shard.sharding_spec.EnumerableShardingSpec):
+// any layout of non-overlapping boxes, several or none per rank.
+//
+//   EnumerableShardingSpec spec({ShardMetadata({0, 0}, {5, 5}, RemoteDevice("rank:0/cpu")),
+//                                ShardMetadata({0, 5}, {5, 5}, RemoteDevice("rank:1/cpu")),
+//                                ShardMetadata({5, 0}, {5, 5}, RemoteDevice("rank:2/cpu")),
+//                                ShardMetadata({5, 5}, {5, 5}, RemoteDevice("rank:3/cpu"))});
+//   ShardedTensor st = dtensor::sharded::zeros(spec, {10, 10});   // one 5x5 block per rank
+class EnumerableShardingSpec : public ShardingSpec {
+ public:
+  // Throws "Empty shard list provided", "Found inconsistent ranks for shards: 2 and 3" (shards
+  // of different dims) or "Shards ... overlap".
+  explicit EnumerableShardingSpec(std::vector<ShardMetadata> shards);
+
+  const std::vector<ShardMetadata>& shards() const { return shards_; }
+
+  // The shards as they are, after checking that they tile a tensor of `tensor_sizes` (PyTorch's
+  // check_tensor: "Shard offset ... and length ... exceeds tensor dim" / "Total volume of shards").
+  ShardedTensorMetadata build_metadata(const std::vector<int64_t>& tensor_sizes,
+                                       const TensorProperties& tensor_properties) const override;
+
+  // Collective over `group` (PyTorch has no EnumerableShardingSpec.shard: NotImplementedError).
+  // Rank `src_rank`'s tensor is broadcast to the group (one broadcast of the whole tensor), and
+  // every rank keeps contiguous copies of the shards placed on it (possibly none). Each shard is
+  // a new leaf tensor with the input's requires_grad.
+  ShardedTensor shard(const at::Tensor& tensor, int src_rank = 0, comm::GroupPtr group = nullptr) const override;
+
+  // "EnumerableShardingSpec(shards=[ShardMetadata(shard_offsets=[0, 0], ...), ...])"
+  std::string to_string() const override;
+  nlohmann::json to_json() const override;
+  std::shared_ptr<ShardingSpec> clone() const override { return std::make_shared<EnumerableShardingSpec>(*this); }
+  static EnumerableShardingSpec from_json(const nlohmann::json& j);
+
+ private:
+  std::vector<ShardMetadata> shards_;
 };
 
 // Checks that every shard of `metadata` is placed on a rank of `group` ("Global rank 5 does

@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <dlfcn.h>
 #include <execinfo.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -308,10 +309,32 @@ pid_t zygote_pump(bool want_pid, int timeout_ms) {
 int g_rank_for_signals = -1;
 pid_t g_main_tid = 0;
 
+// NOTE: [Symbolised user frames]: after the usual backtrace, one line
+//   [dtensor] frames: <module>+0x<offset> <module>+0x<offset> ...
+// (module-relative addresses, the main program by its real path) that the orchestrator turns
+// into functions and file:line with addr2line (symbolise_stack in rank_run.cpp).
+char g_exe_path[1024] = "";
+const void* g_exe_base = nullptr;
+
+void write_frames_line(int fd, void* const* frames, int n) {
+  char line[256];
+  (void)!::write(fd, "[dtensor] frames:", 17);
+  for (int i = 0; i < n; ++i) {
+    Dl_info info{};
+    if (!::dladdr(frames[i], &info) || !info.dli_fname || !info.dli_fbase) continue;
+    const char* mod = info.dli_fbase == g_exe_base && g_exe_path[0] ? g_exe_path : info.dli_fname;
+    const auto off = reinterpret_cast<uintptr_t>(frames[i]) - reinterpret_cast<uintptr_t>(info.dli_fbase);
+    const int len = std::snprintf(line, sizeof line, " %s+0x%lx", mod, static_cast<unsigned long>(off));
+    if (len > 0) (void)!::write(fd, line, std::min(static_cast<size_t>(len), sizeof line - 1));
+  }
+  (void)!::write(fd, "\n", 1);
+}
+
 void write_stack(int fd) {
   void* frames[64];
   int n = ::backtrace(frames, 64);
   ::backtrace_symbols_fd(frames, n, fd);
+  write_frames_line(fd, frames, n);
 }
 
 void on_fatal_signal(int sig) {
@@ -342,6 +365,10 @@ void install_rank_signal_handlers(int rank) {
   g_main_tid = static_cast<pid_t>(::syscall(SYS_gettid));
   void* warm[1];
   ::backtrace(warm, 1);  // loads libgcc now, not inside a signal handler
+  Dl_info self{};
+  if (::dladdr(reinterpret_cast<void*>(&write_frames_line), &self)) g_exe_base = self.dli_fbase;
+  const ssize_t len = ::readlink("/proc/self/exe", g_exe_path, sizeof g_exe_path - 1);
+  g_exe_path[len > 0 ? len : 0] = 0;
   for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) ::signal(sig, on_fatal_signal);
   struct sigaction sa {};
   sa.sa_handler = on_stack_request;
@@ -359,6 +386,8 @@ int connect_unix(const std::string& path) {
 }
 
 }  // namespace
+
+void install_rank_signals(int rank) { install_rank_signal_handlers(rank); }
 
 void start_fork_server() {
   if (g_zygote_fd >= 0) return;
@@ -409,6 +438,7 @@ void stop_fork_server() {
     ::_exit(3);
   }
   write_line(ctl, {{"hello", req.rank}, {"pid", ::getpid()}});
+  set_body_done_hook([ctl] { write_line(ctl, {{"body_done", true}}); });  // for the timeout report
 
   comm::GroupPtr group;
   std::string group_error;
@@ -491,6 +521,7 @@ struct RankSet::Impl {
     int fd = -1;  // control connection, after hello
     LineReader rd;
     std::optional<RankResult> result;
+    bool body_done = false;
     std::string log_path;
     std::uintmax_t log_offset = 0;
   };
@@ -676,6 +707,7 @@ void RankSet::Impl::handle_line(Proc* p, Pending* pend, const std::string& line)
     }
     return;
   }
+  if (j.contains("body_done") && p) p->body_done = true;
   if (j.contains("result") && p) p->result = j["result"].get<RankResult>();
 }
 
@@ -775,6 +807,7 @@ std::vector<RankOutcome> RankSet::run(const std::string& test_id, std::chrono::m
   std::vector<bool> sent(I.n, !I.pool);
   for (auto& p : I.procs) {
     p.result.reset();
+    p.body_done = false;
     std::error_code ec;
     p.log_offset = fs::exists(p.log_path, ec) ? fs::file_size(p.log_path, ec) : 0;
   }
@@ -841,6 +874,7 @@ std::vector<RankOutcome> RankSet::run(const std::string& test_id, std::chrono::m
     auto& o = out[r];
     o.rank = r;
     o.result = p.result;
+    o.body_done = p.body_done;
     if (o.end == RankOutcome::End::kFinished && p.exited) {
       if (WIFSIGNALED(p.status) && !p.result) {
         o.end = RankOutcome::End::kSignaled;

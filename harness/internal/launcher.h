@@ -43,6 +43,10 @@ void start_fork_server();
 bool fork_server_running();
 void stop_fork_server();
 
+// A rank's fatal-signal handlers (print the rank and its stack) and SIGUSR1 (print the stack
+// of the thread that installed them, the test thread). Rank processes and external ranks.
+void install_rank_signals(int rank);
+
 // Entry of a rank process; never returns.
 [[noreturn]] void rank_process_main(const RankRequest& request);
 

@@ -5,13 +5,21 @@
 
 #include <c10/util/Exception.h>
 
+#include <cxxabi.h>
+#include <unistd.h>
+
+#include <cstdio>
+
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <memory>
+#include <regex>
 #include <set>
 #include <sstream>
+#include <typeinfo>
 
 namespace dtensor {
 namespace testing {
@@ -29,7 +37,10 @@ std::map<std::string, Entry>& registry() {
   return r;
 }
 thread_local int t_rank = -1;
+thread_local std::function<void()> t_body_done_hook;
 }  // namespace
+
+void set_body_done_hook(std::function<void()> hook) { t_body_done_hook = std::move(hook); }
 
 RankTestRegistrar::RankTestRegistrar(const char* test_id, RankTestFactory factory, const char* file,
                                      int line) {
@@ -136,14 +147,33 @@ std::vector<RankPart> RankSink::take(int rank) {
 
 // ---- running a body --------------------------------------------------------------------------
 namespace {
+std::string type_name(const std::exception& e) {
+  int status = 0;
+  const char* mangled = typeid(e).name();
+  std::unique_ptr<char, void (*)(void*)> d(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
+  return status == 0 && d ? d.get() : mangled;
+}
+
+// An uncaught exception: its type and message always; filed where it was thrown when known
+// (a c10::Error records that: TORCH_CHECK's file:line), else at the DTENSOR_TEST_F line.
 RankPart exception_part(const std::string& where, const std::exception& e, const Entry& entry) {
   RankPart p;
   p.kind = "exception";
   p.file = entry.file;
   p.line = entry.line;
   std::string what = e.what();
-  if (auto* ce = dynamic_cast<const c10::Error*>(&e)) what = ce->what_without_backtrace();
-  p.message = "uncaught exception in " + where + ": " + what;
+  std::string thrown;
+  if (auto* ce = dynamic_cast<const c10::Error*>(&e)) {
+    what = ce->what_without_backtrace();
+    std::smatch m;
+    const std::string full = ce->what();
+    if (std::regex_search(full, m, std::regex("Exception raised from (\\S+) at ([^\\s:]+):([0-9]+)"))) {
+      p.file = m[2];
+      p.line = std::stoi(m[3]);
+      thrown = ", thrown in " + m[1].str() + " at " + p.file + ":" + m[3].str();
+    }
+  }
+  p.message = "uncaught exception in " + where + ": " + what + " (" + type_name(e) + thrown + ")";
   p.collective_error = dynamic_cast<const comm::CollectiveError*>(&e) != nullptr;
   return p;
 }
@@ -194,6 +224,7 @@ RankResult run_rank_body(const std::string& test_id, int rank, const comm::Group
     auto more = capture.take(rank);
     parts.insert(parts.end(), more.begin(), more.end());
   }
+  if (t_body_done_hook) t_body_done_hook();
   if (barrier_after && group && !stopped(parts)) {
     guarded("the barrier after the test body", [&] { group->barrier(); });
     auto more = capture.take(rank);
@@ -208,6 +239,111 @@ RankResult run_rank_body(const std::string& test_id, int rank, const comm::Group
 
 // ---- reporting -------------------------------------------------------------------------------
 namespace {
+// NOTE: [Symbolised user frames] (launcher.cpp): the frames of the last "[dtensor] frames:"
+// line of a rank's output, symbolised with addr2line (function; file:line when the binary has
+// line tables, e.g. -g1; else the source file the symbol table names, or nothing).
+struct Frame {
+  std::string module, function, file;
+  int line = -1;
+};
+std::vector<Frame> symbolise_stack(const std::string& output) {
+  std::vector<Frame> frames;
+  const auto at = output.rfind("[dtensor] frames:");
+  if (at == std::string::npos) return frames;
+  std::istringstream is(output.substr(at + 17, output.find('\n', at) - at - 17));
+  std::string tok;
+  std::vector<std::pair<std::string, unsigned long>> raw;
+  while (is >> tok) {
+    const auto plus = tok.rfind("+0x");
+    if (plus == std::string::npos) continue;
+    try {
+      raw.emplace_back(tok.substr(0, plus), std::stoul(tok.substr(plus + 3), nullptr, 16));
+    } catch (const std::exception&) {
+    }
+  }
+  for (auto& r : raw) {
+    Frame f;
+    f.module = r.first;
+    frames.push_back(f);
+  }
+  // One addr2line per module, its addresses in order.
+  std::map<std::string, std::vector<size_t>> by_module;
+  for (size_t i = 0; i < raw.size(); ++i) by_module[raw[i].first].push_back(i);
+  for (auto& [module, idx] : by_module) {
+    const bool system = module.find("/libc.so") != std::string::npos || module.find("libstdc++") != std::string::npos ||
+                        module.find("libgcc") != std::string::npos || module.find("ld-linux") != std::string::npos ||
+                        module.find("libtorch") != std::string::npos || module.find("libc10") != std::string::npos;
+    if (system || ::access(module.c_str(), R_OK) != 0 || module.find('\'') != std::string::npos) continue;
+    std::ostringstream cmd;
+    cmd << "addr2line -C -f -e '" << module << "'";
+    for (size_t i : idx) cmd << " 0x" << std::hex << (raw[i].second > 0 ? raw[i].second - 1 : 0);
+    cmd << " 2>/dev/null";
+    FILE* p = ::popen(cmd.str().c_str(), "r");
+    if (!p) continue;
+    std::string out;
+    char buf[4096];
+    size_t got;
+    while ((got = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, got);
+    ::pclose(p);
+    std::istringstream lines(out);
+    for (size_t i : idx) {
+      std::string fn, loc;
+      if (!std::getline(lines, fn) || !std::getline(lines, loc)) break;
+      Frame& f = frames[i];
+      if (fn != "??") f.function = fn;
+      const auto colon = loc.rfind(':');
+      if (colon != std::string::npos && loc.substr(0, colon) != "??") {
+        f.file = loc.substr(0, colon);
+        try {
+          f.line = std::stoi(loc.substr(colon + 1));
+        } catch (const std::exception&) {
+          f.line = -1;  // "?": no line table
+        }
+      }
+    }
+  }
+  return frames;
+}
+// The user's frame: the first one with a function that is not the harness's, gtest's, or in
+// a system library or libtorch (those were not symbolised).
+const Frame* user_frame(const std::vector<Frame>& frames) {
+  for (auto& f : frames) {
+    if (f.function.empty()) continue;
+    if (f.function.rfind("dtensor::testing::", 0) == 0 || f.function.rfind("testing::", 0) == 0) continue;
+    if (f.function.rfind("std::", 0) == 0 || f.function.rfind("__", 0) == 0) continue;  // library templates
+    if (f.file.find("/harness/") != std::string::npos || f.file.find("gtest") != std::string::npos) continue;
+    return &f;
+  }
+  return nullptr;
+}
+std::string frame_str(const Frame& f) {
+  std::string s = f.function;
+  if (!f.file.empty()) s += " (" + f.file + (f.line > 0 ? ":" + std::to_string(f.line) : "") + ")";
+  return s;
+}
+// Where to file a crash or a timeout: the user's frame when it has a line, else the test's
+// DTENSOR_TEST_F line; the user's frames (up to the test body) are added to the message.
+std::pair<std::string, int> file_at(const std::string& test_id, const std::vector<Frame>& frames,
+                                    std::string* detail) {
+  std::pair<std::string, int> at{"", -1};
+  auto it = registry().find(test_id);
+  if (it != registry().end()) at = {it->second.file, it->second.line};
+  const Frame* u = user_frame(frames);
+  if (!u) return at;
+  if (u->line > 0) at = {u->file, u->line};
+  std::ostringstream os;
+  os << ", in " << frame_str(*u);
+  bool first = true;
+  for (const Frame* f = u + 1; f < frames.data() + frames.size(); ++f) {
+    if (f->function.empty() || f->function.rfind("dtensor::testing::", 0) == 0) break;  // back in the harness
+    if (f->function.rfind("std::", 0) == 0) continue;
+    os << (first ? "; called from " : " <- ") << frame_str(*f);
+    first = false;
+  }
+  *detail = os.str();
+  return at;
+}
+
 std::string ranks_str(const std::vector<int>& rs) {
   std::ostringstream os;
   for (size_t i = 0; i < rs.size(); ++i) os << (i ? "," : "") << rs[i];
@@ -237,6 +373,10 @@ void report_outcomes(const std::string& test_id, const std::vector<RankOutcome>&
   std::map<std::tuple<std::string, int, std::string>, std::vector<int>> failures;
   std::vector<std::tuple<std::string, int, std::string>> order;
   std::vector<int> secondary, killed, timed_out, failing;
+  // What secondary ranks said (NOTE: kept, shortened, after the primary failure): message -> ranks.
+  std::map<std::string, std::vector<int>> secondary_messages;
+  std::vector<std::string> secondary_order;
+  std::vector<int> timed_out_in_body, timed_out_after_body;
   std::vector<std::pair<int, std::string>> skips;
   for (auto& o : outcomes) {
     bool failed_rank = false;
@@ -248,7 +388,13 @@ void report_outcomes(const std::string& test_id, const std::vector<RankOutcome>&
           skips.emplace_back(o.rank, p.message);
           continue;
         }
-        if (sec) continue;
+        if (sec) {
+          std::string m = p.message;
+          if (m.size() > 240) m = m.substr(0, 240) + "...";
+          if (!secondary_messages.count(m)) secondary_order.push_back(m);
+          secondary_messages[m].push_back(o.rank);
+          continue;
+        }
         auto key = std::make_tuple(p.file, p.line, p.message);
         if (!failures.count(key)) order.push_back(key);
         failures[key].push_back(o.rank);
@@ -256,11 +402,15 @@ void report_outcomes(const std::string& test_id, const std::vector<RankOutcome>&
       }
     }
     switch (o.end) {
-      case RankOutcome::End::kSignaled:
-        ADD_FAILURE() << "[rank " << o.rank << "] crashed: killed by signal "
-                      << signal_name(o.signal) << " while running " << test_id;
+      case RankOutcome::End::kSignaled: {
+        std::string detail;
+        const auto at = file_at(test_id, symbolise_stack(o.output), &detail);
+        ADD_FAILURE_AT(at.first.empty() ? "unknown file" : at.first.c_str(), at.second)
+            << "[rank " << o.rank << "] crashed: killed by signal " << signal_name(o.signal)
+            << " while running " << test_id << detail;
         failed_rank = true;
         break;
+      }
       case RankOutcome::End::kExited:
         if (!o.result) {
           ADD_FAILURE() << "[rank " << o.rank << "] exited with code " << o.exit_code
@@ -271,6 +421,7 @@ void report_outcomes(const std::string& test_id, const std::vector<RankOutcome>&
       case RankOutcome::End::kKilledAfterPeer: killed.push_back(o.rank); break;
       case RankOutcome::End::kTimedOut:
         timed_out.push_back(o.rank);
+        (o.body_done ? timed_out_after_body : timed_out_in_body).push_back(o.rank);
         failed_rank = true;
         break;
       case RankOutcome::End::kFinished: break;
@@ -284,18 +435,37 @@ void report_outcomes(const std::string& test_id, const std::vector<RankOutcome>&
         << "[rank" << (rs.size() > 1 ? "s " : " ") << ranks_str(rs) << "] " << std::get<2>(key);
   }
   if (!timed_out.empty()) {
-    ADD_FAILURE() << test_id << " timed out after " << timeout.count() / 1000.0
-                  << " s; ranks that had not finished: " << ranks_str(timed_out)
-                  << (stacks.empty() ? std::string() : "\nTheir stacks:\n" + stacks);
+    std::ostringstream where;
+    if (!timed_out_in_body.empty()) where << "; ranks still in the test body: " << ranks_str(timed_out_in_body);
+    if (!timed_out_after_body.empty())
+      where << "; ranks that had finished the body and waited for the others: " << ranks_str(timed_out_after_body);
+    // Filed where the first rank still in its body is stuck (its stack dump), when known.
+    std::string detail;
+    std::pair<std::string, int> at{"", -1};
+    for (auto& o : outcomes)
+      if (o.end == RankOutcome::End::kTimedOut && !o.body_done) {
+        at = file_at(test_id, symbolise_stack(o.output), &detail);
+        if (!detail.empty()) detail = " (rank " + std::to_string(o.rank) + " is stuck" + detail + ")";
+        break;
+      }
+    ADD_FAILURE_AT(at.first.empty() ? "unknown file" : at.first.c_str(), at.second)
+        << test_id << " timed out after " << timeout.count() / 1000.0 << " s" << where.str() << detail
+        << (stacks.empty() ? std::string() : "\nTheir stacks:\n" + stacks);
   }
   if (!failing.empty() || !timed_out.empty()) {
     if (!secondary.empty() || !killed.empty()) {
       std::ostringstream os;
-      if (!secondary.empty())
+      if (!secondary.empty()) {
         os << "ranks " << ranks_str(secondary)
-           << " stopped with collective errors caused by the failure above";
+           << " stopped with collective errors caused by the failure above:";
+        for (auto& m : secondary_order) {
+          const auto& rs = secondary_messages[m];
+          os << "\n[dtensor]   [rank" << (rs.size() > 1 ? "s " : " ") << ranks_str(rs) << "] " << m;
+        }
+        if (!killed.empty()) os << "\n[dtensor] ";
+      }
       if (!killed.empty())
-        os << (secondary.empty() ? "" : "; ") << "ranks " << ranks_str(killed)
+        os << "ranks " << ranks_str(killed)
            << " were stopped by the harness after rank " << failing.front() << " failed";
       std::cout << "[dtensor] " << os.str() << std::endl;
     }

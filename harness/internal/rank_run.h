@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -48,6 +49,8 @@ struct RankOutcome {
   enum class End { kFinished, kExited, kSignaled, kKilledAfterPeer, kTimedOut } end = End::kFinished;
   int exit_code = 0;
   int signal = 0;
+  // The rank was through its body (and TearDownRank): at a timeout, it waited for the others.
+  bool body_done = false;
   std::string output;  // captured stdout+stderr (processes only)
 };
 
@@ -80,6 +83,10 @@ int current_rank();
 // after a body that ran to completion. Never throws; everything lands in the result.
 RankResult run_rank_body(const std::string& test_id, int rank, const comm::GroupPtr& group,
                          RankSink& sink, bool barrier_after = true);
+
+// Called (on the rank's thread) when its body and TearDownRank are over, before the closing
+// barrier: tells the orchestrator that this rank now only waits for the others. Thread-local.
+void set_body_done_hook(std::function<void()> hook);
 
 // Orchestrator: adds the gtest failures/skip for the outcomes of one test.
 void report_outcomes(const std::string& test_id, const std::vector<RankOutcome>& outcomes,

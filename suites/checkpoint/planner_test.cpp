@@ -137,6 +137,42 @@ TEST(CheckpointPlanner, Crc32IsZlibs) {
   std::string big(1000, 'x');
   uint32_t whole = crc32(big.data(), big.size());
   EXPECT_EQ(crc32(big.data() + 3, 997, crc32(big.data(), 3)), whole);
+  EXPECT_EQ(whole, 0x3b41c9e6u);  // Python: zlib.crc32(b'x' * 1000)
+  std::string bytes(4099, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = char((i * 131 + 7) % 251);
+  EXPECT_EQ(crc32(bytes.data(), bytes.size()), 0x81bb950fu);  // zlib.crc32(bytes(...))
+}
+
+// The folding paths (PCLMULQDQ from 64 bytes, AVX-512 VPCLMULQDQ from 256, where the CPU has them) give the tables' and a bit-by-bit
+// reference's value for every length around its 16- and 64-byte steps, any alignment, and
+// when continued from a previous value.
+TEST(CheckpointPlanner, Crc32FastPathMatchesTheReference) {
+  auto bitwise = [](const unsigned char* p, size_t n, uint32_t crc) {
+    crc = ~crc;
+    for (size_t i = 0; i < n; ++i) {
+      crc ^= p[i];
+      for (int k = 0; k < 8; ++k) crc = (crc & 1) ? 0xEDB88320u ^ (crc >> 1) : crc >> 1;
+    }
+    return ~crc;
+  };
+  std::vector<unsigned char> buf(5000);
+  uint32_t x = 12345;
+  for (auto& b : buf) {
+    x = x * 1103515245u + 12345u;
+    b = static_cast<unsigned char>(x >> 16);
+  }
+  for (size_t start : {size_t(0), size_t(1), size_t(7), size_t(13)}) {
+    for (size_t n = 0; n < 700; ++n) {
+      const unsigned char* p = buf.data() + start;
+      const uint32_t want = bitwise(p, n, 0);
+      ASSERT_EQ(crc32(p, n), want) << "start " << start << " length " << n;
+      ASSERT_EQ(crc32_portable(p, n), want) << "start " << start << " length " << n;
+      ASSERT_EQ(crc32(p + n / 3, n - n / 3, crc32(p, n / 3)), want) << "start " << start << " length " << n;
+    }
+  }
+  for (size_t n : {size_t(1024), size_t(4096) + 17, size_t(4999)}) {
+    EXPECT_EQ(crc32(buf.data() + 1, n - 1), bitwise(buf.data() + 1, n - 1, 0)) << n;
+  }
 }
 
 }  // namespace

@@ -380,14 +380,55 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, CorruptedTruncatedAndMissin
                "cannot open data file '" + rows4 + "' (key 'w'): No such file or directory");
   t.group().barrier();
 
-  // Missing metadata: the coordinator cannot read it; every rank raises.
+  // Missing metadata: no rank can read it; every rank raises naming every rank.
   if (t.rank() == 0) fs::remove(fs::path(ckpt) / ".metadata");
   t.group().barrier();
   e = checkpoint_error_of([&] { checkpoint::load(rep, ckpt); });
   ASSERT_TRUE(e);
-  EXPECT_EQ(e->step(), "read metadata");
-  EXPECT_EQ(failing_ranks(*e), std::vector<int>{0});
+  EXPECT_EQ(e->step(), "read");
+  EXPECT_EQ(failing_ranks(*e), (std::vector<int>{0, 1, 2, 3}));
   EXPECT_PRED2(contains, e->what_without_backtrace(), "no checkpoint in '" + ckpt + "'");
+}
+
+// Checksum blocks smaller than the chunks (2 rows each here): a load into another row split
+// reads the whole blocks of a shard straight into it and the blocks it needs only part of (at
+// its edges) through a buffer, checking every block it touches. A flipped byte fails each rank
+// that reads any part of its block, even one that does not need that byte.
+DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, SmallChecksumBlocksAreCheckedAtShardEdges) {
+  SharedDir dir(t.group());
+  auto mesh1 = init_device_mesh("cpu", {4});
+  auto mesh2 = init_device_mesh("cpu", {2, 2});
+  const std::string ckpt = dir.sub("ckpt");
+  const at::Tensor full = at::arange(62 * 4, at::kFloat).view({62, 4});  // 16 bytes per row
+  SaveOptions so;
+  so.checksum_block_bytes = 32;
+  // Saved rows [0, 16) [16, 32) [32, 48) [48, 62).
+  checkpoint::save(StateDict{{"w", distribute_tensor(full, mesh1, {Shard{0}})}}, ckpt, so);
+  // Loaded rows [0, 16) [16, 31) [31, 47) [47, 62): rank 1 ends and rank 2 starts mid-block.
+  StateDict rows{{"w", dtensor::zeros({62, 4}, mesh2, {Shard{0}, Shard{0}})}};
+  checkpoint::load(rows, ckpt);
+  expect_holds(rows.at("w"), full, "rows");
+  StateDict cols{{"w", dtensor::zeros({62, 4}, mesh1, {Shard{1}})}};
+  checkpoint::load(cols, ckpt);
+  expect_holds(cols.at("w"), full, "cols");
+
+  // Flip a byte of row 30 (the block of rows 30-31): rank 1 needs it, rank 2 reads the block
+  // for row 31 only; both fail, ranks 0 and 3 do not.
+  const std::string path = file_of(ckpt, "w", 16);
+  if (t.rank() == 0) {
+    std::string bytes = testing::read_file(path);
+    const auto m = checkpoint::read_metadata(ckpt);
+    for (const auto& c : m.entries.at("w").chunks) {
+      if (c.chunk.offsets[0] == 16) bytes[size_t(c.offset + 14 * 16 + 3)] ^= 0x01;
+    }
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  }
+  t.group().barrier();
+  auto e = checkpoint_error_of([&] { checkpoint::load(rows, ckpt); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(failing_ranks(*e), (std::vector<int>{1, 2}));
+  EXPECT_PRED2(contains, e->what_without_backtrace(), "(RANK 2) c10::Error: checksum mismatch in data file '" + path +
+                                                          "': key 'w' (chunk offsets=[16, 0] sizes=[16, 4])");
 }
 
 DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, KeyShapeAndDtypeMismatchesFailEveryRank) {

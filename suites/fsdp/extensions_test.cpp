@@ -1,5 +1,5 @@
 // Seed 004 (dtensor/fsdp/extensions.h): each helper as the seed describes it, on 4 thread
-// ranks: _chunk_dtensor's two errors and its 2-D / 3-D layouts, _all_gather_dtensor, boxes of
+// ranks (the 2-D _chunk_dtensor case on 4 Gloo processes too): _chunk_dtensor's two errors and its 2-D / 3-D layouts, _all_gather_dtensor, boxes of
 // uneven shards, the scapegoat metadata, _chunk_tensor's nested ShardedTensors (TP by
 // DTensor and by ShardedTensor) and _pre_load_state_dict, flatten / unflatten with the
 // gradient layout hook, _rewrite_spec_if_needed, _is_nested_tensor, and the ext_* defaults.
@@ -26,6 +26,7 @@ using namespace dtensor::fsdp;
 // sub-mesh shares with the other sub-meshes.
 
 class Seed004Threads : public testing::MultiThreadedTest {};
+class Seed004Gloo : public testing::MultiProcessTest {};
 
 at::Tensor global_input(const Shape& shape) {
   int64_t n = 1;
@@ -45,7 +46,7 @@ DTENSOR_TEST_F(Seed004Threads, ChunkDTensorRaisesWithoutA2DParent) {
                "Found parent device_mesh of ndim=1, but meshes must be at least 2D.");
 }
 
-DTENSOR_TEST_F(Seed004Threads, ChunkDTensorShardsOverFsdpAndAllGatherDTensorUndoesIt) {
+void check_chunk_dtensor_2d() {
   auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
   DTensorExtensions ext;
   for (const Shape& shape : {Shape{8, 4}, Shape{7, 5}}) {
@@ -73,6 +74,9 @@ DTENSOR_TEST_F(Seed004Threads, ChunkDTensorShardsOverFsdpAndAllGatherDTensorUndo
     }
   }
 }
+
+DTENSOR_TEST_F(Seed004Threads, ChunkDTensorShardsOverFsdpAndAllGatherDTensorUndoesIt) { check_chunk_dtensor_2d(); }
+DTENSOR_TEST_F(Seed004Gloo, ChunkDTensorShardsOverFsdpAndAllGatherDTensorUndoesIt) { check_chunk_dtensor_2d(); }
 
 DTENSOR_TEST_F(Seed004Threads, ChunkDTensorOnAnHsdpMesh) {
   // (replicate, shard, tp) = (2, 1, 2): HSDP x TP gives (Replicate(), Shard(0), tp_placement).

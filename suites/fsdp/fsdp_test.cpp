@@ -13,31 +13,27 @@
 #include "suites/testing/counting_group.h"
 #include "suites/testing/errors.h"
 #include "suites/testing/tp_collectives.h"
+#include "suites/testing/training.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
+#include <sstream>
 
 namespace dtensor {
 namespace {
 
 using models::ModelArgs;
+using testing::init_deterministic;
+using testing::make_optimizer;
+using testing::mean_square;
+using testing::Optim;
+using testing::tokens_for;
 using testing::values;
 
 constexpr double kRtol = 1e-4;
 constexpr double kAtol = 1e-5;
-
-void init_deterministic(torch::nn::Module& m) {
-  at::NoGradGuard no_grad;
-  double offset = 0;
-  for (auto& kv : nn::named_parameters(m)) {
-    at::Tensor& p = kv.second;
-    const bool norm_weight = kv.first.find("norm.weight") != std::string::npos;
-    p.copy_(norm_weight ? 1 + 0.1 * values(p.sizes().vec(), offset) : 0.4 * values(p.sizes().vec(), offset));
-    offset += 1.3;
-  }
-}
 
 // Linear + ReLU; its children are called through nn::call.
 class BlockImpl : public torch::nn::Module {
@@ -68,12 +64,6 @@ class UnevenMLPImpl : public torch::nn::Module {
 };
 TORCH_MODULE(UnevenMLP);
 
-enum class Optim { kSGD, kAdam };
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optim o, const std::vector<at::Tensor>& params) {
-  if (o == Optim::kSGD) return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
-  return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
-}
-
 // PyTorch's check_sharded_parity: every sharded parameter (or gradient) of `sharded` equals
 // distribute_tensor of `ref`'s on the same mesh and placements. Collective.
 void expect_sharded_parity(torch::nn::Module& ref, torch::nn::Module& sharded, bool grads, const std::string& when) {
@@ -93,8 +83,6 @@ void expect_sharded_parity(torch::nn::Module& ref, torch::nn::Module& sharded, b
     EXPECT_TRUE(testing::tensors_close(local_tensor(expected), local_tensor(b), kRtol, kAtol));
   }
 }
-
-at::Tensor mean_square(const at::Tensor& out) { return out.pow(2).mean(); }
 
 // This rank's rows of a global batch.
 at::Tensor my_rows(const at::Tensor& global, int rank, int world) {
@@ -201,10 +189,6 @@ ModelArgs uneven_args() {
   args.vocab_size = 7;    // tok_embeddings and the tied output: 7 rows
   args.max_seq_len = 15;  // pos_embeddings: 15 rows
   return args;
-}
-
-at::Tensor tokens_for(const ModelArgs& args, int64_t batch, int64_t seq) {
-  return (at::arange(batch * seq, at::kLong) * 5 + 3).remainder(args.vocab_size).view({batch, seq});
 }
 
 std::vector<ParityCase> parity_cases() {
@@ -595,7 +579,9 @@ DTENSOR_TEST_F(FsdpThreads, MixedPrecisionBf16ParamsFp32Reduce) {
 template <class Map>
 typename Map::key_type state_key(const Map&, const at::Tensor& p) {
   if constexpr (std::is_same<typename Map::key_type, std::string>::value) {
-    return c10::guts::to_string(p.unsafeGetTensorImpl());
+    std::ostringstream os;  // what c10::guts::to_string(impl) gave (libtorch 1.x; gone in 2.x)
+    os << p.unsafeGetTensorImpl();
+    return os.str();
   } else {
     return p.unsafeGetTensorImpl();
   }
@@ -840,6 +826,7 @@ void check_2d_parity(testing::MultiRankTest& t, const std::function<Model()>& ma
   SCOPED_TRACE(optim == Optim::kSGD ? "SGD" : "Adam");
   auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
   auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"}, counting);
+  const DeviceMesh dp_mesh = mesh["dp"];
   Model ref = make(), model = make(), twin = make();
   init_deterministic(*ref);
   init_deterministic(*model);
@@ -847,11 +834,11 @@ void check_2d_parity(testing::MultiRankTest& t, const std::function<Model()>& ma
   parallelize(model, mesh["tp"]);
   parallelize(twin, mesh["tp"]);
   counting->reset();
-  const int groups = shard(model, mesh["dp"], fsdp::FullyShardOptions{});
+  const int groups = shard(model, dp_mesh, fsdp::FullyShardOptions{});
   EXPECT_EQ(counting->collectives(), 0) << "fully_shard communicates nothing";
   auto opt_ref = make_optimizer(optim, nn::parameters(*ref));
   auto opt = make_optimizer(optim, nn::parameters(*model));
-  const at::Tensor input = my_rows(global_input, static_cast<int>(mesh.get_local_rank("dp")), 2);
+  const at::Tensor input = my_rows(global_input, static_cast<int>(mesh.get_local_rank(0)), 2);
   for (int step = 0; step < steps; ++step) {
     const std::string when = "step " + std::to_string(step);
     opt_ref->zero_grad();

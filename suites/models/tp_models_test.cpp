@@ -13,6 +13,7 @@
 #include "suites/parallel/parallel_testing.h"
 #include "suites/testing/counting_group.h"
 #include "suites/testing/tp_collectives.h"
+#include "suites/testing/training.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/loss.h>
@@ -24,34 +25,15 @@ namespace {
 
 using models::ModelArgs;
 using testing::gathered;
+using testing::init_deterministic;
+using testing::make_optimizer;
+using testing::mean_square;
+using testing::Optim;
+using testing::tokens_for;
 using testing::values;
 
 constexpr double kRtol = 1e-4;
 constexpr double kAtol = 1e-5;
-
-// Deterministic parameters (no RNG: ranks as threads share the generator, and the reference
-// must equal the parallelized model's starting point on every rank).
-void init_deterministic(torch::nn::Module& m) {
-  at::NoGradGuard no_grad;
-  double offset = 0;
-  for (auto& kv : nn::named_parameters(m)) {
-    at::Tensor& p = kv.second;
-    const bool norm_weight = kv.first.find("norm.weight") != std::string::npos;
-    p.copy_(norm_weight ? 1 + 0.1 * values(p.sizes().vec(), offset) : 0.4 * values(p.sizes().vec(), offset));
-    offset += 1.3;
-  }
-}
-
-enum class Optim { kSGD, kAdam };
-
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optim o, const std::vector<at::Tensor>& params) {
-  if (o == Optim::kSGD) return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
-  // eps 1e-6, not Adam's 1e-8: a gradient entry near 0 (below ~1e-7) is rounding noise that
-  // differs between the sharded and the single-device matmuls, and with eps 1e-8 Adam turns its
-  // sign into a step of ~lr, so the parameters would compare rounding, not sharding (on
-  // libtorch 2.6 layers.0.feed_forward.w2 differed by up to 3e-4 after 3 steps that way).
-  return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01).eps(1e-6));
-}
 
 // Every (deduplicated) parameter of `tp`, gathered, equals the one of `ref` with the same name;
 // with `grads`, their gradients instead.
@@ -101,7 +83,6 @@ void check_equivalence(const std::function<Model()>& make, const std::function<v
 
 DeviceMesh tp_mesh(testing::MultiRankTest& t) { return init_device_mesh("cpu", {t.group().size()}, {}, t.group_ptr()); }
 
-at::Tensor mean_square(const at::Tensor& out) { return out.pow(2).mean(); }
 
 // ---- MLPs ------------------------------------------------------------------------------------
 
@@ -133,10 +114,6 @@ struct TransformerCase {
   bool local_output_for_attn = false;
   bool checkpoint = false;
 };
-
-at::Tensor tokens_for(const ModelArgs& args, int64_t batch, int64_t seq) {
-  return (at::arange(batch * seq, at::kLong) * 5 + 3).remainder(args.vocab_size).view({batch, seq});
-}
 
 void check_transformer(testing::MultiRankTest& t, const TransformerCase& c, int steps = 3) {
   SCOPED_TRACE(::testing::Message() << "seq_parallel=" << c.seq_parallel << " weight_tying=" << c.weight_tying

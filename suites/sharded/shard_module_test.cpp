@@ -92,8 +92,7 @@ DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, ShardParameterErrorsReach
   EXPECT_PRED2(contains, error_of([&] { sharded::shard_parameter(*fine, "weight", *chunk(1)); }),
                "param: weight of torch::nn::LinearImpl is a DTensor already");
   EXPECT_PRED2(contains, error_of([&] { sharded::shard_parameter(*fine, "bias", *chunk(0, {0, 1})); }),
-               "ChunkShardingSpec.shard: ChunkShardingSpec(dim=0, placements=[rank:0/cpu, rank:1/cpu]) has 2 "
-               "placements");
+               "ShardedTensor.to_dtensor: needs a ChunkShardingSpec layout with one shard on each rank of the");
 }
 
 // ---- shard_module on MLPModule ------------------------------------------------------------------

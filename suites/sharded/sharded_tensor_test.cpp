@@ -15,6 +15,7 @@ namespace dtensor {
 namespace {
 
 using sharded::ChunkShardingSpec;
+using sharded::EnumerableShardingSpec;
 using sharded::RemoteDevice;
 using sharded::ShardedTensor;
 using sharded::ShardMetadata;
@@ -115,17 +116,55 @@ TEST(ChunkShardingSpec, EqualityStringAndJson) {
   EXPECT_EQ(ChunkShardingSpec::from_json(chunk(1, {2, 0}).to_json()), chunk(1, {2, 0}));
 }
 
-TEST(InferShardingSpec, RecognisesChunkLayoutsOnly) {
+TEST(InferShardingSpec, RecognisesChunkLayoutsElseEnumerates) {
   const auto spec = chunk(1, {3, 1, 0, 2});
   auto inferred = sharded::infer_sharding_spec(spec.build_metadata({4, 10}, {}).shards_metadata, {4, 10});
   ASSERT_TRUE(inferred);
   EXPECT_EQ(*inferred, spec);
-  // A 2-D block layout is not a chunk layout.
+  // A 2-D block layout is not a chunk layout: an EnumerableShardingSpec of the blocks.
   std::vector<ShardMetadata> blocks;
   for (int i = 0; i < 4; ++i)
     blocks.emplace_back(std::vector<int64_t>{i / 2 * 2, i % 2 * 2}, std::vector<int64_t>{2, 2},
                         RemoteDevice("rank:" + std::to_string(i) + "/cpu"));
-  EXPECT_FALSE(sharded::infer_sharding_spec(blocks, {4, 4}));
+  auto enumerated = sharded::infer_sharding_spec(blocks, {4, 4});
+  ASSERT_TRUE(enumerated);
+  EXPECT_EQ(*enumerated, sharded::EnumerableShardingSpec(blocks));
+  EXPECT_FALSE(sharded::infer_sharding_spec({}, {4, 4}));
+}
+
+// test_sharding_spec.py test_enumerable_sharding_spec: a 10x10 tensor as a 2x2 grid of 5x5 blocks.
+std::vector<ShardMetadata> grid_10x10() {
+  std::vector<ShardMetadata> out;
+  for (int i = 0; i < 4; ++i)
+    out.emplace_back(std::vector<int64_t>{i / 2 * 5, i % 2 * 5}, std::vector<int64_t>{5, 5},
+                     RemoteDevice("rank:" + std::to_string(i) + "/cpu"));
+  return out;
+}
+
+TEST(EnumerableShardingSpec, ValidatesShardsAndBuildsMetadata) {
+  EnumerableShardingSpec spec(grid_10x10());
+  const auto meta = spec.build_metadata({10, 10}, {});
+  EXPECT_EQ(meta.shards_metadata, grid_10x10());
+  EXPECT_EQ(meta.size, (std::vector<int64_t>{10, 10}));
+  EXPECT_EQ(spec.to_string().rfind("EnumerableShardingSpec(shards=[ShardMetadata(shard_offsets=[0, 0], shard_sizes=[5, "
+                                   "5], placement=rank:0/cpu), ",
+                                   0),
+            0u)
+      << spec.to_string();
+  EXPECT_EQ(EnumerableShardingSpec::from_json(spec.to_json()), spec);
+  EXPECT_NE(static_cast<const sharded::ShardingSpec&>(spec),
+            static_cast<const sharded::ShardingSpec&>(chunk(0)));
+  auto overlapping = grid_10x10();
+  overlapping[1] = ShardMetadata({0, 4}, {5, 5}, RemoteDevice("rank:1/cpu"));
+  auto three_d = grid_10x10();
+  three_d[3] = ShardMetadata({5, 5, 0}, {5, 5, 1}, RemoteDevice("rank:3/cpu"));
+  EXPECT_PRED2(contains, error_of([] { EnumerableShardingSpec({}); }), "Empty shard list provided");
+  EXPECT_PRED2(contains, error_of([&] { EnumerableShardingSpec{overlapping}; }), "overlap");
+  EXPECT_PRED2(contains, error_of([&] { EnumerableShardingSpec{three_d}; }), "Found inconsistent ranks for shards: 2 and 3");
+  EXPECT_PRED2(contains, error_of([&] { spec.build_metadata({10, 11}, {}); }),
+               "Total volume of shards: 100 does not match tensor volume: 110");
+  EXPECT_PRED2(contains, error_of([&] { spec.build_metadata({10, 9}, {}); }), "exceed");
+  EXPECT_PRED2(contains, error_of([&] { spec.build_metadata({100}, {}); }), "has shards of 2 dims but the tensor has 1");
 }
 
 TEST(Shard, ChecksItsTensorAgainstItsMetadata) {
@@ -211,9 +250,8 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ShardTensorChecksEveryRankBeforeM
 
 DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ShardTensorSpecErrors) {
   at::Tensor in = full_tensor_of(8, 4);
-  EXPECT_PRED2(contains, error_of([&] { sharded::shard_tensor(in, chunk(0, {0, 1, 2})); }),
-               "ChunkShardingSpec.shard: ChunkShardingSpec(dim=0, placements=[rank:0/cpu, rank:1/cpu, rank:2/cpu]) "
-               "has 3 placements; it needs one placement per rank of the");
+  // A spec on a subset of the ranks is fine (rank 3 holds nothing; EnumerableAndSubsetSpecs).
+  EXPECT_EQ(sharded::shard_tensor(in, chunk(0, {0, 1, 2})).local_shards().size(), t.rank() < 3 ? 1u : 0u);
   EXPECT_PRED2(contains, error_of([&] { sharded::shard_tensor(in, chunk(0, {0, 1, 1, 2})); }),
                "ChunkShardingSpec.shard: rank 1 holds several placements of");
   EXPECT_PRED2(contains, error_of([&] { sharded::shard_tensor(in, chunk(0, {0, 1, 2, 7})); }),
@@ -546,6 +584,56 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, FactoriesCreateOnlyTheLocalShards
   // A spec placing shards on a rank outside the group names it.
   ChunkShardingSpec bad(0, cpu_ranks({0, 1, 2, 5}));
   EXPECT_PRED2(contains, error_of([&] { sharded::zeros(bad, {h, w}); }), "Global rank 5 does not exist");
+}
+
+// test_sharded_tensor.py TestShardedTensorEnumerable (test_grid_sharding, test_uneven_shards)
+// and TestShardedTensorChunked test_partial_world_size: specs placing shards on some ranks only.
+DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, EnumerableAndSubsetSpecs) {
+  const int r = t.rank();
+  const at::Tensor full = full_tensor_of(10, 10);
+  // The 2x2 grid: one 5x5 block per rank, by factory and by shard().
+  EnumerableShardingSpec grid(grid_10x10());
+  ShardedTensor ones = sharded::ones(grid, {10, 10});
+  ASSERT_EQ(ones.local_shards().size(), 1u);
+  EXPECT_TRUE(at::equal(ones.local_tensor(), at::ones({5, 5})));
+  EXPECT_EQ(ones.local_shards()[0].metadata, grid_10x10()[static_cast<size_t>(r)]);
+  EXPECT_EQ(*ones.sharding_spec(), grid);
+  EXPECT_EQ(*sharded::zeros_like(ones).sharding_spec(), grid);
+  ShardedTensor st = grid.shard(full + r, /*src_rank=*/1);  // rank 1's values
+  EXPECT_TRUE(at::equal(st.local_tensor(), (full + 1).narrow(0, r / 2 * 5, 5).narrow(1, r % 2 * 5, 5)));
+  at::Tensor gathered = st.gather(0);
+  if (r == 0) EXPECT_TRUE(at::equal(gathered, full + 1));
+  // Uneven: rank 0 holds two shards, rank 1 one, ranks 2 and 3 none.
+  std::vector<ShardMetadata> uneven = {ShardMetadata({0, 0}, {5, 10}, RemoteDevice("rank:0/cpu")),
+                                       ShardMetadata({5, 0}, {5, 4}, RemoteDevice("rank:1/cpu")),
+                                       ShardMetadata({5, 4}, {5, 6}, RemoteDevice("rank:0/cpu"))};
+  ShardedTensor u = EnumerableShardingSpec(uneven).shard(full);
+  EXPECT_EQ(u.local_shards().size(), r == 0 ? 2u : r == 1 ? 1u : 0u);
+  for (const auto& sh : u.local_shards())
+    EXPECT_TRUE(at::equal(sh.tensor, full.narrow(0, sh.metadata.shard_offsets()[0], sh.metadata.shard_sizes()[0])
+                                         .narrow(1, sh.metadata.shard_offsets()[1], sh.metadata.shard_sizes()[1])));
+  at::Tensor u_full = u.gather(3);
+  if (r == 3) EXPECT_TRUE(at::equal(u_full, full));
+  // A ChunkShardingSpec on ranks 2 and 3 of the 4 (test_partial_world_size).
+  ChunkShardingSpec partial(0, cpu_ranks({2, 3}));
+  ShardedTensor e = sharded::empty(partial, {10, 20});
+  EXPECT_EQ(e.metadata().shards_metadata.size(), 2u);
+  if (r >= 2) {
+    ASSERT_EQ(e.local_shards().size(), 1u);
+    EXPECT_EQ(e.local_tensor().sizes(), (c10::IntArrayRef{5, 20}));
+    EXPECT_EQ(e.local_shards()[0].metadata.shard_offsets(), (std::vector<int64_t>{(r - 2) * 5, 0}));
+  } else {
+    EXPECT_TRUE(e.local_shards().empty());
+  }
+  ShardedTensor p = partial.shard(full + r, /*src_rank=*/0);
+  if (r >= 2) EXPECT_TRUE(at::equal(p.local_tensor(), full.narrow(0, (r - 2) * 5, 5)));
+  else EXPECT_TRUE(p.local_shards().empty());
+  EXPECT_EQ(*p.sharding_spec(), partial);
+  at::Tensor p_full = p.gather(1);
+  if (r == 1) EXPECT_TRUE(at::equal(p_full, full));
+  // Still one placement per rank at most.
+  EXPECT_PRED2(contains, error_of([&] { ChunkShardingSpec(0, cpu_ranks({2, 2})).shard(full); }),
+               "rank 2 holds several placements");
 }
 
 }  // namespace
