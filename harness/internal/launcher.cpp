@@ -724,7 +724,11 @@ void RankSet::Impl::pump(int wait_ms) {
   // after, it is never missed. The other order lost results: a rank that wrote and exited
   // between this pump's read and its poll_exits was filed as "exited with code 0 before
   // reporting a result" (seen under load, GlooGaps.MaxAndMinKeepNaN on libtorch 2.6).
+  // DTENSOR_HARNESS_PUMP_GAP_MS (tests only) widens the gap between the two halves, as a busy
+  // machine does (HarnessReports.ARankExitingRightAfterItsResultIsNeverMissed).
   poll_exits();
+  static const int gap_ms = std::atoi(env_or("DTENSOR_HARNESS_PUMP_GAP_MS", "0").c_str());
+  if (gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
   for (;;) {
     int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (c < 0) break;
