@@ -732,14 +732,30 @@ void RankSet::Impl::pump(int wait_ms) {
     if (p.fd >= 0) fds.push_back({p.fd, POLLIN, 0});
   if (fork_server_running()) fds.push_back({g_zygote_fd, POLLIN, 0});
   ::poll(fds.data(), fds.size(), wait_ms);
+  // NOTE: [Exits before reads]: exits first, then everything readable, to the end. A rank writes
+  // its result and then exits, so once its exit is seen here the result is in its socket: read
+  // after, it is never missed. The other order lost results: a rank that wrote and exited
+  // between this pump's read and its poll_exits was filed as "exited with code 0 before
+  // reporting a result" (seen under load, GlooGaps.MaxAndMinKeepNaN on libtorch 2.6).
+  // DTENSOR_HARNESS_PUMP_GAP_MS (tests only) widens the gap between the two halves, as a busy
+  // machine does (HarnessReports.ARankExitingRightAfterItsResultIsNeverMissed).
+  poll_exits();
+  static const int gap_ms = std::atoi(env_or("DTENSOR_HARNESS_PUMP_GAP_MS", "0").c_str());
+  if (gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
   for (;;) {
     int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (c < 0) break;
     pending.push_back({c, {}});
   }
+  auto drain = [](int fd, LineReader& rd) {
+    ssize_t r;
+    while ((r = rd.fill(fd)) > 0) {
+    }
+    return r;
+  };
   for (auto& pe : pending) {
     if (pe.fd < 0) continue;
-    ssize_t r = pe.rd.fill(pe.fd);
+    ssize_t r = drain(pe.fd, pe.rd);
     std::string line;
     while (pe.fd >= 0 && pe.rd.next(line)) handle_line(nullptr, &pe, line);
     if (r == 0 && pe.fd >= 0) {
@@ -751,7 +767,7 @@ void RankSet::Impl::pump(int wait_ms) {
                 pending.end());
   for (auto& p : procs) {
     if (p.fd < 0) continue;
-    ssize_t r = p.rd.fill(p.fd);
+    ssize_t r = drain(p.fd, p.rd);
     std::string line;
     while (p.rd.next(line)) handle_line(&p, nullptr, line);
     if (r == 0) {
@@ -759,7 +775,6 @@ void RankSet::Impl::pump(int wait_ms) {
       p.fd = -2;  // closed
     }
   }
-  poll_exits();
 }
 
 void RankSet::Impl::poll_exits() {
