@@ -22,6 +22,15 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupMPI.hpp>
 #endif
 
+// DTENSOR_GLOO_TCP: CMake found the Gloo library libtorch uses (Debian's libgloo), whose tcp
+// transport classes the loop ticker below needs (NOTE: [Gloo's loop ticks]).
+#ifdef DTENSOR_GLOO_TCP
+#include <gloo/transport/tcp/device.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -29,6 +38,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 namespace dtensor {
 namespace comm {
@@ -167,6 +177,83 @@ bool backend_available(const std::string& backend, std::string* why) {
   return true;
 }
 
+// NOTE: [Gloo's loop ticks]
+// Gloo's tcp device runs an epoll loop that "ticks" when a socket has an event, else every
+// 10 ms; removing a socket from it (Loop::unregisterDescriptor) waits for the next tick. In
+// the libgloo of Debian 12 / libtorch 1.13 every pair whose connecting side this rank is
+// removes its listening socket that way, one pair after the other, and closing a pair does
+// it too: a 4-rank group took ~33 ms to connect here, mostly in those waits (traced with
+// DTENSOR_HARNESS_TRACE: ranks finished their connect ~10 ms apart), and destroying a group
+// 20-40 ms. (Gloo from 2023, in libtorch 2.x, has one listening socket per device, so fewer
+// such waits at connect.) While a Gloo group connects or is destroyed, a LoopTicker makes
+// the loop tick every kTick: it registers an eventfd with the device's loop and a thread
+// writes to it; the handler drains it. Between those phases it is idle (no cost to
+// collectives). Without Debian's libgloo (libtorch with Gloo linked in) there is no ticker;
+// DTENSOR_GLOO_LOOP_TICKER=0 turns it off (to measure the difference).
+#ifdef DTENSOR_GLOO_TCP
+class LoopTicker final : public ::gloo::transport::tcp::Handler {
+ public:
+  static constexpr std::chrono::microseconds kTick{200};
+
+  // A ticker on `device`'s loop, or nullptr when it is not a tcp device.
+  static std::unique_ptr<LoopTicker> attach(const std::shared_ptr<::gloo::transport::Device>& device) {
+    static const bool off = [] {
+      const char* v = std::getenv("DTENSOR_GLOO_LOOP_TICKER");  // "0": off, to compare
+      return v && std::string(v) == "0";
+    }();
+    if (off) return nullptr;
+    auto tcp = std::dynamic_pointer_cast<::gloo::transport::tcp::Device>(device);
+    if (!tcp) return nullptr;
+    const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd < 0) return nullptr;
+    std::unique_ptr<LoopTicker> t(new LoopTicker(std::move(tcp), fd));
+    t->device_->registerDescriptor(fd, EPOLLIN, t.get());
+    return t;
+  }
+  // Releases the device with the loop ticking: when this holds its last reference, ~Loop
+  // joins the loop thread after its next tick; the handler stays valid until then.
+  ~LoopTicker() override {
+    start();
+    device_.reset();
+    stop();
+    ::close(fd_);
+  }
+  void handleEvents(int) override {
+    uint64_t n;
+    while (::read(fd_, &n, sizeof n) > 0) {
+    }
+  }
+  void start() {
+    if (thread_.joinable()) return;
+    stop_ = false;
+    thread_ = std::thread([this] {
+      const uint64_t one = 1;
+      while (!stop_.load()) {
+        (void)!::write(fd_, &one, sizeof one);
+        std::this_thread::sleep_for(kTick);
+      }
+    });
+  }
+  void stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  LoopTicker(std::shared_ptr<::gloo::transport::tcp::Device> device, int fd) : device_(std::move(device)), fd_(fd) {}
+  std::shared_ptr<::gloo::transport::tcp::Device> device_;
+  int fd_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+};
+#else
+class LoopTicker {
+ public:
+  void start() {}
+  void stop() {}
+};
+#endif
+
 struct C10dGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   int rank = 0, size = 1;
@@ -174,6 +261,8 @@ struct C10dGroup::Impl {
   std::vector<int> global_ranks;
   // One process group per entry of the backend spec, in its order.
   std::vector<detail::BackendEntry> entries;
+  // Declared before pgs: the process groups are destroyed first (NOTE: [Gloo's loop ticks]).
+  std::vector<std::unique_ptr<LoopTicker>> tickers;
   std::vector<c10::intrusive_ptr<BackendPg>> pgs;
   uint64_t subgroups_created = 0;
   // A wait on this group was aborted (NOTE: [Aborting waits]): a backend thread may be
@@ -198,25 +287,31 @@ struct C10dGroup::Impl {
   BackendPg& default_pg() { return *pgs[0]; }
 };
 
+// `ticker`: set for a Gloo group (NOTE: [Gloo's loop ticks]).
 static c10::intrusive_ptr<BackendPg> make_pg(const std::string& name,
                                                       const c10::intrusive_ptr<c10d::Store>& store,
                                                       int rank, int size,
-                                                      const C10dGroupOptions& o) {
+                                                      const C10dGroupOptions& o,
+                                                      std::unique_ptr<LoopTicker>* ticker) {
   std::string why;
   TORCH_CHECK(one_backend_available(name, &why), why);
   if (name == "gloo") {
-    auto opts = c10d::ProcessGroupGloo::Options::create(o.timeout);
     std::string host = o.gloo_hostname;
     if (host.empty()) {
       if (const char* h = std::getenv("DTENSOR_GLOO_HOSTNAME")) host = h;
     }
-    if (host.empty()) {
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    } else {
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
-    }
+    auto device = host.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                               : c10d::ProcessGroupGloo::createDeviceForHostname(host);
+#ifdef DTENSOR_GLOO_TCP
+    *ticker = LoopTicker::attach(device);  // destroyed after `opts` should connecting fail
+#endif
+    auto opts = c10d::ProcessGroupGloo::Options::create(o.timeout);
+    opts->devices.push_back(std::move(device));
     opts->threads = 1;
-    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+    if (*ticker) (*ticker)->start();
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+    if (*ticker) (*ticker)->stop();
+    return pg;
   }
 #ifdef DTENSOR_WITH_NCCL
   if (name == "nccl") {
@@ -254,8 +349,16 @@ static void creation_barrier(c10d::Store& store, int size, std::chrono::millisec
 
 C10dGroup::C10dGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 C10dGroup::~C10dGroup() {
-  if (impl_ && impl_->poisoned)
+  if (!impl_) return;
+  if (impl_->poisoned) {
     for (auto& pg : impl_->pgs) (void)pg.release();  // leaked on purpose (Impl::poisoned)
+    for (auto& t : impl_->tickers) (void)t.release();  // their loops live on
+    return;
+  }
+  for (auto& t : impl_->tickers)
+    if (t) t->start();  // closing the pairs waits for loop ticks (NOTE: [Gloo's loop ticks])
+  impl_->pgs.clear();
+  impl_->tickers.clear();
 }
 
 std::shared_ptr<C10dGroup> C10dGroup::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
@@ -274,7 +377,8 @@ std::shared_ptr<C10dGroup> C10dGroup::create(const c10::intrusive_ptr<c10d::Stor
   for (auto& e : impl->entries) {
     c10::intrusive_ptr<c10d::Store> sub = store;
     if (impl->entries.size() > 1) sub = c10::make_intrusive<c10d::PrefixStore>("backend_" + e.backend, store);
-    impl->pgs.push_back(make_pg(e.backend, sub, rank, size, options));
+    impl->tickers.emplace_back();
+    impl->pgs.push_back(make_pg(e.backend, sub, rank, size, options, &impl->tickers.back()));
   }
   trace_event("group.connected", rank);
   creation_barrier(*store, size, options.timeout);
