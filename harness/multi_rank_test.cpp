@@ -5,6 +5,7 @@
 #include "dtensor/comm/device.h"
 #include "dtensor/comm/object_collectives.h"
 #include "dtensor/comm/thread_group.h"
+#include "dtensor/comm/trace.h"
 #include "harness/internal/external.h"
 #include "harness/internal/launcher.h"
 #include "harness/internal/rank_run.h"
@@ -148,6 +149,7 @@ void MultiProcessTest::RunRanks(const std::string& test_id) {
     internal::run_external(test_id, effective_timeout());
     return;
   }
+  comm::trace_event("test.start");
   const int n = effective_world_size();
   const std::string backend = effective_backend();
   // NOTE: [Misspelled backends fail]
@@ -169,7 +171,9 @@ void MultiProcessTest::RunRanks(const std::string& test_id) {
     internal::RankSet ranks(mode, n, backend, timeout, test_id);
     outcomes = ranks.run(test_id, timeout, &stacks);
   }
+  comm::trace_event("test.ran");
   internal::report_outcomes(test_id, outcomes, timeout, stacks);
+  comm::trace_event("test.end");
 }
 
 // NOTE: [Loud ends of threaded tests]

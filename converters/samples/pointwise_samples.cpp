@@ -113,6 +113,13 @@ void add_special_families(OpDb& db) {
                      OpSample("broadcast_row", {make(g, {8, 4}, Dom::kSmall), degree({4})}),
                      OpSample("uneven_f64", {make(g, {5, 6}, Dom::kSmall, at::kDouble), degree({5, 6}).to(at::kDouble)})};
     });
+    // One operand a Scalar: x (x_scalar) or the degree n (n_scalar).
+    if (in_dispatcher(op + ".x_scalar"))
+      db.add(op + ".x_scalar", "pointwise", [](SampleGen& g) {
+        return Samples{OpSample("even", {0.375, g.tensor({8, 4}, at::kFloat, 0.0, 6.0).floor()})};
+      });
+    if (in_dispatcher(op + ".n_scalar"))
+      db.add(op + ".n_scalar", "pointwise", [](SampleGen& g) { return Samples{OpSample("even", {make(g, {8, 4}, Dom::kSmall), 3})}; });
   }
   for (const char* n : {"bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_i0", "modified_bessel_i1",
                         "modified_bessel_k0", "modified_bessel_k1", "scaled_modified_bessel_k0",
@@ -224,6 +231,13 @@ void add_pointwise_samples(OpDb& db) {
   tensor_scalar_ops(db, {"bitwise_left_shift.Tensor_Scalar", "bitwise_right_shift.Tensor_Scalar"}, Dom::kInt, 2);
   binary_ops(db, {"__lshift__.Tensor", "__rshift__.Tensor"}, Dom::kInt, Dom::kInt);
   binary_ops(db, {"max.other", "min.other"}, Dom::kAny, Dom::kAny);
+  // (Scalar self, Tensor other) and (Tensor self, Scalar other) overloads.
+  for (const char* op : {"aten::remainder.Scalar_Tensor", "aten::xlogy.Scalar_Self", "aten::special_xlog1py.self_scalar"})
+    if (in_dispatcher(op))
+      db.add(op, "pointwise", [](SampleGen& g) { return Samples{OpSample("even", {1.5, make(g, {8, 4}, Dom::kPos)})}; });
+  if (in_dispatcher("aten::special_xlog1py.other_scalar"))
+    db.add("aten::special_xlog1py.other_scalar", "pointwise",
+           [](SampleGen& g) { return Samples{OpSample("even", {make(g, {8, 4}, Dom::kAny), 0.5})}; });
   // (Scalar self, Tensor other).
   for (const char* op : {"aten::bitwise_and.Scalar_Tensor", "aten::bitwise_or.Scalar_Tensor",
                          "aten::bitwise_xor.Scalar_Tensor", "aten::bitwise_left_shift.Scalar_Tensor",

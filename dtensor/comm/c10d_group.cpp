@@ -3,6 +3,7 @@
 
 #include "dtensor/comm/abort.h"
 #include "dtensor/comm/async_work.h"
+#include "dtensor/comm/trace.h"
 
 #include "dtensor/comm/c10d_guard.h"
 #include "dtensor/comm/device.h"
@@ -270,12 +271,15 @@ std::shared_ptr<C10dGroup> C10dGroup::create(const c10::intrusive_ptr<c10d::Stor
   impl->options = options;
   for (int r = 0; r < size; ++r) impl->global_ranks.push_back(r);
   impl->entries = detail::parse_backend(options.backend);
+  trace_event("group.connect", rank);
   for (auto& e : impl->entries) {
     c10::intrusive_ptr<c10d::Store> sub = store;
     if (impl->entries.size() > 1) sub = c10::make_intrusive<c10d::PrefixStore>("backend_" + e.backend, store);
     impl->pgs.push_back(make_pg(e.backend, sub, rank, size, options));
   }
+  trace_event("group.connected", rank);
   creation_barrier(*store, size, options.timeout);
+  trace_event("group.ready", rank);
   return std::shared_ptr<C10dGroup>(new C10dGroup(std::move(impl)));
 }
 

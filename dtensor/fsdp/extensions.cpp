@@ -337,6 +337,15 @@ at::Tensor DTensorExtensions::all_gather_dtensor(const at::Tensor& tensor,
   return _all_gather_dtensor(tensor, parent_mesh);
 }
 
+// ---- set_fsdp_extensions ------------------------------------------------------------------------------
+
+namespace {
+thread_local std::shared_ptr<const FSDPExtensions> t_extensions;  // per rank (thread ranks too)
+}  // namespace
+
+void set_fsdp_extensions(std::shared_ptr<const FSDPExtensions> extensions) { t_extensions = std::move(extensions); }
+std::shared_ptr<const FSDPExtensions> get_fsdp_extensions() { return t_extensions; }
+
 // ---- ext_* ------------------------------------------------------------------------------------------
 
 std::pair<at::Tensor, ParamExtension> ext_pre_flatten_transform(const at::Tensor& tensor, const FSDPExtensions* ext) {

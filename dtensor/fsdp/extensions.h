@@ -99,6 +99,16 @@ class DTensorExtensions : public FSDPExtensions {
   at::Tensor all_gather_dtensor(const at::Tensor& tensor, const std::optional<DeviceMesh>& parent_mesh) const override;
 };
 
+// ---- Which extension fully_shard uses (PyTorch: _set_fsdp_extensions, _init_extension) ------
+
+// Not collective. The extension fully_shard uses on this rank (per process, or per rank thread
+// under the thread harness) when FullyShardOptions::extensions is not given; nullptr restores
+// the default. fully_shard resolves it once, when it is called: options.extensions, else this
+// one, else DTensorExtensions when the FSDP mesh was sliced from a larger mesh (FSDP x TP,
+// PyTorch's _init_extension), else none (plain FSDP, a DTensor parameter is then refused).
+void set_fsdp_extensions(std::shared_ptr<const FSDPExtensions> extensions);
+std::shared_ptr<const FSDPExtensions> get_fsdp_extensions();
+
 // ---- What FSDP calls (PyTorch's _ext_* functions): `ext` may be nullptr (plain FSDP) ----------
 
 std::pair<at::Tensor, ParamExtension> ext_pre_flatten_transform(const at::Tensor& tensor, const FSDPExtensions* ext);

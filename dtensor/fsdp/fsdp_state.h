@@ -3,6 +3,7 @@
 #pragma once
 
 #include "dtensor/comm/group.h"
+#include "dtensor/fsdp/extensions.h"
 #include "dtensor/fsdp/fully_shard.h"
 #include "dtensor/nn/hooks.h"
 #include "dtensor/placement/placement.h"
@@ -35,9 +36,9 @@ struct FSDPParam {
   // The shape FSDP shards and all-gathers: the parameter's, or for a tensor-parallel DTensor
   // its local (TP) shape (NOTE: [FSDP over tensor-parallel parameters]).
   std::vector<int64_t> global_shape;
-  // For a tensor-parallel DTensor parameter: its spec before fully_shard (the param extension
-  // of pre_flatten_transform); the unsharded parameter is rebuilt from it after each all-gather.
-  std::optional<DTensorSpec> tp_spec;
+  // For a tensor-parallel DTensor parameter: the param extension pre_flatten_transform gave (its
+  // spec before fully_shard); post_unflatten_transform builds the unsharded parameter from it.
+  ParamExtension tp_spec;
   std::vector<int64_t> padded_shard_shape;  // global_shape with ceil(d/ws) on shard_dim
   int64_t padded_numel = 0;
   int64_t chunk = 0;  // ceil(d/ws)
@@ -46,8 +47,9 @@ struct FSDPParam {
   // The all-gathered data (storage freed while sharded), in the shape global_shape.
   at::Tensor unsharded;
   // The leaf the modules hold while unsharded, whose .grad() the reduce-scatter reduces:
-  // `unsharded` itself, or for a tensor-parallel parameter the TP DTensor over it
-  // (post_unflatten_transform; same storage).
+  // `unsharded` itself, or for a tensor-parallel parameter the TP DTensor over it, made by the
+  // extension's post_unflatten_transform at the first all-gather and reused (same storage)
+  // after (undefined until then).
   at::Tensor unsharded_param;
   // Unsharded gradient accumulated while gradient sync is off.
   at::Tensor accumulated_grad;
@@ -81,6 +83,10 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   const torch::nn::Module* module_alive() const;
   std::vector<Placement> placements_for(int64_t shard_dim) const;
   at::ScalarType compute_dtype() const;
+  // The FSDP extension (options_.extensions, resolved by fully_shard); nullptr: plain FSDP.
+  const FSDPExtensions* ext() const { return options_.extensions.get(); }
+  // Makes p.unsharded_param (post_unflatten_transform) unless it exists.
+  void ensure_unsharded_param(FSDPParam& p) const;
   void set_orig_dtype(at::ScalarType dt) { orig_dtype_ = dt; }
   // The tensors the modules held before sharding (weakly: a dead one is no longer shared).
   void remember_original(const at::Tensor& t) { originals_.emplace_back(t.getIntrusivePtr()); }

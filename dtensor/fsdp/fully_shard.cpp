@@ -74,38 +74,37 @@ at::Tensor storage_alias(const at::Tensor& t) {
 // A parameter that is already a DTensor on a 1-D tensor-parallel mesh (parallelize_module on
 // mesh["tp"]) is sharded by fully_shard on mesh["dp"] like PyTorch's FSDP2
 // (_fsdp_param.py, _init_sharding_spec_tp) with the seed-004 transforms of FSDP1:
-//   1. pre_flatten_transform: the parameter's local (TP) tensor and its spec (the param
-//      extension). FSDP chunks, pads, all-gathers and reduce-scatters that local tensor over
-//      the dp group exactly as it does a plain parameter (NOTE: [FSDP parameter layout]); the
-//      TP collectives of forward and backward are untouched.
+//   1. pre_flatten_transform (the FSDP extension's, NOTE: [FSDP extensions]): the parameter's
+//      local (TP) tensor and its spec (the param extension). FSDP chunks, pads, all-gathers and
+//      reduce-scatters that local tensor over the dp group exactly as it does a plain parameter
+//      (NOTE: [FSDP parameter layout]); the TP collectives of forward and backward are untouched.
 //   2. The sharded parameter is a DTensor on the PARENT mesh of the dp and tp meshes (both must
 //      be sliced from it, dp dims first) with placements (<FSDP placement>, <TP placement>)
 //      (HSDP: (Replicate(), <FSDP placement>, <TP placement>)): the FSDP placement is Shard(d),
 //      or _StridedShard(d, split_factor) when tp also shards dim d (split_factor: the tp mesh
 //      size), since the dim is then split by tp FIRST and by dp second, the reverse of what
 //      (Shard(d), Shard(d)) means. Its full_tensor() is the original parameter.
-//   3. post_unflatten_transform: the unsharded parameter is the TP DTensor over the unsharded
-//      local tensor (a leaf sharing its storage, so each all-gather fills it), swapped into the
-//      modules while unsharded (PyTorch FSDP2's _from_local_no_grad). Its gradient is a
-//      DTensor: redistributed to the TP placements (a Partial gradient is reduced over tp, as
-//      PyTorch's _get_grad_inner_tensor), its local tensor takes the plain reduce-scatter path.
-
-// pre_flatten_transform (DTensorExtensions: _flatten_tensor): a DTensor's local tensor and spec.
-std::pair<at::Tensor, std::optional<DTensorSpec>> pre_flatten(const at::Tensor& t) {
-  if (!is_dtensor(t)) return {t, std::nullopt};
-  return {local_tensor(t), get_spec(t)};
-}
-
-// post_unflatten_transform (DTensorExtensions: _unflatten_tensor): the DTensor with `spec`'s
-// mesh, placements, shape and stride over `local` (which needs no gradient: a leaf), sharing
-// its storage.
-at::Tensor post_unflatten(const at::Tensor& local, const DTensorSpec& spec) {
-  at::NoGradGuard no_grad;
-  FromLocalOptions o;
-  o.shape = spec.tensor_meta.shape;
-  o.stride = spec.tensor_meta.stride;
-  return from_local(local, spec.mesh, spec.placements, o);
-}
+//   3. post_unflatten_transform (the extension's): the unsharded parameter is the TP DTensor over
+//      the unsharded local tensor, made at the first all-gather without autograd history (PyTorch
+//      FSDP2's _from_local_no_grad) and kept: a leaf sharing the local's storage, which each
+//      later all-gather fills (FSDP2 reuses its _unsharded_param the same way; FSDP1 calls the
+//      transform at every unshard because it rebuilds its views each time). It is swapped into
+//      the modules while unsharded. Its gradient is a DTensor: redistributed to the TP
+//      placements (a Partial gradient is reduced over tp, as PyTorch's _get_grad_inner_tensor),
+//      its local tensor takes the plain reduce-scatter path.
+//
+// NOTE: [FSDP extensions]
+// fully_shard resolves the extension once (FullyShardOptions::extensions, else
+// set_fsdp_extensions's, else DTensorExtensions when the FSDP mesh was sliced from a larger
+// mesh, PyTorch's _init_extension; else none) and keeps it in the state. Its call points:
+// pre_flatten_transform for every parameter at fully_shard; post_unflatten_transform once per
+// DTensor parameter, at its first all-gather; all_gather_dtensor for each 2-D parameter in
+// full_state_dict / unsharded_state_dict / sharded_tensor_state_dict; chunk_dtensor when
+// load_state_dict lifts a TP DTensor to the parent mesh; chunk_tensor in
+// sharded_tensor_state_dict and pre_load_state_dict_transform in load_sharded_tensor_state_dict
+// (FSDP1's SHARDED_STATE_DICT form). A custom extension must return, from pre_flatten_transform,
+// a plain local tensor and the DTensorSpec it is the local tensor of (or none for a plain
+// tensor), and from post_unflatten_transform a tensor over the storage it was given.
 
 // The gradient of a TP parameter's unsharded DTensor as the plain local tensor FSDP reduces:
 // laid out like the parameter first (a Partial gradient is reduced over tp here, PyTorch's
@@ -273,10 +272,29 @@ void FSDPState::add_param(const std::string& fqn, std::vector<Registration> regs
   // parameter the TP DTensor leaf over it (its gradient: a DTensor, see post_backward).
   p.unsharded = at::empty(p.global_shape, tensor.options().dtype(compute_dtype()).device(device_).requires_grad(false));
   utils::free_storage(p.unsharded);
-  p.unsharded_param = tp ? post_unflatten(p.unsharded, tp->tp_spec) : p.unsharded;
-  if (p.requires_grad) p.unsharded_param.set_requires_grad(true);
+  if (!tp) {
+    p.unsharded_param = p.unsharded;
+    if (p.requires_grad) p.unsharded_param.set_requires_grad(true);
+  }
   p.swap_into_modules(p.sharded);
   params_.push_back(std::move(p));
+}
+
+void FSDPState::ensure_unsharded_param(FSDPParam& p) const {
+  if (p.unsharded_param.defined()) return;
+  at::Tensor param;
+  {
+    at::NoGradGuard no_grad;
+    param = ext_post_unflatten_transform(p.unsharded, p.tp_spec, ext());
+  }
+  const at::Tensor& data = is_dtensor(param) ? local_tensor(param) : param;
+  TORCH_CHECK(data.defined() && data.is_alias_of(p.unsharded) && data.sizes() == p.unsharded.sizes(),
+              "fully_shard: the FSDP extension's post_unflatten_transform for parameter '", p.fqn,
+              "' must return a tensor (or DTensor) over the storage of the tensor it was given (shape ",
+              c10::IntArrayRef(p.global_shape), "), which each all-gather fills");
+  if (!param.is_leaf()) param = param.detach();
+  if (p.requires_grad) param.set_requires_grad(true);
+  p.unsharded_param = param;
 }
 
 int64_t FSDPState::flat_numel() const {
@@ -324,7 +342,10 @@ void FSDPState::unshard() {
   }
   if (post_forward_size() > 1 && post_forward_size() < shard_size_) full_ = full;  // kept to reshard into the smaller group
   status_ = Status::kUnsharded;
-  for (const auto& p : params_) p.swap_into_modules(p.unsharded_param);
+  for (auto& p : params_) {
+    ensure_unsharded_param(p);
+    p.swap_into_modules(p.unsharded_param);
+  }
 }
 
 int64_t FSDPState::post_forward_size() const {
@@ -451,7 +472,7 @@ void FSDPState::post_backward() {
   bool any = false;
   for (size_t i = 0; i < params_.size(); ++i) {
     FSDPParam& p = params_[i];
-    at::Tensor g = p.unsharded_param.grad();
+    at::Tensor g = p.unsharded_param.defined() ? p.unsharded_param.grad() : at::Tensor();
     if (g.defined()) {
       p.unsharded_param.mutable_grad() = at::Tensor();
       if (p.tp_spec) g = tp_grad_local(g, *p.tp_spec);
@@ -636,6 +657,10 @@ FSDPModule fully_shard(torch::nn::Module& module, FullyShardOptions options) {
                      std::to_string(mesh.ndim()) + " dims: " + mesh.to_string());
   }
   if (!mesh.get_coordinate().has_value()) fail(module, "the mesh " + mesh.to_string() + " does not contain this rank");
+  // The FSDP extension (NOTE: [FSDP extensions]).
+  if (!options.extensions) options.extensions = get_fsdp_extensions();
+  if (!options.extensions && mesh.get_parent_mesh().has_value()) options.extensions = std::make_shared<DTensorExtensions>();
+  const FSDPExtensions* ext = options.extensions.get();
   const int64_t shard_size = mesh.size(mesh.ndim() - 1);
   if (options.reshard_after_forward && options.reshard_after_forward->is_int()) {
     const int64_t n = options.reshard_after_forward->value();
@@ -673,7 +698,8 @@ FSDPModule fully_shard(torch::nn::Module& module, FullyShardOptions options) {
   struct Pending {
     std::string fqn;
     std::vector<Registration> regs;
-    at::Tensor tensor;
+    at::Tensor tensor;  // the registered parameter
+    at::Tensor flat;    // what FSDP shards: pre_flatten_transform's tensor
     int64_t shard_dim;
     std::optional<TPSharding> tp;
   };
@@ -712,12 +738,25 @@ FSDPModule fully_shard(torch::nn::Module& module, FullyShardOptions options) {
         }
       }
       std::optional<TPSharding> tp;
-      if (is_dtensor(t)) {
-        tp = tp_sharding(module, fqn, mesh, get_spec(t), shard_dim);
+      if (is_dtensor(t) && ext == nullptr) {
+        tp_sharding(module, fqn, mesh, get_spec(t), shard_dim);  // throws: the FSDP mesh has no parent
+        fail(module, "parameter '" + fqn + "' is a DTensor and no FSDP extension handles it (set one with "
+                         "FullyShardOptions::extensions or set_fsdp_extensions)");
+      }
+      auto flat = ext_pre_flatten_transform(t, ext);
+      if (flat.second.has_value()) {
+        if (is_dtensor(flat.first)) {
+          fail(module, "the FSDP extension's pre_flatten_transform of parameter '" + fqn +
+                           "' gave a DTensor; it must give the plain local tensor of the spec it gives");
+        }
+        tp = tp_sharding(module, fqn, mesh, *flat.second, shard_dim);
         tp->requires_grad = t.requires_grad();
+      } else if (is_dtensor(t) || is_dtensor(flat.first)) {
+        fail(module, "parameter '" + fqn + "' is a DTensor but the FSDP extension's pre_flatten_transform gave no "
+                         "DTensorSpec for it");
       }
       index[t.unsafeGetTensorImpl()] = pending.size();
-      pending.push_back({fqn, {{entry.second, item.key()}}, t, shard_dim, std::move(tp)});
+      pending.push_back({fqn, {{entry.second, item.key()}}, t, flat.first, shard_dim, std::move(tp)});
     }
   }
   if (!pending.empty()) {
@@ -738,8 +777,7 @@ FSDPModule fully_shard(torch::nn::Module& module, FullyShardOptions options) {
   state->set_orig_dtype(pending.empty() ? at::kFloat : pending.front().tensor.scalar_type());
   for (auto& p : pending) {
     state->remember_original(p.tensor);
-    auto flat = pre_flatten(p.tensor);
-    state->add_param(p.fqn, std::move(p.regs), flat.first, p.shard_dim, std::move(p.tp));
+    state->add_param(p.fqn, std::move(p.regs), p.flat, p.shard_dim, std::move(p.tp));
   }
   std::weak_ptr<FSDPState> weak = state;
   // The hooks hold the state (alive as long as the module).
@@ -811,6 +849,7 @@ std::vector<at::Tensor> FSDPModule::sharded_parameters() const {
 }
 bool FSDPModule::is_root() const { return state_->is_root_; }
 bool FSDPModule::is_unsharded() const { return state_->status_ == FSDPState::Status::kUnsharded; }
+const FSDPExtensions* FSDPModule::extensions() const { return state_->ext(); }
 
 }  // namespace fsdp
 }  // namespace dtensor

@@ -82,6 +82,8 @@
 namespace dtensor {
 namespace fsdp {
 
+class FSDPExtensions;  // dtensor/fsdp/extensions.h
+
 // torch.distributed.fsdp.MixedPrecisionPolicy. param_dtype: dtype of the all-gather and of
 // the unsharded parameters (forward and backward compute); reduce_dtype: dtype of the
 // gradient reduce-scatter (default: param_dtype); output_dtype: forward outputs cast to it;
@@ -131,6 +133,11 @@ struct FullyShardOptions {
   std::vector<at::Tensor> ignored_params;
   // Per parameter: the Shard dim to use instead of Shard(0) (std::nullopt: Shard(0)).
   std::function<std::optional<Shard>(const at::Tensor& param)> shard_placement_fn;
+  // How parameters that are already DTensors are flattened and rebuilt, and how the state-dict
+  // functions chunk, gather and load them (seed 004, NOTE: [FSDP extensions]). Unset: the one
+  // set with set_fsdp_extensions on this rank, else DTensorExtensions when `mesh` was sliced
+  // from a larger mesh, else none.
+  std::shared_ptr<const FSDPExtensions> extensions;
 };
 
 class FSDPState;
@@ -168,6 +175,9 @@ class FSDPModule {
   std::vector<at::Tensor> sharded_parameters() const;
   bool is_root() const;
   bool is_unsharded() const;
+  // The extension this module's parameters go through (nullptr: plain FSDP). PyTorch:
+  // _get_module_fsdp_state(m)._fsdp_extension.
+  const FSDPExtensions* extensions() const;
   const std::shared_ptr<FSDPState>& state() const { return state_; }
 
  private:

@@ -13,11 +13,14 @@
 // shard_like() turns a full saved state tensor into that shard.
 #pragma once
 
+#include "dtensor/sharded/sharded_tensor.h"
+
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace dtensor {
@@ -49,6 +52,25 @@ StateDict unsharded_state_dict(const torch::nn::Module& module);
 // name must match both ways. Checks names and shapes before writing anything; errors name the
 // entry.
 void load_state_dict(torch::nn::Module& module, const StateDict& state, bool strict = true);
+
+// FSDP1's SHARDED_STATE_DICT form (NOTE: [ShardedTensor state dicts] in state_dict.cpp): each
+// parameter sharded by fully_shard as a ShardedTensor chunked along dim 0 over the FSDP shard
+// group by the extension's chunk_tensor; for a 2-D (FSDP x TP) parameter with
+// DTensorExtensions a ShardedTensor over the tp group whose local shard is a nested
+// ShardedTensor (this rank's TP shard chunked over the shard group). Other entries as tensors.
+using ShardedTensorStateDict = std::vector<std::pair<std::string, std::variant<at::Tensor, sharded::ShardedTensor>>>;
+
+// Collective (FSDP1 all-gathers each parameter before chunking it: over the FSDP dims for a 2-D
+// parameter, the whole mesh for a plain one).
+ShardedTensorStateDict sharded_tensor_state_dict(const torch::nn::Module& module);
+
+// Collective over each parameter's shard group. Loads sharded_tensor_state_dict's form into a
+// model sharded alike (same meshes and FSDP shard group size; shard_placement_fn may differ):
+// each ShardedTensor goes through the extension's pre_load_state_dict_transform, its chunks are
+// all-gathered over the shard group and this rank keeps its shard. Tensor values load as in
+// load_state_dict. Checks names, shapes, dtypes and that this rank holds exactly its torch.chunk
+// rows before loading anything; errors name the entry.
+void load_sharded_tensor_state_dict(torch::nn::Module& module, const ShardedTensorStateDict& state, bool strict = true);
 
 // This rank's shard of the full plain tensor `full`, as a DTensor with the spec of the
 // DTensor `like` (Shard and Replicate placements; no communication).

@@ -277,10 +277,39 @@ class Watchdog {
 };
 Watchdog* g_watchdog = nullptr;
 
+// NOTE: [Rank 0 leaves group creation last]
+// C10dGroup::create returns on a rank once every rank has arrived at its creation barrier,
+// but a rank that arrived early may still be sending its wait for the barrier's gate when the
+// last one, rank 0, goes on: rank 0 failing at once (a crash in its first test) then dies with
+// that request unread, the kernel resets the connection, and the peer's join failed with
+// "Connection reset by peer" (1 in 4 runs of HarnessReports.ExternalRankZeroDying*) instead of
+// its first test reporting that rank 0 is gone. So after creating a group every rank > 0
+// counts itself out (an add: its reply means the store has read everything the rank sent),
+// the last one opens a gate (a set, which has no reply), and rank 0, which hosts the store,
+// waits for that gate: once it goes on, no peer has a store request in flight.
 void make_group() {
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("dtensor_world_" + std::to_string(g_generation), g_store);
+  const std::string gen = "dtensor_world_" + std::to_string(g_generation);
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(gen, g_store);
   g_group = comm::C10dGroup::create(prefixed, g_info->rank, g_info->world_size, g_group_options);
+  const int n = g_info->world_size;
+  if (n > 1) {
+    const std::string gate = kPrefix + gen + "/all_out";
+    if (g_info->rank > 0 && g_store->add(kPrefix + gen + "/out", 1) == n - 1) g_store->set(gate, str_bytes("1"));
+    if (g_info->rank == 0) g_store->wait({gate}, g_group_options.timeout);
+  }
   comm::set_default_group(g_group);
+}
+
+// Whether rank 0, which hosts the job's store, still answers (a new connection and one round
+// trip; a failed join is then reported as rank 0 being gone, like a failure in a test).
+bool rank_zero_answers() {
+  try {
+    auto s = connect_store(g_info->master_addr, g_info->master_port, std::chrono::seconds(2));
+    s->add(kPrefix + "probe", 1);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 // A rank other than 0 decides whether it reports in rank 0's place (rank 0 is gone).
@@ -347,6 +376,11 @@ void init_external_launcher() {
     // Reported as the first test's failure (run_external), by this rank when rank 0 is gone.
     g_join_error = "joining the job (" + info.source + ", master " + info.master_addr + ":" +
                    std::to_string(info.master_port) + ") failed: " + short_text(err_text(e));
+    if (info.rank > 0 && !rank_zero_answers()) {
+      g_rank_zero_gone = true;
+      g_join_error = "rank 0 is gone (it no longer answers at " + info.master_addr + ":" +
+                     std::to_string(info.master_port) + ", the job's store it hosts): " + g_join_error;
+    }
     g_broken = g_join_error;
     std::cerr << "[dtensor] rank " << info.rank << ": " << g_join_error << std::endl;
   }
@@ -362,7 +396,9 @@ void init_external_launcher() {
 void run_external(const std::string& test_id, std::chrono::milliseconds timeout) {
   if (!g_join_error.empty() && g_test++ == 0) {
     ADD_FAILURE() << "[rank " << g_info->rank << "] " << g_join_error
-                  << (g_info->rank == 0 ? "" : " (rank 0, which hosts the job's store, may be gone)");
+                  << (g_info->rank == 0 || g_rank_zero_gone ? ""
+                                                            : " (rank 0, which hosts the job's store, answers: "
+                                                              "this rank's own connection failed)");
     return;
   }
   if (!g_broken.empty()) GTEST_SKIP() << "not run: " << g_broken;
@@ -495,9 +531,8 @@ void run_external(const std::string& test_id, std::chrono::milliseconds timeout)
 }
 
 void shutdown_external() {
-  if (g_watchdog && !g_group) g_watchdog->stop();
-  if (!g_group) return;
   if (g_watchdog) g_watchdog->stop();
+  if (!g_joined) return;
   const int me = g_info->rank, n = g_info->world_size;
   if (g_live == 0) g_live = n;
   try {
@@ -507,6 +542,10 @@ void shutdown_external() {
       while (Clock::now() < until && g_backup->add(kPrefix + "alive", 0) < n - 2)
         std::this_thread::sleep_for(kPoll);
     }
+  } catch (const std::exception&) {
+  }
+  if (!g_group) return;
+  try {
     if (!g_rank_zero_gone) {
       // Rank 0 hosts the store: it leaves last, once every rank that can has checked out.
       g_store->add(kPrefix + "done", 1);

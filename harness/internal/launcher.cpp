@@ -4,6 +4,7 @@
 
 #include "dtensor/comm/c10d_group.h"
 #include "dtensor/comm/device.h"
+#include "dtensor/comm/trace.h"
 #include "dtensor/compat.h"
 
 #include <boost/process.hpp>
@@ -230,6 +231,7 @@ Spare fork_spare(int zygote_fd, const std::vector<Spare>& spares) {
           continue;
         }
         kids.erase(pid);
+        comm::trace_event("zygote.reaped");
         write_line(fd, {{"exit", pid}, {"status", st}});
       }
     }
@@ -248,6 +250,7 @@ Spare fork_spare(int zygote_fd, const std::vector<Spare>& spares) {
       std::string line;
       while (rd.next(line)) {
         RankRequest req = json::parse(line).get<RankRequest>();
+        comm::trace_event("zygote.request", req.rank);
         max_world = std::max(max_world, req.world_size);
         if (req.ctl_path != last_launch) {
           last_launch = req.ctl_path;
@@ -422,6 +425,7 @@ void stop_fork_server() {
 }
 
 [[noreturn]] void rank_process_main(const RankRequest& req) {
+  comm::trace_event("rank.start", req.rank);
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   int logfd = ::open(req.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
@@ -449,6 +453,7 @@ void stop_fork_server() {
     so.waitWorkers = false;
     so.timeout = std::chrono::milliseconds(req.timeout_ms);
     compat::disable_libuv(so);
+    comm::trace_event("rank.store", req.rank);
     auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
     // NOTE: [Rank devices]: this rank's GPU is current before NCCL builds its communicators.
     if (comm::detail::backend_uses_nccl(req.backend)) comm::use_rank_cuda_device(req.rank);
@@ -484,6 +489,7 @@ void stop_fork_server() {
     std::cout.flush();
     std::fflush(nullptr);
     write_line(ctl, {{"result", res}});
+    comm::trace_event("rank.exit", req.rank);
     // with_comms: the barrier ran in run_rank_body. The group is destroyed by the process's
     // exit: ~ProcessGroupGloo takes 20-40 ms per rank here, which would double the per-test
     // cost, and nothing can observe the difference once the rank is gone.
@@ -497,6 +503,7 @@ void stop_fork_server() {
     }
     json j = json::parse(line);
     if (j.contains("exit")) ::_exit(0);
+    comm::trace_event("rank.run", req.rank);
     RankResult res = run_one(j.at("run").get<std::string>());
     std::cout.flush();
     std::fflush(nullptr);
@@ -642,6 +649,7 @@ void remove_stale_dirs(const std::string& tmpdir) {
 }  // namespace
 
 void RankSet::Impl::start(const std::string& test_id) {
+  comm::trace_event("set.start");
   const std::string tmpdir = env_or("TMPDIR", "/tmp");
   remove_stale_dirs(tmpdir);
   std::string tmpl = tmpdir + "/dtensor-ranks-" + std::to_string(::getpid()) + "-XXXXXX";
@@ -665,6 +673,7 @@ void RankSet::Impl::start(const std::string& test_id) {
   so.timeout = timeout;
   compat::disable_libuv(so);
   store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  comm::trace_event("set.store");
 
   procs.resize(n);
   for (int r = 0; r < n; ++r) {
@@ -690,6 +699,7 @@ void RankSet::Impl::start(const std::string& test_id) {
       write_line(g_zygote_fd, json(req));
       procs[r].pid = zygote_pump(/*want_pid=*/true, 10000);
     }
+    comm::trace_event("set.launched", r);
   }
 }
 
@@ -708,7 +718,10 @@ void RankSet::Impl::handle_line(Proc* p, Pending* pend, const std::string& line)
     return;
   }
   if (j.contains("body_done") && p) p->body_done = true;
-  if (j.contains("result") && p) p->result = j["result"].get<RankResult>();
+  if (j.contains("result") && p) {
+    p->result = j["result"].get<RankResult>();
+    comm::trace_event("run.result", static_cast<int>(p - procs.data()));
+  }
 }
 
 void RankSet::Impl::pump(int wait_ms) {
@@ -756,6 +769,7 @@ void RankSet::Impl::poll_exits() {
     if (mode != LaunchMode::kSpawn && fork_server_running()) {
       auto it = g_zygote_exits.find(p.pid);
       if (it != g_zygote_exits.end()) {
+        comm::trace_event("run.exited", static_cast<int>(&p - procs.data()));
         p.exited = true;
         p.status = it->second;
         g_zygote_exits.erase(it);
@@ -793,6 +807,7 @@ RankSet::~RankSet() {
   std::error_code ec;
   if (!impl_->dir.empty()) fs::remove_all(impl_->dir, ec);
   unregister_live_dir(impl_->live_slot);
+  comm::trace_event("set.end");
 }
 
 bool RankSet::healthy() const { return impl_->healthy; }
@@ -802,6 +817,7 @@ int RankSet::world_size() const { return impl_->n; }
 std::vector<RankOutcome> RankSet::run(const std::string& test_id, std::chrono::milliseconds timeout,
                                       std::string* stacks) {
   auto& I = *impl_;
+  comm::trace_event("run.start");
   const auto t0 = std::chrono::steady_clock::now();
   const auto deadline = t0 + timeout;
   std::vector<bool> sent(I.n, !I.pool);

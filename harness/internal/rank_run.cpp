@@ -2,6 +2,7 @@
 #include "harness/internal/rank_run.h"
 
 #include "dtensor/comm/group.h"
+#include "dtensor/comm/trace.h"
 
 #include <c10/util/Exception.h>
 
@@ -215,6 +216,7 @@ RankResult run_rank_body(const std::string& test_id, int rank, const comm::Group
   }
   std::vector<RankPart> parts = capture.take(rank);
   if (fx && !stopped(parts)) {
+    comm::trace_event("rank.body", rank);
     guarded("the test body", [&] { fx->RankBody(); });
     auto more = capture.take(rank);
     parts.insert(parts.end(), more.begin(), more.end());
@@ -224,12 +226,14 @@ RankResult run_rank_body(const std::string& test_id, int rank, const comm::Group
     auto more = capture.take(rank);
     parts.insert(parts.end(), more.begin(), more.end());
   }
+  comm::trace_event("rank.body_done", rank);
   if (t_body_done_hook) t_body_done_hook();
   if (barrier_after && group && !stopped(parts)) {
     guarded("the barrier after the test body", [&] { group->barrier(); });
     auto more = capture.take(rank);
     parts.insert(parts.end(), more.begin(), more.end());
   }
+  comm::trace_event("rank.barrier_done", rank);
   fx.reset();
   res.parts = std::move(parts);
   res.duration_ms =

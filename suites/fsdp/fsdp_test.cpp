@@ -1126,5 +1126,270 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpStateDictRoundTrips) {
   }
 }
 
+
+// ---- Seed 004's FSDPExtensions through fully_shard and the state-dict functions ------------------
+
+// DTensorExtensions counting its calls (per rank: each rank thread has its own).
+class CountingExtensions : public fsdp::DTensorExtensions {
+ public:
+  mutable std::map<std::string, int64_t> calls;
+  std::pair<at::Tensor, fsdp::ParamExtension> pre_flatten_transform(const at::Tensor& t) const override {
+    ++calls["pre_flatten_transform"];
+    return DTensorExtensions::pre_flatten_transform(t);
+  }
+  at::Tensor post_unflatten_transform(const at::Tensor& t, const fsdp::ParamExtension& e) const override {
+    ++calls["post_unflatten_transform"];
+    return DTensorExtensions::post_unflatten_transform(t, e);
+  }
+  sharded::ShardedTensor chunk_tensor(const at::Tensor& t, int rank, int world_size, int num_devices_per_node,
+                                      const comm::GroupPtr& pg, std::optional<c10::Device> device) const override {
+    ++calls["chunk_tensor"];
+    return DTensorExtensions::chunk_tensor(t, rank, world_size, num_devices_per_node, pg, device);
+  }
+  sharded::ShardedTensor chunk_tensor(const sharded::ShardedTensor& t, int rank, int world_size,
+                                      int num_devices_per_node, const comm::GroupPtr& pg,
+                                      std::optional<c10::Device> device) const override {
+    ++calls["chunk_tensor(ShardedTensor)"];
+    return DTensorExtensions::chunk_tensor(t, rank, world_size, num_devices_per_node, pg, device);
+  }
+  at::Tensor chunk_dtensor(const at::Tensor& t, int rank, const DeviceMesh& mesh) const override {
+    ++calls["chunk_dtensor"];
+    return DTensorExtensions::chunk_dtensor(t, rank, mesh);
+  }
+  std::pair<sharded::ShardedTensor, std::vector<sharded::Shard>> pre_load_state_dict_transform(
+      const sharded::ShardedTensor& t) const override {
+    ++calls["pre_load_state_dict_transform"];
+    return DTensorExtensions::pre_load_state_dict_transform(t);
+  }
+  at::Tensor all_gather_dtensor(const at::Tensor& t, const std::optional<DeviceMesh>& parent) const override {
+    ++calls["all_gather_dtensor"];
+    return DTensorExtensions::all_gather_dtensor(t, parent);
+  }
+};
+
+using Calls = std::map<std::string, int64_t>;
+
+// Every parameter of `a` and `b` (fully_shard-ed alike) has equal local values.
+void expect_equal_locals(torch::nn::Module& a, torch::nn::Module& b, const std::string& when) {
+  auto pa = nn::named_parameters(a), pb = nn::named_parameters(b);
+  ASSERT_EQ(pa.size(), pb.size()) << when;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(get_spec(pa[i].second), get_spec(pb[i].second)) << when << ": " << pa[i].first;
+    EXPECT_TRUE(local_tensor(pa[i].second).equal(local_tensor(pb[i].second))) << when << ": " << pa[i].first;
+  }
+}
+
+// PyTorch's test_fsdp_2d_extension: fully_shard on a sliced FSDP mesh uses DTensorExtensions, on a
+// 1-D mesh none. An extension the user sets (set_fsdp_extensions, or FullyShardOptions::
+// extensions) is the one called, at each call point (NOTE: [FSDP extensions]): pre_flatten_transform
+// once per parameter at fully_shard, post_unflatten_transform once per parameter at its first
+// all-gather (the unsharded parameter is reused after), all_gather_dtensor per 2-D parameter in
+// full / unsharded / ShardedTensor state dicts, chunk_dtensor per parameter loading TP DTensors,
+// chunk_tensor and pre_load_state_dict_transform per parameter in the ShardedTensor form. Training
+// with it equals training with the default extension.
+DTENSOR_TEST_F(FsdpThreads, FsdpTpUserExtensionIsCalledAtEachCallPoint) {
+  auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"}, group_ptr());
+  const c10::Device cpu(c10::kCPU);
+  {
+    models::MLPStacked m(cpu, 2);
+    rowwise_mlp_plan(m, mesh["tp"]);
+    shard_2d_stacked(m, mesh["dp"], {});
+    EXPECT_NE(dynamic_cast<const fsdp::DTensorExtensions*>(fsdp::get_fsdp_module(*m->layers[0])->extensions()), nullptr);
+    models::MLPStacked plain(cpu, 2);
+    fsdp::FullyShardOptions o;
+    o.mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+    EXPECT_EQ(fsdp::fully_shard(plain, o).extensions(), nullptr);
+  }
+  auto counting = std::make_shared<CountingExtensions>();
+  models::MLPStacked ref(cpu, 2), model(cpu, 2), by_option(cpu, 2);
+  for (auto* m : {&ref, &model, &by_option}) {
+    init_deterministic(**m);
+    rowwise_mlp_plan(*m, mesh["tp"]);
+  }
+  fsdp::set_fsdp_extensions(counting);
+  ASSERT_EQ(fsdp::get_fsdp_extensions(), counting);
+  shard_2d_stacked(model, mesh["dp"], {});
+  fsdp::set_fsdp_extensions(nullptr);
+  shard_2d_stacked(ref, mesh["dp"], {});
+  auto by_option_ext = std::make_shared<CountingExtensions>();
+  fsdp::FullyShardOptions with_ext;
+  with_ext.extensions = by_option_ext;
+  shard_2d_stacked(by_option, mesh["dp"], with_ext);
+  EXPECT_EQ(fsdp::get_fsdp_module(*model->layers[0])->extensions(), counting.get());
+  EXPECT_NE(fsdp::get_fsdp_module(*ref->layers[0])->extensions(), counting.get());
+  EXPECT_EQ(fsdp::get_fsdp_module(*by_option->layers[0])->extensions(), by_option_ext.get());
+  const auto n = static_cast<int64_t>(nn::parameters(*model).size());  // 2 blocks x 4, all TP DTensors
+  EXPECT_EQ(counting->calls, (Calls{{"pre_flatten_transform", n}}));
+  EXPECT_EQ(by_option_ext->calls, (Calls{{"pre_flatten_transform", n}}));
+
+  torch::optim::SGD opt_ref(nn::parameters(*ref), torch::optim::SGDOptions(0.05));
+  torch::optim::SGD opt(nn::parameters(*model), torch::optim::SGDOptions(0.05));
+  const at::Tensor input = my_rows(values({8, 10}, 0.1), static_cast<int>(mesh.get_local_rank("dp")), 2);
+  for (int step = 0; step < 2; ++step) {
+    opt_ref.zero_grad();
+    opt.zero_grad();
+    mean_square(nn::call(ref, input)).backward();
+    mean_square(nn::call(model, input)).backward();
+    opt_ref.step();
+    opt.step();
+    expect_equal_locals(*ref, *model, "step " + std::to_string(step));
+  }
+  // Two steps: 4 all-gathers per group, one post_unflatten_transform per parameter.
+  EXPECT_EQ(counting->calls, (Calls{{"pre_flatten_transform", n}, {"post_unflatten_transform", n}}));
+
+  counting->calls.clear();
+  auto full = fsdp::full_state_dict(*model);
+  EXPECT_EQ(counting->calls, (Calls{{"all_gather_dtensor", n}})) << "full_state_dict";
+  counting->calls.clear();
+  auto tp_sd = fsdp::unsharded_state_dict(*model);
+  EXPECT_EQ(counting->calls, (Calls{{"all_gather_dtensor", n}})) << "unsharded_state_dict";
+  counting->calls.clear();
+  fsdp::load_state_dict(*by_option, tp_sd);
+  EXPECT_EQ(by_option_ext->calls["chunk_dtensor"], n) << "load_state_dict of TP DTensors";
+  expect_equal_locals(*model, *by_option, "TP -> FSDP x TP through the extension's chunk_dtensor");
+  auto st_sd = fsdp::sharded_tensor_state_dict(*model);
+  EXPECT_EQ(counting->calls, (Calls{{"all_gather_dtensor", n}, {"chunk_tensor", n}})) << "sharded_tensor_state_dict";
+  counting->calls.clear();
+  fsdp::load_sharded_tensor_state_dict(*model, st_sd);
+  EXPECT_EQ(counting->calls, (Calls{{"pre_load_state_dict_transform", n}})) << "load_sharded_tensor_state_dict";
+  expect_equal_locals(*ref, *model, "after loading its own ShardedTensor state dict");
+  for (auto& kv : full) EXPECT_FALSE(is_dtensor(kv.second)) << kv.first;
+}
+
+// A custom extension that breaks the contract is named.
+DTENSOR_TEST_F(FsdpThreads, FsdpTpExtensionContractErrors) {
+  auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"}, group_ptr());
+  struct NoSpec : fsdp::DTensorExtensions {
+    std::pair<at::Tensor, fsdp::ParamExtension> pre_flatten_transform(const at::Tensor& t) const override {
+      return {t, std::nullopt};
+    }
+  };
+  struct Copies : fsdp::DTensorExtensions {
+    at::Tensor post_unflatten_transform(const at::Tensor& t, const fsdp::ParamExtension& e) const override {
+      return DTensorExtensions::post_unflatten_transform(t.clone(), e);
+    }
+  };
+  torch::nn::Linear lin(4, 4);
+  parallelize_module(*lin, mesh["tp"], RowwiseParallel());
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh["dp"];
+  opts.extensions = std::make_shared<NoSpec>();
+  expect_error([&] { fsdp::fully_shard(lin, opts); },
+               "fully_shard(torch::nn::LinearImpl): parameter 'weight' is a DTensor but the FSDP extension's "
+               "pre_flatten_transform gave no DTensorSpec for it");
+  EXPECT_FALSE(fsdp::get_fsdp_module(*lin).has_value());
+  opts.extensions = std::make_shared<Copies>();
+  auto f = fsdp::fully_shard(lin, opts);
+  expect_error([&] { f.unshard(); },
+               "fully_shard: the FSDP extension's post_unflatten_transform for parameter 'weight' must return a "
+               "tensor (or DTensor) over the storage of the tensor it was given");
+}
+
+// FSDP1's SHARDED_STATE_DICT form (NOTE: [ShardedTensor state dicts]), PyTorch's
+// test_2d_state_dict / test_2d_load_state_dict with ShardedTensors: the Transformer (strided,
+// uneven and Replicate TP placements, plain norms) on 2x2 after 2 steps. A 2-D parameter is a
+// ShardedTensor over the tp group covering the parameter, its box on this rank, the others on the
+// scapegoat rank, whose local shard nests this rank's TP shard chunked over dp (equal to the 2-D
+// DTensor's local tensor); a norm is a ShardedTensor over dp. It loads into a model with other
+// values (equal locals after, equal forward); a plain FSDP model's state dict loads into one
+// sharded on another dim; loading the 1-D form into the 2-D model is refused, naming the entry.
+DTENSOR_TEST_F(FsdpThreads, FsdpTpShardedTensorStateDictRoundTrips) {
+  auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"}, group_ptr());
+  const ModelArgs args = uneven_args();
+  auto make_2d = [&](double shift) {
+    models::Transformer m(args);
+    init_deterministic(*m);
+    {
+      at::NoGradGuard g;
+      for (auto& p : nn::parameters(*m)) p.add_(shift);
+    }
+    models::Transformer::parallelize(m, mesh["tp"], false);
+    shard_2d_transformer(m, mesh["dp"], {});
+    return m;
+  };
+  models::Transformer model = make_2d(0.0);
+  torch::optim::SGD opt(nn::parameters(*model), torch::optim::SGDOptions(0.05));
+  const at::Tensor tokens = my_rows(tokens_for(args, 8, 6), static_cast<int>(mesh.get_local_rank("dp")), 2);
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad();
+    mean_square(nn::call(model, tokens)).backward();
+    opt.step();
+  }
+  const auto sd = fsdp::sharded_tensor_state_dict(*model);
+  const auto params = nn::named_parameters(*model);
+  const std::vector<int> tp_ranks = mesh["tp"].get_group(0)->global_ranks();
+  const std::vector<int> dp_ranks = mesh["dp"].get_group(0)->global_ranks();
+  size_t checked = 0;
+  for (const auto& kv : sd) {
+    SCOPED_TRACE(kv.first);
+    const at::Tensor* param = nullptr;
+    for (const auto& p : params) {
+      if (p.first == kv.first) param = &p.second;
+    }
+    if (param == nullptr) continue;  // a buffer
+    ASSERT_EQ(kv.second.index(), 1u) << "a parameter is a ShardedTensor";
+    const sharded::ShardedTensor& st = std::get<1>(kv.second);
+    const DTensorSpec& spec = get_spec(*param);
+    EXPECT_EQ(st.size(), spec.tensor_meta.shape);
+    ASSERT_EQ(st.local_shards().size(), 1u);
+    const sharded::ShardedTensor* inner = &st;
+    if (spec.mesh == mesh) {
+      EXPECT_EQ(st.process_group()->global_ranks(), tp_ranks);
+      EXPECT_EQ(st.metadata().shards_metadata.size(), is_shard(spec.placements.back()) ? 2u : 1u);
+      EXPECT_EQ(st.local_shards()[0].metadata.placement()->rank(), rank());
+      ASSERT_TRUE(st.local_shards()[0].is_nested());
+      inner = st.local_shards()[0].nested.get();
+    } else {
+      EXPECT_FALSE(st.local_shards()[0].is_nested());
+    }
+    EXPECT_EQ(inner->process_group()->global_ranks(), dp_ranks);
+    ASSERT_EQ(inner->local_shards().size(), 1u);
+    EXPECT_TRUE(inner->local_shards()[0].tensor.equal(local_tensor(*param)));
+    ++checked;
+  }
+  EXPECT_EQ(checked, params.size());
+
+  models::Transformer other = make_2d(1.0);
+  fsdp::load_sharded_tensor_state_dict(*other, sd);
+  expect_equal_locals(*model, *other, "ShardedTensor state dict loaded");
+  {
+    at::NoGradGuard no_grad;
+    EXPECT_TRUE(nn::call(model, tokens).equal(nn::call(other, tokens)));
+  }
+
+  // Plain FSDP (1-D over 4 ranks): Shard(0) saved, loaded into a model sharded on dim 1.
+  auto mesh1 = init_device_mesh("cpu", {4}, {}, group_ptr());
+  auto make_1d = [&](double shift, bool dim1) {
+    models::Transformer m(args);
+    init_deterministic(*m);
+    {
+      at::NoGradGuard g;
+      for (auto& p : nn::parameters(*m)) p.add_(shift);
+    }
+    fsdp::FullyShardOptions o;
+    o.mesh = mesh1;
+    if (dim1) {
+      o.shard_placement_fn = [](const at::Tensor& p) -> std::optional<Shard> {
+        return p.dim() == 2 ? std::optional<Shard>(Shard{1}) : std::nullopt;
+      };
+    }
+    shard_transformer(m, mesh1, o);
+    return m;
+  };
+  models::Transformer a = make_1d(0.0, false), b = make_1d(2.0, true);
+  const auto sd1 = fsdp::sharded_tensor_state_dict(*a);
+  fsdp::load_sharded_tensor_state_dict(*b, sd1);
+  auto fa = fsdp::full_state_dict(*a), fb = fsdp::full_state_dict(*b);
+  ASSERT_EQ(fa.size(), fb.size());
+  for (size_t i = 0; i < fa.size(); ++i) EXPECT_TRUE(fa[i].second.equal(fb[i].second)) << fa[i].first;
+
+  expect_error([&] { fsdp::load_sharded_tensor_state_dict(*other, sd1); },
+               "fsdp::load_sharded_tensor_state_dict: entry 'tok_embeddings.weight': the tensor to load on this rank "
+               "has shape [7, 16] but FSDP shards [");
+  auto missing = sd;
+  missing.erase(missing.begin());
+  expect_error([&] { fsdp::load_sharded_tensor_state_dict(*other, missing); },
+               "fsdp::load_sharded_tensor_state_dict: missing entry 'tok_embeddings.weight'");
+}
 }  // namespace
 }  // namespace dtensor

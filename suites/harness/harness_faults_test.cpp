@@ -527,6 +527,16 @@ std::vector<testing::ChildRun> run_external_job(const std::string& filter, int n
   return runs;
 }
 
+// Every process of the job exits (within 30 s, never the group's 5-minute timeout), with
+// status 0 when the job passed, else non-zero.
+void expect_every_rank_ends(const std::vector<testing::ChildRun>& runs, bool passed) {
+  for (auto& run : runs) {
+    if (passed) EXPECT_EQ(run.exit_code, 0) << run.output;
+    else EXPECT_NE(run.exit_code, 0) << run.output;
+    EXPECT_LT(run.seconds, 30) << run.output;
+  }
+}
+
 // Rank 1 ASSERTs while rank 0 waits in all_reduce (no call check, which would otherwise see
 // rank 1's next collective differ): rank 0 learns of it through the store at once, the
 // failure is rank 1's, and the job goes on with the next test on a new group. Before: rank 0
@@ -537,10 +547,7 @@ TEST(HarnessReports, ExternalRankFailingWhilePeersWaitEndsTheTestAtOnce) {
   EXPECT_CONTAINS(runs[0].output, "[rank 1] Expected: (rank()) != (1)");
   EXPECT_CONTAINS(runs[0].output, "ranks 0 stopped with collective errors caused by the failure above");
   EXPECT_CONTAINS(runs[0].output, "[       OK ] Faults.DISABLED_MeshCreation");
-  for (auto& run : runs) {
-    EXPECT_NE(run.exit_code, 0) << run.output;
-    EXPECT_LT(run.seconds, 30) << run.output;
-  }
+  expect_every_rank_ends(runs, /*passed=*/false);
   EXPECT_EQ(runs[1].output.find("[  FAILED  ]"), std::string::npos) << runs[1].output;
 }
 
@@ -549,10 +556,7 @@ TEST(HarnessReports, ExternalRankSkippingWhilePeersWaitIsASkip) {
   EXPECT_CONTAINS(runs[0].output, "[  SKIPPED ] Faults.DISABLED_SkipInRank1");
   EXPECT_CONTAINS(runs[0].output, "[rank 1] no widget on rank 1");
   EXPECT_CONTAINS(runs[0].output, "[       OK ] Faults.DISABLED_MeshCreation");
-  for (auto& run : runs) {
-    EXPECT_EQ(run.exit_code, 0) << run.output;
-    EXPECT_LT(run.seconds, 30) << run.output;
-  }
+  expect_every_rank_ends(runs, /*passed=*/true);
 }
 
 // DTENSOR_TEST_TIMEOUT holds under a launcher: rank 0 (in the closing barrier) is freed at the
@@ -567,27 +571,21 @@ TEST(HarnessReports, ExternalTimeoutHoldsAndAStuckRankLeaves) {
   EXPECT_CONTAINS(runs[0].output, "not run: rank 1 is stuck in HangingFaults.DISABLED_HangInRank1");
   EXPECT_CONTAINS(runs[1].output, "[dtensor] stack of rank 1");
   EXPECT_CONTAINS(runs[1].output, "leaving the job");
-  for (auto& run : runs) {
-    EXPECT_NE(run.exit_code, 0) << run.output;
-    EXPECT_LT(run.seconds, 30) << run.output;
-  }
+  expect_every_rank_ends(runs, /*passed=*/false);
 }
 
-// Rank 0 (which hosts the store and prints) crashes: rank 1, the first survivor, reports;
-// rank 2 stays quiet. Before: every survivor exited 1 printing nothing.
-// DISABLED: flaky (1 of ~4 runs): rank 0 crashing right after group creation can make rank 1
-// fail to join; rank 1 then reports "joining the job ... failed ... rank 0 ... may be gone"
-// instead of "rank 0 is gone". Run it with --gtest_also_run_disabled_tests.
-TEST(HarnessReports, DISABLED_ExternalRankZeroDyingIsReportedByTheFirstSurvivor) {
+// Rank 0 (which hosts the store and prints) crashes at the start of its first test: rank 1,
+// the first survivor, reports; rank 2 stays quiet. Before: every survivor exited 1 printing
+// nothing; then (1 run in 4) rank 1 failed to join with "Connection reset by peer", its wait
+// for the creation barrier's gate unread by the dead rank 0 (NOTE: [Rank 0 leaves group
+// creation last] in harness/internal/external.cpp).
+TEST(HarnessReports, ExternalRankZeroDyingIsReportedByTheFirstSurvivor) {
   auto runs = run_external_job("Faults.DISABLED_CrashInRank0", 3);
   EXPECT_CONTAINS(runs[0].output, "rank 0: fatal signal 11");
   EXPECT_CONTAINS(runs[1].output, "[rank 1] rank 0 is gone");
   EXPECT_CONTAINS(runs[1].output, "[  FAILED  ] Faults.DISABLED_CrashInRank0");
   EXPECT_EQ(runs[2].output.find("[  FAILED  ]"), std::string::npos) << runs[2].output;
-  for (auto& run : runs) {
-    EXPECT_NE(run.exit_code, 0) << run.output;
-    EXPECT_LT(run.seconds, 30) << run.output;
-  }
+  expect_every_rank_ends(runs, /*passed=*/false);
 }
 
 }  // namespace
