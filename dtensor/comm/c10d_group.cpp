@@ -2,6 +2,7 @@
 #include "dtensor/comm/c10d_group.h"
 
 #include "dtensor/comm/abort.h"
+#include "dtensor/comm/async_work.h"
 #include "dtensor/comm/trace.h"
 
 #include "dtensor/comm/c10d_guard.h"
@@ -458,6 +459,7 @@ void in_place(at::Tensor& t, const Target& tg, Fn fn) {
 }  // namespace
 
 void C10dGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::all_reduce(*this, tensor, op)) return;
   TORCH_CHECK(op != ReduceOp::AVG || at::isFloatingType(tensor.scalar_type()) ||
                   at::isComplexType(tensor.scalar_type()),
@@ -474,6 +476,7 @@ void C10dGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
 }
 
 void C10dGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::all_gather_into(*this, output, input)) return;
   detail::check_all_gather_shapes(*this, output, input);
   const Target tg = impl_->target(input);
@@ -492,6 +495,7 @@ void C10dGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
 }
 
 void C10dGroup::reduce_scatter_into(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::reduce_scatter_into(*this, output, input, op)) return;
   detail::check_reduce_scatter_shapes(*this, output, input);
   const Target tg = impl_->target(input);
@@ -518,6 +522,7 @@ void C10dGroup::reduce_scatter_into(at::Tensor& output, const at::Tensor& input,
 void C10dGroup::all_to_all_single(at::Tensor& output, const at::Tensor& input,
                                   const std::vector<int64_t>& output_splits,
                                   const std::vector<int64_t>& input_splits) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::all_to_all_single(*this, output, input, output_splits, input_splits)) return;
   auto splits = detail::resolve_all_to_all_splits(*this, output, input, output_splits, input_splits);
   const Target tg = impl_->target(input);
@@ -529,6 +534,7 @@ void C10dGroup::all_to_all_single(at::Tensor& output, const at::Tensor& input,
 }
 
 void C10dGroup::broadcast(at::Tensor& tensor, int src) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::broadcast(*this, tensor, src)) return;
   detail::check_rank_arg(*this, "broadcast", "src", src);
   const Target tg = impl_->target(tensor);
@@ -541,11 +547,13 @@ void C10dGroup::broadcast(at::Tensor& tensor, int src) {
 }
 
 void C10dGroup::barrier() {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::barrier(*this)) return;
   wait_work(*this, impl_->poisoned, "barrier", impl_->default_pg().barrier(), impl_->options.timeout);
 }
 
 void C10dGroup::send(const at::Tensor& tensor, int dst, int tag) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::send(*this, tensor, dst, tag)) return;
   detail::check_rank_arg(*this, "send", "dst", dst);
   TORCH_CHECK(dst != rank(), "send on ", describe(), ": a rank cannot send to itself");
@@ -555,6 +563,7 @@ void C10dGroup::send(const at::Tensor& tensor, int dst, int tag) {
 }
 
 void C10dGroup::recv(at::Tensor& tensor, int src, int tag) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::recv(*this, tensor, src, tag)) return;
   detail::check_rank_arg(*this, "recv", "src", src);
   TORCH_CHECK(src != rank(), "recv on ", describe(), ": a rank cannot receive from itself");
@@ -566,6 +575,7 @@ void C10dGroup::recv(at::Tensor& tensor, int src, int tag) {
 }
 
 void C10dGroup::gather(const at::Tensor& input, std::vector<at::Tensor>& outputs, int dst) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::gather(*this, input, outputs, dst)) return;
   detail::check_rank_arg(*this, "gather", "dst", dst);
   const Target tg = impl_->target(input);
@@ -586,6 +596,7 @@ void C10dGroup::gather(const at::Tensor& input, std::vector<at::Tensor>& outputs
 }
 
 void C10dGroup::scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::scatter(*this, output, inputs, src)) return;
   detail::check_rank_arg(*this, "scatter", "src", src);
   const Target tg = impl_->target(output);
