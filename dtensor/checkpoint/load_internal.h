@@ -27,6 +27,9 @@ struct ReadSource {
   std::string what;
 };
 
+// "['a', 'b']" (the key lists of error messages).
+std::string join_keys(const std::vector<std::string>& keys);
+
 // Not collective: checks the state dict against the entries (keys as LoadOptions::strict says,
 // kinds, dtypes, global shapes) and fills it from the overlapping bytes. Throws naming the keys.
 LoadResult load_local(StateDict& state_dict, const ReadSource& source, const LoadOptions& options);

@@ -32,17 +32,19 @@ namespace checkpoint {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-const char* kMetadataFile = ".metadata";
-
-std::string join_keys(const std::vector<std::string>& keys) {
+std::string detail::join_keys(const std::vector<std::string>& keys) {
   std::ostringstream os;
   os << "[";
   for (size_t i = 0; i < keys.size(); ++i) os << (i ? ", " : "") << "'" << keys[i] << "'";
   os << "]";
   return os.str();
 }
+
+namespace {
+
+using detail::join_keys;
+
+const char* kMetadataFile = ".metadata";
 
 std::string sizes_str(const std::vector<int64_t>& v) {
   std::ostringstream os;

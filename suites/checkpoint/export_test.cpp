@@ -242,6 +242,16 @@ void expect_part_of(const dcp::StateDictValue& v, const at::Tensor& full, const 
   }
 }
 
+// load_safetensors(sd, path) with strict = false raises on every rank with `text` in the message.
+void expect_import_fails_everywhere(dcp::StateDict& sd, const std::string& path, const std::string& text) {
+  dcp::LoadOptions lax;
+  lax.strict = false;
+  auto err = testing::checkpoint_error_of([&] { dcp::load_safetensors(sd, path, lax); });
+  ASSERT_TRUE(err);
+  EXPECT_EQ(testing::failing_ranks(*err), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_PRED2(contains, err->what_without_backtrace(), text);
+}
+
 // A checkpoint exported to safetensors (one file; split with an index) and read by 4 ranks into
 // other layouts: each rank reads its own shards' bytes.
 DTENSOR_TEST_BOTH(SafetensorsGloo, SafetensorsThreads, ImportsIntoShardedStateDicts) {
@@ -295,13 +305,7 @@ DTENSOR_TEST_BOTH(SafetensorsGloo, SafetensorsThreads, ImportsIntoShardedStateDi
   // A dtype mismatch.
   {
     dcp::StateDict sd{{"w", dtensor::zeros({7, 5}, mesh1, {Shard{0}}, at::kDouble)}};
-    dcp::LoadOptions lax;
-    lax.strict = false;
-    auto err = testing::checkpoint_error_of([&] { dcp::load_safetensors(sd, single, lax); });
-    ASSERT_TRUE(err);
-    EXPECT_EQ(testing::failing_ranks(*err), (std::vector<int>{0, 1, 2, 3}));
-    EXPECT_PRED2(contains, err->what_without_backtrace(),
-                 "key 'w' has dtype float64 in the state dict but float32 in the checkpoint");
+    expect_import_fails_everywhere(sd, single, "key 'w' has dtype float64 in the state dict but float32 in the checkpoint");
   }
   // A truncated file (w, the last tensor, loses its end), and an index naming the wrong file.
   if (t.rank() == 0) {
@@ -312,19 +316,10 @@ DTENSOR_TEST_BOTH(SafetensorsGloo, SafetensorsThreads, ImportsIntoShardedStateDi
   t.group().barrier();
   {
     dcp::StateDict sd{{"w", dtensor::zeros({7, 5}, mesh1, {Shard{0}})}};
-    dcp::LoadOptions lax;
-    lax.strict = false;
-    auto err = testing::checkpoint_error_of([&] { dcp::load_safetensors(sd, single, lax); });
-    ASSERT_TRUE(err);
-    EXPECT_EQ(testing::failing_ranks(*err), (std::vector<int>{0, 1, 2, 3}));
-    EXPECT_PRED2(contains, err->what_without_backtrace(),
-                 "safetensors file '" + single + "': key 'w': its bytes end at");
-    EXPECT_PRED2(contains, err->what_without_backtrace(), "the file is truncated");
-    err = testing::checkpoint_error_of([&] { dcp::load_safetensors(sd, base + "/split/bad.index.json", lax); });
-    ASSERT_TRUE(err);
-    EXPECT_EQ(testing::failing_ranks(*err), (std::vector<int>{0, 1, 2, 3}));
-    EXPECT_PRED2(contains, err->what_without_backtrace(),
-                 "maps key 'w' to 'model-00001-of-00002.safetensors', which does not hold it");
+    expect_import_fails_everywhere(sd, single, "safetensors file '" + single + "': key 'w': its bytes end at");
+    expect_import_fails_everywhere(sd, single, "past the end of the file");
+    expect_import_fails_everywhere(sd, base + "/split/bad.index.json",
+                                   "maps key 'w' to 'model-00001-of-00002.safetensors', which does not hold it");
   }
   t.group().barrier();
 }
