@@ -8,7 +8,9 @@
 //  1. save vs each rank writing the same local bytes to its own file with write(2);
 //  2. load (same layout) vs each rank reading them back with pread(2);
 //  3. torch::save of the whole unsharded state (gathered beforehand, not timed) from rank 0;
-//  4. async_save: the time the caller is blocked (staging copies), vs a synchronous save;
+//  4. async_save: the time the caller is blocked (staging copies), vs a synchronous save; with
+//     fresh staging buffers each time (async_blocked) and with StagingBuffers reused from the
+//     previous save (async_blocked_reused, PyTorch's cached staging);
 //  5. load with resharding: saved Shard(0) on 4 ranks, loaded as (Shard(1), Shard(0)) on 2x2.
 //
 //   build/benchmarks/checkpoint_benchmark --benchmark_repetitions=3 --benchmark_report_aggregates_only
@@ -35,9 +37,9 @@ namespace dcp = checkpoint;
 constexpr int kWorld = 4;
 constexpr int kIters = 5;
 
-enum Case { kSave, kRawWrite, kLoad, kRawRead, kTorchSave, kAsyncBlocked, kLoadResharded, kNumCases };
-const char* kCaseNames[] = {"save",          "raw_write",   "load", "raw_read", "torch_save_rank0",
-                            "async_blocked", "load_reshard"};
+enum Case { kSave, kRawWrite, kLoad, kRawRead, kTorchSave, kAsyncBlocked, kLoadResharded, kAsyncBlockedReused, kNumCases };
+const char* kCaseNames[] = {"save",          "raw_write",    "load", "raw_read", "torch_save_rank0",
+                            "async_blocked", "load_reshard", "async_blocked_reused"};
 
 // A directory all ranks share, removed at the end.
 std::string shared_dir(comm::Group& g) {
@@ -139,7 +141,9 @@ void run_case(testing::MultiRankTest& t, Case c) {
       });
       break;
     }
-    case kAsyncBlocked: {
+    case kAsyncBlocked:
+    case kAsyncBlockedReused: {
+      if (c == kAsyncBlockedReused) so.staging = std::make_shared<dcp::StagingBuffers>();
       std::vector<double> blocked, total;
       auto once = [&] {
         t.group().barrier();
@@ -187,10 +191,11 @@ CASE_TEST(kRawRead)
 CASE_TEST(kTorchSave)
 CASE_TEST(kAsyncBlocked)
 CASE_TEST(kLoadResharded)
+CASE_TEST(kAsyncBlockedReused)
 
 const char* kTestIds[] = {"CheckpointBench.kSave",      "CheckpointBench.kRawWrite",     "CheckpointBench.kLoad",
                           "CheckpointBench.kRawRead",   "CheckpointBench.kTorchSave",    "CheckpointBench.kAsyncBlocked",
-                          "CheckpointBench.kLoadResharded"};
+                          "CheckpointBench.kLoadResharded", "CheckpointBench.kAsyncBlockedReused"};
 
 void BM_Checkpoint(benchmark::State& state) {
   const int c = int(state.range(0));

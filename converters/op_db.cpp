@@ -95,14 +95,7 @@ std::vector<std::string> OpDb::families() const {
 namespace {
 
 // NOTE: [Out= samples from the functional overload]
-// The out= arguments of `schema` (keyword-only arguments it writes), in order.
-std::vector<size_t> out_arguments(const c10::FunctionSchema& schema) {
-  std::vector<size_t> out;
-  const auto& formals = schema.arguments();
-  for (size_t i = 0; i < formals.size(); ++i)
-    if (formals[i].kwarg_only() && formals[i].alias_info() && formals[i].alias_info()->isWrite()) out.push_back(i);
-  return out;
-}
+using ops::out_arguments;
 
 bool is_tensor_list(const c10::TypePtr& t) {
   return t->kind() == c10::TypeKind::ListType &&
@@ -244,6 +237,7 @@ const OpDb& op_db() {
     samples::add_embedding_samples(d);
     samples::add_norm_samples(d);
     samples::add_softmax_loss_samples(d);
+    samples::add_linalg_samples(d);
     add_out_variant_samples(d);
     return d;
   }();

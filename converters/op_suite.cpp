@@ -5,6 +5,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -181,8 +182,9 @@ std::vector<CaseRecord> run_op_suite(const DeviceMesh& mesh, const std::string& 
 
 // ---- expected failures -------------------------------------------------------------------------
 
-ExpectedFailures ExpectedFailures::parse(const std::string& text, const std::string& source_name) {
-  ExpectedFailures xf;
+std::vector<ListingEntry> parse_listing(const std::string& text, const std::string& source_name, size_t n_fields,
+                                        const std::string& form, const std::string& an_entry) {
+  std::vector<ListingEntry> entries;
   std::istringstream in(text);
   std::string line;
   int n = 0;
@@ -191,29 +193,44 @@ ExpectedFailures ExpectedFailures::parse(const std::string& text, const std::str
     const auto hash = line.find('#');
     if (hash != std::string::npos) line = line.substr(0, hash);
     std::istringstream fields(line);
-    ExpectedFailure e;
-    if (!(fields >> e.op)) continue;  // blank or comment
-    TORCH_CHECK(fields >> e.variant >> e.mesh >> e.direction, source_name, ":", n,
-                ": expected '<op> <variant> <mesh> <direction> <reason>', got '", line, "'");
-    TORCH_CHECK(e.mesh == "*" || e.mesh == "1d" || e.mesh == "2d", source_name, ":", n, ": mesh '", e.mesh,
-                "' is not one of 1d, 2d, *");
-    TORCH_CHECK(e.direction == "*" || e.direction == "fwd" || e.direction == "bwd", source_name, ":", n,
-                ": direction '", e.direction, "' is not one of fwd, bwd, *");
+    ListingEntry e;
+    std::string f;
+    while (e.fields.size() < n_fields && fields >> f) e.fields.push_back(f);
+    if (e.fields.empty()) continue;  // blank or comment
+    TORCH_CHECK(e.fields.size() == n_fields, source_name, ":", n, ": expected ", form, ", got '", line, "'");
     std::getline(fields >> std::ws, e.reason);
-    TORCH_CHECK(!e.reason.empty(), source_name, ":", n, ": an expected failure needs a reason");
+    while (!e.reason.empty() && std::isspace(static_cast<unsigned char>(e.reason.back()))) e.reason.pop_back();
+    TORCH_CHECK(!e.reason.empty(), source_name, ":", n, ": ", an_entry, " needs a reason (", form, ")");
     e.line = n;
+    entries.push_back(std::move(e));
+  }
+  return entries;
+}
+
+std::string read_listing(const std::string& path, const std::string& what, const std::string& hint) {
+  std::ifstream in(path);
+  TORCH_CHECK(in.good(), "cannot read the ", what, " file ", path, hint);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+ExpectedFailures ExpectedFailures::parse(const std::string& text, const std::string& source_name) {
+  ExpectedFailures xf;
+  for (auto& l : parse_listing(text, source_name, 4, "'<op> <variant> <mesh> <direction> <reason>'",
+                                   "an expected failure")) {
+    ExpectedFailure e{l.fields[0], l.fields[1], l.fields[2], l.fields[3], std::move(l.reason), l.line};
+    TORCH_CHECK(e.mesh == "*" || e.mesh == "1d" || e.mesh == "2d", source_name, ":", e.line, ": mesh '", e.mesh,
+                "' is not one of 1d, 2d, *");
+    TORCH_CHECK(e.direction == "*" || e.direction == "fwd" || e.direction == "bwd", source_name, ":", e.line,
+                ": direction '", e.direction, "' is not one of fwd, bwd, *");
     xf.entries_.push_back(std::move(e));
   }
   return xf;
 }
 
 ExpectedFailures ExpectedFailures::load(const std::string& path) {
-  std::ifstream in(path);
-  TORCH_CHECK(in.good(), "cannot read the expected-failures file ", path,
-              " (set DTENSOR_OPS_EXPECTED_FAILURES to its path)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse(ss.str(), path);
+  return parse(read_listing(path, "expected-failures", " (set DTENSOR_OPS_EXPECTED_FAILURES to its path)"), path);
 }
 
 const ExpectedFailure* ExpectedFailures::match(const CaseRecord& r) const {

@@ -104,6 +104,23 @@ std::vector<CaseRecord> run_op_suite(const DeviceMesh& mesh, const std::string& 
                                      const std::vector<const OpInfo*>& ops, const OpCheckOptions& options,
                                      const SuiteRunOptions& run = {});
 
+// ---- checked-in listings ------------------------------------------------------------------------
+//
+// NOTE: [Listing files] suites/ops/expected_failures.txt and coverage_exclusions.txt share one
+// format: one entry per line, `#` starts a comment, blank lines are skipped; an entry is
+// `n_fields` whitespace-separated fields, then a reason (the rest of the line, required).
+struct ListingEntry {
+  std::vector<std::string> fields;
+  std::string reason;
+  int line = 0;
+};
+// Throws naming `source_name` and the line for a line with too few fields ("expected <form>")
+// or no reason ("<an_entry> needs a reason").
+std::vector<ListingEntry> parse_listing(const std::string& text, const std::string& source_name, size_t n_fields,
+                                        const std::string& form, const std::string& an_entry);
+// The file's text; throws "cannot read the <what> file <path><hint>".
+std::string read_listing(const std::string& path, const std::string& what, const std::string& hint = "");
+
 // ---- expected failures -------------------------------------------------------------------------
 //
 // A text file, one entry per line: `<op> <variant> <mesh> <direction> <reason...>`, where

@@ -24,6 +24,7 @@ void add_random_samples(OpDb& db);
 void add_embedding_samples(OpDb& db);
 void add_norm_samples(OpDb& db);
 void add_softmax_loss_samples(OpDb& db);
+void add_linalg_samples(OpDb& db);
 
 // ---- helpers shared by the sample files -------------------------------------------------------
 using Samples = std::vector<OpSample>;

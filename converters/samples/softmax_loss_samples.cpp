@@ -1,6 +1,6 @@
 // converters/samples/softmax_loss_samples.cpp: samples of _softmax, _log_softmax, their
 // backwards, and nll_loss (dtensor/ops/softmax_loss_rules.cpp): every reduction, class
-// weights and ignore_index.
+// weights and ignore_index; nll_loss2d alike.
 #include "converters/samples/samples.h"
 
 #include <ATen/ATen.h>
@@ -54,6 +54,30 @@ void add_softmax_loss_samples(OpDb& db) {
       const at::Tensor total_weight = std::get<1>(at::nll_loss_forward(self, target, weight, reduction, 2));
       const at::Tensor grad = reduction == 0 ? g.tensor({8}) : g.tensor({});
       s.push_back(OpSample(names[reduction], {grad, self, target, weight, reduction, 2, total_weight}));
+    }
+    return s;
+  });
+  // nll_loss2d on [N, C, H, W] scores and [N, H, W] targets (NOTE: [Mean nll_loss stays Partial]).
+  db.add("aten::nll_loss2d_forward", "loss", [](SampleGen& g) {
+    Samples s;
+    const char* names[] = {"none", "mean", "sum"};
+    for (int64_t reduction : {0, 1, 2}) {
+      const std::string r = names[reduction];
+      s.push_back(OpSample(r, {g.tensor({4, 3, 4, 2}).log_softmax(1), g.index({4, 4, 2}, 3), c10::IValue(), reduction, -100}));
+      s.push_back(OpSample(r + "_weighted_ignore_uneven", {g.tensor({3, 3, 5, 2}, at::kDouble).log_softmax(1),
+                                                           g.index({3, 5, 2}, 3), g.positive({3}, at::kDouble), reduction, 1}));
+    }
+    return s;
+  });
+  db.add("aten::nll_loss2d_backward", "loss", [](SampleGen& g) {
+    Samples s;
+    const char* names[] = {"none", "mean", "sum"};
+    for (int64_t reduction : {0, 1, 2}) {
+      const at::Tensor self = g.tensor({4, 3, 4, 2}).log_softmax(1), target = g.index({4, 4, 2}, 3),
+                       weight = g.positive({3});
+      const at::Tensor total_weight = std::get<1>(at::nll_loss2d_forward(self, target, weight, reduction, 1));
+      const at::Tensor grad = reduction == 0 ? g.tensor({4, 4, 2}) : g.tensor({});
+      s.push_back(OpSample(names[reduction], {grad, self, target, weight, reduction, 1, total_weight}));
     }
     return s;
   });

@@ -2,6 +2,7 @@
 #include "dtensor/checkpoint/save_load.h"
 
 #include "dtensor/checkpoint/dist_wrapper.h"
+#include "dtensor/checkpoint/load_internal.h"
 #include "dtensor/placement/placement.h"
 #include "dtensor/tensor/dtensor.h"
 
@@ -22,6 +23,8 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 namespace dtensor {
@@ -29,17 +32,19 @@ namespace checkpoint {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-const char* kMetadataFile = ".metadata";
-
-std::string join_keys(const std::vector<std::string>& keys) {
+std::string detail::join_keys(const std::vector<std::string>& keys) {
   std::ostringstream os;
   os << "[";
   for (size_t i = 0; i < keys.size(); ++i) os << (i ? ", " : "") << "'" << keys[i] << "'";
   os << "]";
   return os.str();
 }
+
+namespace {
+
+using detail::join_keys;
+
+const char* kMetadataFile = ".metadata";
 
 std::string sizes_str(const std::vector<int64_t>& v) {
   std::ostringstream os;
@@ -140,11 +145,36 @@ std::vector<LocalItem> collect_local_items(const StateDict& state_dict) {
   return items;
 }
 
-// Copies of every tensor's data on the CPU (async_save's staging).
-std::vector<LocalItem> stage(std::vector<LocalItem> items) {
-  for (auto& li : items) {
-    if (li.data.defined()) li.data = li.data.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+// `src` into `dst` (contiguous, CPU, same dtype and shape).
+void copy_into(at::Tensor& dst, const at::Tensor& src) {
+  if (src.device().is_cpu() && src.is_contiguous() && src.scalar_type() == dst.scalar_type()) {
+    std::memcpy(dst.data_ptr(), src.data_ptr(), src.nbytes());
+  } else {
+    dst.copy_(src);
   }
+}
+
+// Copies of every tensor's data on the CPU (async_save's staging), in `reuse`'s buffers when
+// it has ones of the same key, chunk, dtype and shape; `reuse` then holds this save's buffers.
+std::vector<LocalItem> stage(std::vector<LocalItem> items, std::map<std::pair<std::string, ChunkMeta>, at::Tensor>* reuse) {
+  std::map<std::pair<std::string, ChunkMeta>, at::Tensor> kept;
+  c10::AutoGradMode no_grad(false);
+  for (auto& li : items) {
+    if (!li.data.defined()) continue;
+    const at::Tensor src = li.data.detach();
+    at::Tensor buf;
+    if (reuse) {
+      auto it = reuse->find({li.item.fqn, li.item.chunk});
+      if (it != reuse->end() && it->second.scalar_type() == src.scalar_type() && it->second.sizes() == src.sizes()) {
+        buf = it->second;
+      }
+    }
+    if (!buf.defined()) buf = at::empty(src.sizes(), src.options().device(at::kCPU).memory_format(at::MemoryFormat::Contiguous));
+    copy_into(buf, src);
+    li.data = buf;
+    if (reuse) kept[{li.item.fqn, li.item.chunk}] = buf;
+  }
+  if (reuse) *reuse = std::move(kept);
   return items;
 }
 
@@ -384,7 +414,8 @@ Metadata save_items(const std::vector<LocalItem>& local, std::exception_ptr loca
 
 class Reader {
  public:
-  Reader(std::string dir, int64_t block) : dir_(std::move(dir)), block_(block) {}
+  // verify: check each block read against the chunk's checksums (false: chunks without any).
+  Reader(std::string dir, int64_t block, bool verify) : dir_(std::move(dir)), block_(block), verify_(verify) {}
   ~Reader() {
     for (auto& [name, fd] : fds_) ::close(fd);
   }
@@ -399,6 +430,10 @@ class Reader {
     if (to <= from) return;
     const std::string path = (fs::path(dir_) / sc.file).string();
     const int fd = open_file(fqn, sc, path);
+    if (!verify_) {
+      read_exact(fd, path, fqn, sc, from, to, out);
+      return;
+    }
     const int64_t first_block = from / block_;
     const int64_t end_block = (to + block_ - 1) / block_;
     // Whole blocks inside [from, to): [mid_lo, mid_hi) (the chunk's last block ends at its end).
@@ -458,6 +493,7 @@ class Reader {
 
   std::string dir_;
   int64_t block_;
+  bool verify_;
   std::map<std::string, int> fds_;
   std::vector<char> scratch_;
 };
@@ -495,14 +531,18 @@ void read_into(Reader& reader, const std::string& fqn, const Entry& e, const Chu
   }
 }
 
-c10::IValue read_object(Reader& reader, const std::string& fqn, const Entry& e) {
+c10::IValue read_object(Reader& reader, const detail::ReadSource& src, const std::string& fqn, const Entry& e) {
   const StoredChunk& sc = e.chunks.at(0);
+  if (sc.file.empty()) return torch::jit::pickle_load(src.inline_objects.at(fqn));
   std::vector<char> bytes(size_t(sc.length));
   reader.read(fqn, sc, 0, sc.length, bytes.data());
   return torch::jit::pickle_load(bytes);
 }
 
-LoadResult load_local(StateDict& state_dict, const Metadata& m, const std::string& dir, const LoadOptions& opts) {
+}  // namespace
+
+LoadResult detail::load_local(StateDict& state_dict, const ReadSource& src, const LoadOptions& opts) {
+  const Metadata& m = *src.metadata;
   LoadResult res;
   for (const auto& [fqn, v] : state_dict) {
     if (!m.entries.count(fqn)) res.missing_keys.push_back(fqn);
@@ -512,7 +552,7 @@ LoadResult load_local(StateDict& state_dict, const Metadata& m, const std::strin
   }
   if (opts.strict && (!res.missing_keys.empty() || !res.unexpected_keys.empty())) {
     std::ostringstream os;
-    os << "the state dict and the checkpoint '" << dir << "' have different keys (strict load):";
+    os << "the state dict and " << src.what << " have different keys (strict load):";
     if (!res.missing_keys.empty()) os << " missing from the checkpoint: " << join_keys(res.missing_keys) << ";";
     if (!res.unexpected_keys.empty()) os << " not in the state dict: " << join_keys(res.unexpected_keys) << ";";
     TORCH_CHECK(false, os.str());
@@ -595,12 +635,14 @@ LoadResult load_local(StateDict& state_dict, const Metadata& m, const std::strin
     TORCH_CHECK(false, os.str());
   }
 
-  Reader reader(dir, m.checksum_block_bytes);
+  Reader reader(src.dir, m.checksum_block_bytes, src.verify_checksums);
   c10::AutoGradMode no_grad(false);
   for (const auto& d : dests) read_into(reader, d.fqn, m.entries.at(d.fqn), d.box, d.target);
-  for (const auto& fqn : objects) state_dict[fqn] = read_object(reader, fqn, m.entries.at(fqn));
+  for (const auto& fqn : objects) state_dict[fqn] = read_object(reader, src, fqn, m.entries.at(fqn));
   return res;
 }
+
+namespace {
 
 std::vector<std::string> merged(const std::vector<LoadResult>& all, bool missing) {
   std::set<std::string> s;
@@ -653,32 +695,78 @@ Metadata save(const StateDict& state_dict, const std::string& checkpoint_dir, co
   return save_items(local, collect_error, checkpoint_dir, options, use_dist, group);
 }
 
+struct StagingBuffers::Impl {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool busy = false;  // a background save writes from the buffers
+  std::map<std::pair<std::string, ChunkMeta>, at::Tensor> buffers;
+
+  void acquire() {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return !busy; });
+    busy = true;
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      busy = false;
+    }
+    cv.notify_all();
+  }
+};
+
+StagingBuffers::StagingBuffers() : impl_(std::make_unique<Impl>()) {}
+StagingBuffers::~StagingBuffers() = default;
+
+int64_t StagingBuffers::nbytes() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  int64_t n = 0;
+  for (const auto& [k, t] : impl_->buffers) n += int64_t(t.nbytes());
+  return n;
+}
+
 std::future<Metadata> async_save(const StateDict& state_dict, const std::string& checkpoint_dir,
                                  const SaveOptions& options) {
   const bool use_dist = resolve_use_dist(options.no_dist, options.process_group);
   comm::GroupPtr group = resolve_group(use_dist, options.process_group);
+  std::shared_ptr<StagingBuffers> staging = options.staging;
+  // Held from here until the background write is done (released by the guard below).
+  if (staging) staging->impl().acquire();
+  std::shared_ptr<StagingBuffers> release;
+  if (staging) release.reset(staging.get(), [staging](StagingBuffers* s) { s->impl().release(); });
   std::vector<LocalItem> staged;
   std::exception_ptr stage_error;
   try {
-    staged = stage(collect_local_items(state_dict));
+    staged = stage(collect_local_items(state_dict), staging ? &staging->impl().buffers : nullptr);
   } catch (...) {
     stage_error = std::current_exception();
   }
-  return std::async(std::launch::async,
-                    [staged = std::move(staged), stage_error, checkpoint_dir, options, use_dist, group]() {
-                      return save_items(staged, stage_error, checkpoint_dir, options, use_dist, group);
-                    });
+  return std::async(std::launch::async, [staged = std::move(staged), stage_error, checkpoint_dir, options, use_dist,
+                                         group, release]() mutable {
+    auto done = std::move(release);  // released when this returns or throws
+    return save_items(staged, stage_error, checkpoint_dir, options, use_dist, group);
+  });
 }
 
-LoadResult load(StateDict& state_dict, const std::string& checkpoint_dir, const LoadOptions& options) {
+LoadResult detail::load_collective(const LoadOptions& options, const std::function<LoadResult()>& local) {
   const bool use_dist = resolve_use_dist(options.no_dist, options.process_group);
   comm::GroupPtr group = resolve_group(use_dist, options.process_group);
   DistWrapper dist(group, use_dist, options.coordinator_rank);
-  // One round of collectives: every rank reads the metadata itself (as PyTorch's readers do)
-  // and its shards; the all_gather reports any rank's failure on every rank.
-  std::vector<LoadResult> all = dist.all_gather(
-      "read", [&] { return load_local(state_dict, read_metadata(checkpoint_dir), checkpoint_dir, options); });
+  std::vector<LoadResult> all = dist.all_gather("read", local);
   return LoadResult{merged(all, /*missing=*/true), merged(all, /*missing=*/false)};
+}
+
+LoadResult load(StateDict& state_dict, const std::string& checkpoint_dir, const LoadOptions& options) {
+  // One round of collectives: every rank reads the metadata itself (as PyTorch's readers do)
+  // and its shards.
+  return detail::load_collective(options, [&] {
+    const Metadata m = read_metadata(checkpoint_dir);
+    detail::ReadSource src;
+    src.metadata = &m;
+    src.dir = checkpoint_dir;
+    src.what = "the checkpoint '" + checkpoint_dir + "'";
+    return detail::load_local(state_dict, src, options);
+  });
 }
 
 }  // namespace checkpoint

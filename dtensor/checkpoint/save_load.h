@@ -43,6 +43,8 @@
 namespace dtensor {
 namespace checkpoint {
 
+class StagingBuffers;
+
 struct SaveOptions {
   // The group the ranks save over; nullptr: the default group. Without a process group
   // initialised (or with no_dist) the save is a single process's.
@@ -54,6 +56,35 @@ struct SaveOptions {
   int64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
   // Called on the writing rank after each chunk or object is written (progress reporting).
   std::function<void(const std::string& fqn, int64_t bytes)> on_item_written;
+  // async_save only: the CPU buffers to stage into, kept for the next async_save given the same
+  // object (nullptr: fresh buffers each time). See StagingBuffers.
+  std::shared_ptr<StagingBuffers> staging;
+};
+
+// Staging buffers for async_save, reused across saves (PyTorch: the async stager's cached CPU
+// state dict). The first async_save given them allocates one buffer per local chunk; later ones
+// with the same layout only copy into them (no allocation, no fresh pages to fault in), which
+// is most of the time the caller is blocked. A buffer whose chunk changed shape or dtype is
+// replaced, and chunks no longer saved are dropped. An async_save given buffers that a previous
+// async_save is still writing from waits for that write to finish first.
+//
+//   auto staging = std::make_shared<StagingBuffers>();
+//   SaveOptions o;
+//   o.staging = staging;
+//   for (...) { train(); fut = async_save(sd, dir_of(step), o); }
+class StagingBuffers {
+ public:
+  StagingBuffers();
+  ~StagingBuffers();
+  StagingBuffers(const StagingBuffers&) = delete;
+  StagingBuffers& operator=(const StagingBuffers&) = delete;
+  // Bytes held.
+  int64_t nbytes() const;
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
 };
 
 struct LoadOptions {
@@ -81,8 +112,8 @@ LoadResult load(StateDict& state_dict, const std::string& checkpoint_dir, const 
 Metadata read_metadata(const std::string& checkpoint_dir);
 
 // Collective (like save). Copies this rank's share of the state to CPU staging buffers (a
-// Partial DTensor is reduced first), then writes it on a background thread: the caller may
-// change its tensors as soon as this returns. The future gives save's result or rethrows its
+// Partial DTensor is reduced first; options.staging: into those, reused), then writes it on a
+// background thread: the caller may change its tensors as soon as this returns. The future gives save's result or rethrows its
 // CheckpointException. The background save uses the group's collectives: make no other
 // collective on that group until the future is ready (or pass a dedicated process_group).
 std::future<Metadata> async_save(const StateDict& state_dict, const std::string& checkpoint_dir,

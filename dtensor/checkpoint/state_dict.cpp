@@ -2,6 +2,7 @@
 #include "dtensor/checkpoint/state_dict.h"
 
 #include "dtensor/checkpoint/dist_wrapper.h"
+#include "dtensor/checkpoint/load_internal.h"
 #include "dtensor/comm/object_collectives.h"
 #include "dtensor/nn/module_surgery.h"
 #include "dtensor/placement/placement.h"
@@ -26,13 +27,7 @@ namespace {
 bool distributed() { return comm::is_initialized(); }
 int my_rank() { return distributed() ? comm::default_group()->rank() : 0; }
 
-std::string join_keys(const std::vector<std::string>& keys) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < keys.size(); ++i) os << (i ? ", " : "") << "'" << keys[i] << "'";
-  os << "]";
-  return os.str();
-}
+using detail::join_keys;
 
 // The value a state dict shows for `t`.
 at::Tensor export_tensor(const at::Tensor& t, const StateDictOptions& o) {

@@ -2,6 +2,7 @@
 #include "dtensor/comm/c10d_group.h"
 
 #include "dtensor/comm/abort.h"
+#include "dtensor/comm/async_work.h"
 #include "dtensor/comm/trace.h"
 
 #include "dtensor/comm/c10d_guard.h"
@@ -22,6 +23,15 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupMPI.hpp>
 #endif
 
+// DTENSOR_GLOO_TCP: CMake found the Gloo library libtorch uses (Debian's libgloo), whose tcp
+// transport classes the loop ticker below needs (NOTE: [Gloo's loop ticks]).
+#ifdef DTENSOR_GLOO_TCP
+#include <gloo/transport/tcp/device.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -29,6 +39,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 namespace dtensor {
 namespace comm {
@@ -167,6 +178,83 @@ bool backend_available(const std::string& backend, std::string* why) {
   return true;
 }
 
+// NOTE: [Gloo's loop ticks]
+// Gloo's tcp device runs an epoll loop that "ticks" when a socket has an event, else every
+// 10 ms; removing a socket from it (Loop::unregisterDescriptor) waits for the next tick. In
+// the libgloo of Debian 12 / libtorch 1.13 every pair whose connecting side this rank is
+// removes its listening socket that way, one pair after the other, and closing a pair does
+// it too: a 4-rank group took ~33 ms to connect here, mostly in those waits (traced with
+// DTENSOR_HARNESS_TRACE: ranks finished their connect ~10 ms apart), and destroying a group
+// 20-40 ms. (Gloo from 2023, in libtorch 2.x, has one listening socket per device, so fewer
+// such waits at connect.) While a Gloo group connects or is destroyed, a LoopTicker makes
+// the loop tick every kTick: it registers an eventfd with the device's loop and a thread
+// writes to it; the handler drains it. Between those phases it is idle (no cost to
+// collectives). Without Debian's libgloo (libtorch with Gloo linked in) there is no ticker;
+// DTENSOR_GLOO_LOOP_TICKER=0 turns it off (to measure the difference).
+#ifdef DTENSOR_GLOO_TCP
+class LoopTicker final : public ::gloo::transport::tcp::Handler {
+ public:
+  static constexpr std::chrono::microseconds kTick{200};
+
+  // A ticker on `device`'s loop, or nullptr when it is not a tcp device.
+  static std::unique_ptr<LoopTicker> attach(const std::shared_ptr<::gloo::transport::Device>& device) {
+    static const bool off = [] {
+      const char* v = std::getenv("DTENSOR_GLOO_LOOP_TICKER");  // "0": off, to compare
+      return v && std::string(v) == "0";
+    }();
+    if (off) return nullptr;
+    auto tcp = std::dynamic_pointer_cast<::gloo::transport::tcp::Device>(device);
+    if (!tcp) return nullptr;
+    const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd < 0) return nullptr;
+    std::unique_ptr<LoopTicker> t(new LoopTicker(std::move(tcp), fd));
+    t->device_->registerDescriptor(fd, EPOLLIN, t.get());
+    return t;
+  }
+  // Releases the device with the loop ticking: when this holds its last reference, ~Loop
+  // joins the loop thread after its next tick; the handler stays valid until then.
+  ~LoopTicker() override {
+    start();
+    device_.reset();
+    stop();
+    ::close(fd_);
+  }
+  void handleEvents(int) override {
+    uint64_t n;
+    while (::read(fd_, &n, sizeof n) > 0) {
+    }
+  }
+  void start() {
+    if (thread_.joinable()) return;
+    stop_ = false;
+    thread_ = std::thread([this] {
+      const uint64_t one = 1;
+      while (!stop_.load()) {
+        (void)!::write(fd_, &one, sizeof one);
+        std::this_thread::sleep_for(kTick);
+      }
+    });
+  }
+  void stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  LoopTicker(std::shared_ptr<::gloo::transport::tcp::Device> device, int fd) : device_(std::move(device)), fd_(fd) {}
+  std::shared_ptr<::gloo::transport::tcp::Device> device_;
+  int fd_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+};
+#else
+class LoopTicker {
+ public:
+  void start() {}
+  void stop() {}
+};
+#endif
+
 struct C10dGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   int rank = 0, size = 1;
@@ -174,6 +262,8 @@ struct C10dGroup::Impl {
   std::vector<int> global_ranks;
   // One process group per entry of the backend spec, in its order.
   std::vector<detail::BackendEntry> entries;
+  // Declared before pgs: the process groups are destroyed first (NOTE: [Gloo's loop ticks]).
+  std::vector<std::unique_ptr<LoopTicker>> tickers;
   std::vector<c10::intrusive_ptr<BackendPg>> pgs;
   uint64_t subgroups_created = 0;
   // A wait on this group was aborted (NOTE: [Aborting waits]): a backend thread may be
@@ -198,25 +288,31 @@ struct C10dGroup::Impl {
   BackendPg& default_pg() { return *pgs[0]; }
 };
 
+// `ticker`: set for a Gloo group (NOTE: [Gloo's loop ticks]).
 static c10::intrusive_ptr<BackendPg> make_pg(const std::string& name,
                                                       const c10::intrusive_ptr<c10d::Store>& store,
                                                       int rank, int size,
-                                                      const C10dGroupOptions& o) {
+                                                      const C10dGroupOptions& o,
+                                                      std::unique_ptr<LoopTicker>* ticker) {
   std::string why;
   TORCH_CHECK(one_backend_available(name, &why), why);
   if (name == "gloo") {
-    auto opts = c10d::ProcessGroupGloo::Options::create(o.timeout);
     std::string host = o.gloo_hostname;
     if (host.empty()) {
       if (const char* h = std::getenv("DTENSOR_GLOO_HOSTNAME")) host = h;
     }
-    if (host.empty()) {
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    } else {
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
-    }
+    auto device = host.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                               : c10d::ProcessGroupGloo::createDeviceForHostname(host);
+#ifdef DTENSOR_GLOO_TCP
+    *ticker = LoopTicker::attach(device);  // destroyed after `opts` should connecting fail
+#endif
+    auto opts = c10d::ProcessGroupGloo::Options::create(o.timeout);
+    opts->devices.push_back(std::move(device));
     opts->threads = 1;
-    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+    if (*ticker) (*ticker)->start();
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+    if (*ticker) (*ticker)->stop();
+    return pg;
   }
 #ifdef DTENSOR_WITH_NCCL
   if (name == "nccl") {
@@ -254,8 +350,16 @@ static void creation_barrier(c10d::Store& store, int size, std::chrono::millisec
 
 C10dGroup::C10dGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 C10dGroup::~C10dGroup() {
-  if (impl_ && impl_->poisoned)
+  if (!impl_) return;
+  if (impl_->poisoned) {
     for (auto& pg : impl_->pgs) (void)pg.release();  // leaked on purpose (Impl::poisoned)
+    for (auto& t : impl_->tickers) (void)t.release();  // their loops live on
+    return;
+  }
+  for (auto& t : impl_->tickers)
+    if (t) t->start();  // closing the pairs waits for loop ticks (NOTE: [Gloo's loop ticks])
+  impl_->pgs.clear();
+  impl_->tickers.clear();
 }
 
 std::shared_ptr<C10dGroup> C10dGroup::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
@@ -274,7 +378,8 @@ std::shared_ptr<C10dGroup> C10dGroup::create(const c10::intrusive_ptr<c10d::Stor
   for (auto& e : impl->entries) {
     c10::intrusive_ptr<c10d::Store> sub = store;
     if (impl->entries.size() > 1) sub = c10::make_intrusive<c10d::PrefixStore>("backend_" + e.backend, store);
-    impl->pgs.push_back(make_pg(e.backend, sub, rank, size, options));
+    impl->tickers.emplace_back();
+    impl->pgs.push_back(make_pg(e.backend, sub, rank, size, options, &impl->tickers.back()));
   }
   trace_event("group.connected", rank);
   creation_barrier(*store, size, options.timeout);
@@ -354,6 +459,7 @@ void in_place(at::Tensor& t, const Target& tg, Fn fn) {
 }  // namespace
 
 void C10dGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::all_reduce(*this, tensor, op)) return;
   TORCH_CHECK(op != ReduceOp::AVG || at::isFloatingType(tensor.scalar_type()) ||
                   at::isComplexType(tensor.scalar_type()),
@@ -370,6 +476,7 @@ void C10dGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
 }
 
 void C10dGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::all_gather_into(*this, output, input)) return;
   detail::check_all_gather_shapes(*this, output, input);
   const Target tg = impl_->target(input);
@@ -388,6 +495,7 @@ void C10dGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
 }
 
 void C10dGroup::reduce_scatter_into(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::reduce_scatter_into(*this, output, input, op)) return;
   detail::check_reduce_scatter_shapes(*this, output, input);
   const Target tg = impl_->target(input);
@@ -414,6 +522,7 @@ void C10dGroup::reduce_scatter_into(at::Tensor& output, const at::Tensor& input,
 void C10dGroup::all_to_all_single(at::Tensor& output, const at::Tensor& input,
                                   const std::vector<int64_t>& output_splits,
                                   const std::vector<int64_t>& input_splits) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::all_to_all_single(*this, output, input, output_splits, input_splits)) return;
   auto splits = detail::resolve_all_to_all_splits(*this, output, input, output_splits, input_splits);
   const Target tg = impl_->target(input);
@@ -425,6 +534,7 @@ void C10dGroup::all_to_all_single(at::Tensor& output, const at::Tensor& input,
 }
 
 void C10dGroup::broadcast(at::Tensor& tensor, int src) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::broadcast(*this, tensor, src)) return;
   detail::check_rank_arg(*this, "broadcast", "src", src);
   const Target tg = impl_->target(tensor);
@@ -437,11 +547,13 @@ void C10dGroup::broadcast(at::Tensor& tensor, int src) {
 }
 
 void C10dGroup::barrier() {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::barrier(*this)) return;
   wait_work(*this, impl_->poisoned, "barrier", impl_->default_pg().barrier(), impl_->options.timeout);
 }
 
 void C10dGroup::send(const at::Tensor& tensor, int dst, int tag) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::send(*this, tensor, dst, tag)) return;
   detail::check_rank_arg(*this, "send", "dst", dst);
   TORCH_CHECK(dst != rank(), "send on ", describe(), ": a rank cannot send to itself");
@@ -451,6 +563,7 @@ void C10dGroup::send(const at::Tensor& tensor, int dst, int tag) {
 }
 
 void C10dGroup::recv(at::Tensor& tensor, int src, int tag) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::recv(*this, tensor, src, tag)) return;
   detail::check_rank_arg(*this, "recv", "src", src);
   TORCH_CHECK(src != rank(), "recv on ", describe(), ": a rank cannot receive from itself");
@@ -462,6 +575,7 @@ void C10dGroup::recv(at::Tensor& tensor, int src, int tag) {
 }
 
 void C10dGroup::gather(const at::Tensor& input, std::vector<at::Tensor>& outputs, int dst) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::gather(*this, input, outputs, dst)) return;
   detail::check_rank_arg(*this, "gather", "dst", dst);
   const Target tg = impl_->target(input);
@@ -482,6 +596,7 @@ void C10dGroup::gather(const at::Tensor& input, std::vector<at::Tensor>& outputs
 }
 
 void C10dGroup::scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) {
+  wait_launched_work();  // NOTE: [Async collectives]
   if (guard::scatter(*this, output, inputs, src)) return;
   detail::check_rank_arg(*this, "scatter", "src", src);
   const Target tg = impl_->target(output);

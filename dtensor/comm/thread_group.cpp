@@ -12,6 +12,8 @@
 // Barriers are generation-counted; a timeout or abort() wakes everybody with an error.
 #include "dtensor/comm/thread_group.h"
 
+#include "dtensor/comm/async_work.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -151,6 +153,7 @@ namespace {
 template <class Compute, class Finish>
 void run_round(ThreadWorld& world, int rank, const std::string& group_desc, const Call& call,
                Compute compute, Finish finish) {
+  wait_launched_work();  // NOTE: [Async collectives]
   auto& s = world.state();
   std::unique_lock<std::mutex> lk(s.mu);
   s.calls[rank] = &call;

@@ -10,6 +10,8 @@
 // (the embedding-style lookup). Partials follow NOTE: [Partial through data movement].
 #include "dtensor/ops/rule_helpers.h"
 
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -41,6 +43,12 @@ std::vector<DimOption> index_select_options(const OpCall& c) {
 
 // gather(self, dim, index): the output has the index's shape; out[i][j] = self[index[i][j]][j]
 // for dim 0.
+// NOTE: [Gather from a sharded dim]
+// With self sharded on `dim` and the index replicated, each rank gathers the entries its rows
+// hold and writes 0 elsewhere: the output is Partial(sum) with no communication (PyTorch's
+// _MaskPartial; it allows this for an index of size 1 along `dim`, the masking here works for
+// any index). Uneven and empty shards included (the local offset comes from
+// compute_local_shape_and_global_offset).
 std::vector<DimOption> gather_options(const OpCall& c) {
   const int64_t nd = c.inputs[1]->ndim();
   const int64_t dim = nd == 0 ? 0 : normalize_shard_dim(arg_int(c, 1, 0), nd);
@@ -52,7 +60,33 @@ std::vector<DimOption> gather_options(const OpCall& c) {
   for (int64_t d = 0; d < nd; ++d)
     if (d != dim && c.inputs[0]->ndim() == nd && shape_of(c, 0)[d] == shape_of(c, 1)[d])
       o.push_back({{Shard{d}}, {Shard{d}, Shard{d}}});
+  if (nd > 0 && c.inputs[0]->ndim() == nd) o.push_back({{Partial{}}, {Shard{dim}, Replicate{}}});
   return o;
+}
+
+std::vector<c10::IValue> gather_kernel(const c10::OperatorHandle& op, std::vector<c10::IValue>& args,
+                                       const OpCall& call, const OutputSharding& s) {
+  const int64_t nd = call.inputs[0]->ndim();
+  const int64_t dim = nd == 0 ? 0 : normalize_shard_dim(args[1].toInt(), nd);
+  bool masked = false;
+  for (const auto& p : s.inputs[0]) masked = masked || (nd > 0 && is_shard(p, dim));
+  if (!masked) {
+    op.callBoxed(&args);
+    return std::move(args);
+  }
+  const auto so = compute_local_shape_and_global_offset(call.inputs[0]->tensor_meta.shape, *call.mesh, s.inputs[0]);
+  const int64_t offset = so.second[dim], rows = so.first[dim];
+  const at::Tensor index = args[2].toTensor();
+  const at::Tensor outside = (index < offset).logical_or_(index >= offset + rows);
+  if (rows == 0) {  // nothing to gather from: one row of zeros stands in for the shard
+    auto shape = args[0].toTensor().sizes().vec();
+    shape[dim] = 1;
+    args[0] = at::zeros(shape, args[0].toTensor().options());
+  }
+  args[2] = (index - offset).masked_fill_(outside, 0);
+  op.callBoxed(&args);
+  args[0].toTensor().masked_fill_(outside, 0);
+  return std::move(args);
 }
 
 // ---- scatter, index_add -------------------------------------------------------------------------
@@ -245,7 +279,9 @@ std::vector<DimOption> index_put_options(const OpCall& c) {
 
 const bool registered = [] {
   register_rule("aten::index_select", index_select_options);
-  register_rule("aten::gather", gather_options);
+  RuleOptions masked_gather;  // NOTE: [Gather from a sharded dim]
+  masked_gather.kernel = gather_kernel;
+  for (const char* n : {"aten::gather", "aten::gather.out"}) register_rule(n, gather_options, nullptr, masked_gather);
   for (const char* n : {"aten::scatter.src", "aten::scatter.value", "aten::scatter.reduce", "aten::scatter.value_reduce",
                         "aten::scatter_add", "aten::scatter_reduce.two", "aten::index_add"})
     register_rule(n, scatter_options);

@@ -129,15 +129,6 @@ Resolved& resolved() {
   return r;
 }
 
-// The out= arguments of `schema` (keyword-only arguments it writes), in order.
-std::vector<size_t> out_arguments(const c10::FunctionSchema& schema) {
-  std::vector<size_t> out;
-  const auto& formals = schema.arguments();
-  for (size_t i = 0; i < formals.size(); ++i)
-    if (formals[i].kwarg_only() && formals[i].alias_info() && formals[i].alias_info()->isWrite()) out.push_back(i);
-  return out;
-}
-
 // NOTE: [Rules of functional ops serve their out= overloads]: the rule of an out= overload
 // without one of its own is its functional overload's: the overload of the same name taking the
 // same other arguments (names and types) and returning one tensor per out= argument. None
@@ -518,6 +509,14 @@ int64_t broadcast_input_dim(const std::vector<int64_t>& in_shape, const std::vec
   if (a < 0) return -1;
   if (in_shape[a] == 1 && out_shape[out_dim] != 1) return -1;
   return a;
+}
+
+std::vector<size_t> out_arguments(const c10::FunctionSchema& schema) {
+  std::vector<size_t> out;
+  const auto& formals = schema.arguments();
+  for (size_t i = 0; i < formals.size(); ++i)
+    if (formals[i].kwarg_only() && formals[i].alias_info() && formals[i].alias_info()->isWrite()) out.push_back(i);
+  return out;
 }
 
 std::vector<size_t> out_inputs(const OpCall& c) {

@@ -184,6 +184,9 @@ void clear_propagation_cache();
 // -1 when the input has no such dim or broadcasts it (size 1 vs > 1).
 int64_t broadcast_input_dim(const std::vector<int64_t>& in_shape,
                             const std::vector<int64_t>& out_shape, int64_t out_dim);
+// The out= arguments of `schema` (keyword-only arguments it writes), as positions in its
+// argument list, in order.
+std::vector<size_t> out_arguments(const c10::FunctionSchema& schema);
 // Positions (in OpCall::inputs) of the out= arguments: keyword-only arguments the op writes.
 // They are not operands: rules give them the output's placement.
 std::vector<size_t> out_inputs(const OpCall& c);

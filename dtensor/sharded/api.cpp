@@ -284,6 +284,14 @@ at::TensorOptions options_of(const ShardedTensor& like) {
   return at::TensorOptions().dtype(like.dtype()).requires_grad(like.metadata().tensor_properties.requires_grad);
 }
 
+// The options of a *_like factory: `like`'s, with dtype and requires_grad from `o` where set.
+at::TensorOptions like_options(const ShardedTensor& like, const at::TensorOptions& o) {
+  at::TensorOptions out = options_of(like);
+  if (o.has_dtype()) out = out.dtype(o.dtype());
+  if (o.has_requires_grad()) out = out.requires_grad(o.requires_grad());
+  return out;
+}
+
 }  // namespace
 
 ShardedTensor empty(const ShardingSpec& spec, std::vector<int64_t> size, at::TensorOptions options, comm::GroupPtr group) {
@@ -311,23 +319,23 @@ ShardedTensor randn(const ShardingSpec& spec, std::vector<int64_t> size, at::Ten
   return make_sharded(spec, std::move(size), options, std::move(group), "randn",
                       [](c10::IntArrayRef s, const at::TensorOptions& o) { return at::randn(s, o); });
 }
-ShardedTensor empty_like(const ShardedTensor& l) {
-  return empty(*l.sharding_spec(), l.size(), options_of(l), l.process_group());
+ShardedTensor empty_like(const ShardedTensor& l, at::TensorOptions o) {
+  return empty(*l.sharding_spec(), l.size(), like_options(l, o), l.process_group());
 }
-ShardedTensor zeros_like(const ShardedTensor& l) {
-  return zeros(*l.sharding_spec(), l.size(), options_of(l), l.process_group());
+ShardedTensor zeros_like(const ShardedTensor& l, at::TensorOptions o) {
+  return zeros(*l.sharding_spec(), l.size(), like_options(l, o), l.process_group());
 }
-ShardedTensor ones_like(const ShardedTensor& l) {
-  return ones(*l.sharding_spec(), l.size(), options_of(l), l.process_group());
+ShardedTensor ones_like(const ShardedTensor& l, at::TensorOptions o) {
+  return ones(*l.sharding_spec(), l.size(), like_options(l, o), l.process_group());
 }
-ShardedTensor full_like(const ShardedTensor& l, const at::Scalar& v) {
-  return full(*l.sharding_spec(), l.size(), v, options_of(l), l.process_group());
+ShardedTensor full_like(const ShardedTensor& l, const at::Scalar& v, at::TensorOptions o) {
+  return full(*l.sharding_spec(), l.size(), v, like_options(l, o), l.process_group());
 }
-ShardedTensor rand_like(const ShardedTensor& l) {
-  return rand(*l.sharding_spec(), l.size(), options_of(l), l.process_group());
+ShardedTensor rand_like(const ShardedTensor& l, at::TensorOptions o) {
+  return rand(*l.sharding_spec(), l.size(), like_options(l, o), l.process_group());
 }
-ShardedTensor randn_like(const ShardedTensor& l) {
-  return randn(*l.sharding_spec(), l.size(), options_of(l), l.process_group());
+ShardedTensor randn_like(const ShardedTensor& l, at::TensorOptions o) {
+  return randn(*l.sharding_spec(), l.size(), like_options(l, o), l.process_group());
 }
 
 nn::RemovableHandle reshard_output(torch::nn::Module& module, std::shared_ptr<const ShardingSpec> resharding_spec) {

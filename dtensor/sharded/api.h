@@ -54,13 +54,14 @@ ShardedTensor rand(const ShardingSpec& sharding_spec, std::vector<int64_t> size,
                    comm::GroupPtr process_group = nullptr);
 ShardedTensor randn(const ShardingSpec& sharding_spec, std::vector<int64_t> size, at::TensorOptions options = {},
                     comm::GroupPtr process_group = nullptr);
-// The same size, spec, dtype, requires_grad and group as `like`.
-ShardedTensor empty_like(const ShardedTensor& like);
-ShardedTensor zeros_like(const ShardedTensor& like);
-ShardedTensor ones_like(const ShardedTensor& like);
-ShardedTensor full_like(const ShardedTensor& like, const at::Scalar& fill_value);
-ShardedTensor rand_like(const ShardedTensor& like);
-ShardedTensor randn_like(const ShardedTensor& like);
+// The same size, spec and group as `like`, and its dtype and requires_grad unless `options`
+// sets them (PyTorch: torch.zeros_like(st, dtype=..., requires_grad=...)).
+ShardedTensor empty_like(const ShardedTensor& like, at::TensorOptions options = {});
+ShardedTensor zeros_like(const ShardedTensor& like, at::TensorOptions options = {});
+ShardedTensor ones_like(const ShardedTensor& like, at::TensorOptions options = {});
+ShardedTensor full_like(const ShardedTensor& like, const at::Scalar& fill_value, at::TensorOptions options = {});
+ShardedTensor rand_like(const ShardedTensor& like, at::TensorOptions options = {});
+ShardedTensor randn_like(const ShardedTensor& like, at::TensorOptions options = {});
 
 // Collective over `group` (nullptr: the default group). Shards `tensor` as `sharding_spec`
 // says, with the values of group rank `src_rank`. Before any data moves, one object all_gather

@@ -1,6 +1,7 @@
 // dtensor/tensor/api.cpp: distribute_tensor, from_local, to_local, redistribute, full_tensor,
 // printing, and their autograd (hand-written autograd Nodes: the saved state is a DTensorSpec,
 // which is not an IValue, so torch::autograd::Function's saved_data does not fit).
+#include "dtensor/comm/async_work.h"
 #include "dtensor/comm/c10d_guard.h"
 #include "dtensor/comm/object_collectives.h"
 #include "dtensor/mesh/mesh_collectives.h"
@@ -381,7 +382,7 @@ at::Tensor redistribute_unchecked(const at::Tensor& dt, const DeviceMesh& mesh, 
   TORCH_CHECK(mesh == impl->spec().mesh, "redistribute: moving to another mesh is not supported (from ",
               impl->spec().mesh.to_string(), " to ", mesh.to_string(), ")");
   placements = normalize_placements(placements, dt.dim());
-  at::Tensor local;
+  at::Tensor local, out;
   DTensorSpec from = impl->spec();
   {
     at::NoGradGuard no_grad;
@@ -390,9 +391,21 @@ at::Tensor redistribute_unchecked(const at::Tensor& dt, const DeviceMesh& mesh, 
       local = local.to(*options.forward_dtype);
       from.tensor_meta.dtype = *options.forward_dtype;
     }
-    local = detail::redistribute_local(local, from, placements);
+    DTensorSpec to(mesh, placements, from.tensor_meta);
+    if (options.async_op && from.placements != placements && mesh.get_coordinate().has_value()) {
+      // NOTE: [Async DTensors]: the input is read on the comm stream while the caller may write
+      // into the DTensor it came from, so the stream gets its own copy (PyTorch's CUDA stream
+      // order gives the same guarantee).
+      at::Tensor input = local.is_same(impl->local()) ? local.clone() : local;
+      auto result = std::make_shared<at::Tensor>();
+      auto work = comm::launch_async([input, from, placements, result] {
+        *result = detail::redistribute_local(input, from, placements).detach();
+      });
+      out = make_async_dtensor(std::move(work), std::move(result), input.device(), std::move(to));
+    } else {
+      out = make_dtensor(detail::redistribute_local(local, from, placements), std::move(to));
+    }
   }
-  at::Tensor out = make_dtensor(local, DTensorSpec(mesh, placements, from.tensor_meta));
   auto node = new_node<RedistributeBackward>();
   node->input_spec = impl->spec();
   node->backward_dtype = options.backward_dtype;
@@ -429,6 +442,16 @@ at::Tensor full_tensor(const at::Tensor& dt, std::optional<std::vector<Placement
   const DTensorSpec& spec = get_spec(dt);
   return to_local(redistribute(dt, spec.mesh, std::vector<Placement>(spec.placements.size(), Replicate{})),
                   std::move(grad_placements));
+}
+
+at::Tensor wait_tensor(const at::Tensor& dt) {
+  if (auto* impl = maybe_get_dtensor_impl(dt)) impl->local();
+  return dt;
+}
+
+bool is_async_pending(const at::Tensor& dt) {
+  auto* impl = maybe_get_dtensor_impl(dt);
+  return impl != nullptr && impl->is_pending();
 }
 
 DTensor::DTensor(const at::Tensor& local_tensor, const DTensorSpec& spec, bool requires_grad) {

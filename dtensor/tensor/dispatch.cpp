@@ -95,10 +95,38 @@ void collect_tensors(const c10::IValue& v, std::vector<at::Tensor>& out) {
     for (const at::Tensor& t : v.toTensorVector()) out.push_back(t);
 }
 
+// NOTE: [Loading into DTensors]
+// torch::load(module, path) ends in libtorch's InputArchive::read, which calls
+// `param.set_(loaded)` (no grad) for every parameter and buffer. For a DTensor parameter and a
+// plain tensor of its global shape and dtype, that is "load the whole tensor into this
+// DTensor": every rank read the same checkpoint, so each keeps its own piece (PyTorch's
+// _shard_tensor: no communication) and the DTensor keeps its mesh and placements. Anything else
+// raises, saying what would work. (Saving: NOTE: [Saving a DTensor] in dtensor_impl.cpp.)
+bool load_whole_tensor(torch::jit::Stack* stack, size_t begin) {
+  const at::Tensor self = (*stack)[begin].toTensor();
+  const at::Tensor source = (*stack)[begin + 1].toTensor();
+  if (!is_dtensor(self) || is_dtensor(source)) return false;
+  auto* impl = unsafe_get_dtensor_impl(self);
+  const DTensorSpec spec = impl->spec();
+  TORCH_CHECK(source.sizes().vec() == spec.tensor_meta.shape && source.scalar_type() == spec.tensor_meta.dtype,
+              "DTensor: set_ (torch::load into a module with DTensor parameters) got a plain ", source.scalar_type(),
+              source.sizes(), " tensor for the DTensor ", spec.to_string(), " of ", spec.tensor_meta.dtype,
+              c10::IntArrayRef(spec.tensor_meta.shape),
+              ": torch::load can fill a DTensor only from the whole (unsharded) tensor of the same shape and "
+              "dtype; load sharded checkpoints with dtensor::checkpoint::load");
+  at::Tensor piece = local_tensor(_shard_tensor(source.detach(), spec.placements, spec.mesh));
+  impl->set_local_and_spec(piece.is_contiguous() ? piece : piece.contiguous(), spec);
+  torch::jit::drop(*stack, 2);
+  stack->push_back(self);
+  return true;
+}
+
 void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const size_t n_args = schema.arguments().size();
   const size_t begin = stack->size() - n_args;
+  if (schema.name() == "aten::set_" && schema.overload_name() == "source_Tensor" && load_whole_tensor(stack, begin))
+    return;
   ops::OpCall call;
   call.name = op_name(schema);
   call.schema = &schema;

@@ -82,9 +82,14 @@ at::Tensor to_local(const at::Tensor& dtensor,
 
 // Options of redistribute (PyTorch's keyword arguments).
 struct RedistributeOptions {
-  // Accepted for PyTorch's spelling. The collectives of comm::Group are synchronous, so the
-  // result is complete on return (PyTorch returns an AsyncCollectiveTensor that waits on first
-  // use; here there is nothing left to wait for).
+  // Return at once with the collectives in flight (PyTorch's AsyncCollectiveTensor): the
+  // result's local tensor is computed on this thread's comm stream (NOTE: [Async collectives]
+  // in dtensor/comm/async_work.h) while the caller goes on; the first use of the result (any
+  // op on it, to_local, full_tensor, redistribute, printing, wait_tensor) waits for it. A result
+  // dropped unused is waited for when its last handle goes away, so every rank still completes
+  // the collectives. The next blocking collective on this thread also completes them first.
+  // Unlike PyTorch, to_local() and view ops wait too (a plain at::Tensor cannot wait lazily).
+  // Without communication (same placements, ranks outside the mesh) the result is not async.
   bool async_op = false;
   // The local tensor is cast to forward_dtype before the collectives; the result has it.
   std::optional<at::ScalarType> forward_dtype;
@@ -104,6 +109,13 @@ at::Tensor redistribute(const at::Tensor& dtensor, const DeviceMesh& mesh,
                         std::vector<Placement> placements, const RedistributeOptions& options = {});
 at::Tensor redistribute(const at::Tensor& dtensor, std::vector<Placement> placements,
                         const RedistributeOptions& options = {});
+
+// For a DTensor from redistribute(..., {async_op = true}): waits for its collectives (PyTorch's
+// AsyncCollectiveTensor.wait() / wait_tensor) and returns `dtensor`; rethrows their error.
+// Any other tensor is returned as it is.
+at::Tensor wait_tensor(const at::Tensor& dtensor);
+// True while such a DTensor's result has not been waited for (PyTorch: `not t.completed`).
+bool is_async_pending(const at::Tensor& dtensor);
 
 // Collective. The whole tensor on every rank, as a plain tensor. Differentiable; the gradient
 // of the result is taken as `grad_placements` (default Replicate on every mesh dim).

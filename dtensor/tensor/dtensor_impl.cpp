@@ -1,6 +1,8 @@
 // dtensor/tensor/dtensor_impl.cpp
 #include "dtensor/tensor/dtensor_impl.h"
 
+#include "dtensor/comm/async_work.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -9,20 +11,56 @@
 namespace dtensor {
 
 namespace {
-c10::DispatchKeySet keyset_for(const at::Tensor& local) {
-  const auto backend = local.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
+c10::DispatchKeySet keyset_for(c10::Device device) {
+  const auto backend = device.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
   return c10::DispatchKeySet({kDTensorKey, backend});
 }
 }  // namespace
 
 DTensorImpl::DTensorImpl(at::Tensor local, DTensorSpec spec)
-    : c10::TensorImpl(keyset_for(local), local.dtype(), local.device()),
+    : c10::TensorImpl(keyset_for(local.device()), local.dtype(), local.device()),
       local_(std::move(local)),
       spec_(std::move(spec)) {
   TORCH_INTERNAL_ASSERT(!local_.defined() || maybe_get_dtensor_impl(local_) == nullptr,
                         "a DTensor's local tensor cannot itself be a DTensor");
   set_storage_access_should_throw();
   refresh_global_metadata();
+}
+
+DTensorImpl::DTensorImpl(std::shared_ptr<comm::Work> work, std::shared_ptr<at::Tensor> result, c10::Device device,
+                         DTensorSpec spec)
+    : c10::TensorImpl(keyset_for(device), caffe2::TypeMeta::fromScalarType(spec.tensor_meta.dtype), device),
+      pending_(std::move(work)),
+      pending_result_(std::move(result)),
+      spec_(std::move(spec)) {
+  TORCH_INTERNAL_ASSERT(pending_ && pending_result_, "an async DTensor needs its work and result slot");
+  pending_flag_.store(true, std::memory_order_release);
+  set_storage_access_should_throw();
+  refresh_global_metadata();
+}
+
+void DTensorImpl::resolve_pending() const {
+  std::lock_guard<std::mutex> lk(pending_mu_);
+  if (!pending_) return;  // another thread resolved it
+  pending_->wait();       // rethrows the collective's error; the DTensor stays pending then
+  local_ = *pending_result_;
+  pending_.reset();
+  pending_result_.reset();
+  pending_flag_.store(false, std::memory_order_release);
+}
+
+c10::intrusive_ptr<DTensorImpl> DTensorImpl::fresh_copy() const {
+  std::lock_guard<std::mutex> lk(pending_mu_);
+  if (pending_) return c10::make_intrusive<DTensorImpl>(pending_, pending_result_, device(), spec_);
+  return c10::make_intrusive<DTensorImpl>(local_, spec_);
+}
+
+void DTensorImpl::copy_pending_from(const DTensorImpl& other) {
+  std::lock_guard<std::mutex> lk(other.pending_mu_);
+  local_ = other.local_;
+  pending_ = other.pending_;
+  pending_result_ = other.pending_result_;
+  pending_flag_.store(pending_ != nullptr, std::memory_order_release);
 }
 
 void DTensorImpl::refresh_global_metadata() {
@@ -38,6 +76,7 @@ void DTensorImpl::refresh_global_metadata() {
 }
 
 void DTensorImpl::set_local_and_spec(at::Tensor local, DTensorSpec spec) {
+  this->local();  // an in-place change of a pending DTensor waits first
   local_ = std::move(local);
   spec_ = std::move(spec);
   refresh_global_metadata();
@@ -45,7 +84,7 @@ void DTensorImpl::set_local_and_spec(at::Tensor local, DTensorSpec spec) {
 
 c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
     const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
-  auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_);
+  auto impl = fresh_copy();
   impl->detached_view_ = detached_view_;
   copy_tensor_metadata(this, impl.get(), version_counter, allow_tensor_metadata_change);
   impl->refresh_global_metadata();
@@ -54,7 +93,7 @@ c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
 
 c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
     c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const {
-  auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_);
+  auto impl = fresh_copy();
   impl->detached_view_ = detached_view_;
   copy_tensor_metadata(this, impl.get(), std::move(version_counter), allow_tensor_metadata_change);
   impl->refresh_global_metadata();
@@ -67,7 +106,7 @@ void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& i
               "cannot assign a plain tensor's data to a DTensor (e.g. param.set_data(plain)); "
               "distribute the tensor first");
   copy_tensor_metadata(other, this, version_counter(), allow_tensor_metadata_change());
-  local_ = other->local_;
+  copy_pending_from(*other);
   spec_ = other->spec_;
   detached_view_ = other->detached_view_;
   refresh_global_metadata();
@@ -109,6 +148,11 @@ const char* DTensorImpl::tensorimpl_type_name() const {
 
 at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec) {
   return at::detail::make_tensor<DTensorImpl>(local.detach(), std::move(spec));
+}
+
+at::Tensor make_async_dtensor(std::shared_ptr<comm::Work> work, std::shared_ptr<at::Tensor> result,
+                              c10::Device device, DTensorSpec spec) {
+  return at::detail::make_tensor<DTensorImpl>(std::move(work), std::move(result), device, std::move(spec));
 }
 
 }  // namespace dtensor

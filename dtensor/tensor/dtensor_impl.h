@@ -16,7 +16,14 @@
 #include <c10/core/DispatchKey.h>
 #include <c10/core/TensorImpl.h>
 
+#include <atomic>
+#include <memory>
+#include <mutex>
+
 namespace dtensor {
+namespace comm {
+class Work;
+}
 
 // NOTE: [DTensor dispatch key]
 // DTensors carry DispatchKey::Fake: it sits below Autograd/ADInplaceOrView and above
@@ -28,8 +35,19 @@ constexpr c10::DispatchKey kDTensorKey = c10::DispatchKey::Fake;
 class DTensorImpl : public c10::TensorImpl {
  public:
   DTensorImpl(at::Tensor local, DTensorSpec spec);
+  // A DTensor whose local tensor is still being computed by `work` (an async redistribute):
+  // `*result` holds it once the work has run. NOTE: [Async DTensors]
+  DTensorImpl(std::shared_ptr<comm::Work> work, std::shared_ptr<at::Tensor> result, c10::Device device,
+              DTensorSpec spec);
 
-  const at::Tensor& local() const { return local_; }
+  // The local tensor; for an async DTensor this is the first use: it waits for the work
+  // (rethrowing its error) before returning.
+  const at::Tensor& local() const {
+    if (C10_UNLIKELY(pending_flag_.load(std::memory_order_acquire))) resolve_pending();
+    return local_;
+  }
+  // True while the local tensor of an async DTensor has not been waited for.
+  bool is_pending() const { return pending_flag_.load(std::memory_order_acquire); }
   const DTensorSpec& spec() const { return spec_; }
   // Replaces local shard and spec in place (every handle of the DTensor sees it); used by
   // in-place ops that change the layout and by module surgery.
@@ -53,8 +71,18 @@ class DTensorImpl : public c10::TensorImpl {
   // serialization (torch::save, pickling) fails on its missing storage (dtensor_impl.cpp).
   const char* tensorimpl_type_name() const override;
   void refresh_global_metadata();
+  void resolve_pending() const;
+  void copy_pending_from(const DTensorImpl& other);
+  c10::intrusive_ptr<DTensorImpl> fresh_copy() const;
 
-  at::Tensor local_;
+  // NOTE: [Async DTensors]: local_ is undefined while pending_ is set; copies of the impl
+  // (detach, views of autograd) share the pending work, and the first local() on any of them
+  // waits. Dropping the last holder of an unused result waits in comm::Work's destructor.
+  mutable at::Tensor local_;
+  mutable std::shared_ptr<comm::Work> pending_;
+  mutable std::shared_ptr<at::Tensor> pending_result_;
+  mutable std::atomic<bool> pending_flag_{false};
+  mutable std::mutex pending_mu_;
   DTensorSpec spec_;
   bool detached_view_ = false;
 };
@@ -64,5 +92,8 @@ DTensorImpl* unsafe_get_dtensor_impl(const at::Tensor& t);  // asserts it is one
 
 // Wraps without autograd: the caller attaches history if needed.
 at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec);
+// The same for a local tensor that `work` is still computing into `*result` (on `device`).
+at::Tensor make_async_dtensor(std::shared_ptr<comm::Work> work, std::shared_ptr<at::Tensor> result,
+                              c10::Device device, DTensorSpec spec);
 
 }  // namespace dtensor

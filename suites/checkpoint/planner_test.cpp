@@ -143,10 +143,9 @@ TEST(CheckpointPlanner, Crc32IsZlibs) {
   EXPECT_EQ(crc32(bytes.data(), bytes.size()), 0x81bb950fu);  // zlib.crc32(bytes(...))
 }
 
-// The folding paths (PCLMULQDQ from 64 bytes, AVX-512 VPCLMULQDQ from 256, where the CPU has them) give the tables' and a bit-by-bit
-// reference's value for every length around its 16- and 64-byte steps, any alignment, and
-// when continued from a previous value.
-TEST(CheckpointPlanner, Crc32FastPathMatchesTheReference) {
+// libdeflate's folding paths give a bit-by-bit reference's value for every length around their
+// 16-, 64- and 256-byte steps, any alignment, and when continued from a previous value.
+TEST(CheckpointPlanner, Crc32MatchesTheBitwiseReference) {
   auto bitwise = [](const unsigned char* p, size_t n, uint32_t crc) {
     crc = ~crc;
     for (size_t i = 0; i < n; ++i) {
@@ -166,7 +165,6 @@ TEST(CheckpointPlanner, Crc32FastPathMatchesTheReference) {
       const unsigned char* p = buf.data() + start;
       const uint32_t want = bitwise(p, n, 0);
       ASSERT_EQ(crc32(p, n), want) << "start " << start << " length " << n;
-      ASSERT_EQ(crc32_portable(p, n), want) << "start " << start << " length " << n;
       ASSERT_EQ(crc32(p + n / 3, n - n / 3, crc32(p, n / 3)), want) << "start " << start << " length " << n;
     }
   }

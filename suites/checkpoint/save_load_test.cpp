@@ -195,6 +195,9 @@ std::vector<Layout> all_layouts() {
   for (const auto& [n0, p0] : ps) {
     for (const auto& [n1, p1] : ps) out.push_back({"2d(" + n0 + "," + n1 + ")", 2, {p0, p1}});
   }
+  // FSDP x TP's layouts: dim 0 (1) split over tp first, each tp piece over dp (_StridedShard).
+  out.push_back({"2d(SS0,S0)", 2, {StridedShard(0, 2), Shard{0}}});
+  out.push_back({"2d(SS1,S1)", 2, {StridedShard(1, 2), Shard{1}}});
   out.push_back({"st(0)", 0, {}, 0});
   out.push_back({"st(1)", 0, {}, 1});
   return out;
@@ -527,6 +530,38 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, AsyncSaveWritesTheStateAsIt
 
 // Runs only as the child of the test below: saves {w, v} at world size 1 and dies (SIGKILL)
 // right after writing the first of them.
+// StagingBuffers: later async_saves copy into the buffers the first one allocated; an
+// async_save whose buffers a previous one still writes from waits for that write, so each
+// checkpoint holds the values of its own call.
+DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, AsyncSavesReuseStagingBuffers) {
+  SharedDir dir(t.group());
+  auto mesh = init_device_mesh("cpu", {4});
+  StateDict sd = fault_state(mesh, 1);
+  SaveOptions opts;
+  opts.process_group = comm::new_group({0, 1, 2, 3});
+  opts.staging = std::make_shared<checkpoint::StagingBuffers>();
+  auto first = checkpoint::async_save(sd, dir.sub("one"), opts);
+  // This rank's rows of w (2x4 floats) and the replicated b (4 floats); objects are not staged.
+  EXPECT_EQ(opts.staging->nbytes(), 48);
+  // Changed at once and saved again without waiting for the first save.
+  local_tensor(std::get<at::Tensor>(sd.at("w"))).fill_(2);
+  std::get<at::Tensor>(sd.at("b")).fill_(2);
+  sd["step"] = c10::IValue(int64_t(2));
+  auto second = checkpoint::async_save(sd, dir.sub("two"), opts);
+  EXPECT_EQ(opts.staging->nbytes(), 48);
+  first.get();
+  second.get();
+  auto dest = fault_dest(mesh);
+  checkpoint::load(dest, dir.sub("one"));
+  expect_fault_state(dest, 1);
+  checkpoint::load(dest, dir.sub("two"));
+  expect_fault_state(dest, 2);
+  // Another layout: the buffers follow it (w's rows now 8x4 on every rank).
+  StateDict rep{{"w", distribute_tensor(at::full({8, 4}, 3.0f), mesh, {Replicate{}})}};
+  checkpoint::async_save(rep, dir.sub("three"), opts).get();
+  EXPECT_EQ(opts.staging->nbytes(), 128);
+}
+
 TEST(CheckpointChild, SaveKilledMidWrite) {
   const char* dir = std::getenv("DTENSOR_DCP_KILL_DIR");
   if (!dir) GTEST_SKIP() << "run by CheckpointAtomic.ProcessKilledMidSaveKeepsThePreviousCheckpoint";

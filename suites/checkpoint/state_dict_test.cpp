@@ -24,6 +24,7 @@
 #include <torch/optim/sgd.h>
 
 #include <filesystem>
+#include <functional>
 
 namespace dtensor {
 namespace {
@@ -283,52 +284,89 @@ DTENSOR_TEST_BOTH(StateDictGloo, StateDictThreads, OptimizerStateDictsKeyedByPar
 }
 
 
-// ---- FSDP <-> TP --------------------------------------------------------------------------------
+// ---- TP <-> FSDP <-> FSDP x TP <-> plain ---------------------------------------------------------
 
-// A TP Transformer's training state loaded into an FSDP one (and back into TP after FSDP
-// steps): the losses continue as in the uninterrupted TP run, up to rounding.
-DTENSOR_TEST_BOTH(StateDictGloo, StateDictThreads, TrainingMovesBetweenTpAndFsdp) {
+// A Transformer's training state moved through every layout: TP (4) -> FSDP (4) -> FSDP x TP
+// (2x2, _StridedShard parameters) -> a plain model on every rank -> TP again, 2 Adam steps in
+// each; the losses continue as in the uninterrupted TP run, up to rounding.
+DTENSOR_TEST_BOTH(StateDictGloo, StateDictThreads, TrainingMovesThroughTpFsdpFsdpTpAndPlain) {
   SharedDir dir(t.group());
   Trainer tr;
   auto mesh = init_device_mesh("cpu", {4});
-  auto make_tp = [&](double init) {
-    models::Transformer m(tr.args);
-    init_params(*m, init);
-    return models::Transformer::parallelize(m, mesh, /*use_seq_parallel=*/false);
-  };
-  auto make_fsdp = [&](double init) {
-    models::Transformer m(tr.args);
-    init_params(*m, init);
+  auto mesh2 = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  auto fsdp_on = [](models::Transformer& m, const DeviceMesh& dp) {
     fsdp::FullyShardOptions opts;
-    opts.mesh = mesh;
+    opts.mesh = dp;
     for (auto& block : *m->layers) fsdp::fully_shard(*block, opts);
     fsdp::fully_shard(m, opts);
-    return m;
   };
+  using Make = std::function<models::Transformer(double)>;
+  const std::vector<std::pair<std::string, Make>> layouts = {
+      {"TP", [&](double init) {
+         models::Transformer m(tr.args);
+         init_params(*m, init);
+         return models::Transformer::parallelize(m, mesh, /*use_seq_parallel=*/false);
+       }},
+      {"FSDP", [&](double init) {
+         models::Transformer m(tr.args);
+         init_params(*m, init);
+         fsdp_on(m, mesh);
+         return m;
+       }},
+      {"FSDPxTP", [&](double init) {
+         models::Transformer m(tr.args);
+         init_params(*m, init);
+         models::Transformer::parallelize(m, mesh2["tp"], /*use_seq_parallel=*/false);
+         fsdp_on(m, mesh2["dp"]);
+         return m;
+       }},
+      {"plain", [&](double init) {
+         models::Transformer m(tr.args);
+         init_params(*m, init);
+         return m;
+       }},
+      {"TP again", [&](double init) {
+         models::Transformer m(tr.args);
+         init_params(*m, init);
+         return models::Transformer::parallelize(m, mesh, /*use_seq_parallel=*/false);
+       }}};
+  const int steps = 2;
   std::vector<float> ref;
   {
-    auto model = make_tp(0.5);
+    auto model = layouts[0].second(0.5);
     torch::optim::Adam opt(nn::parameters(*model), torch::optim::AdamOptions(0.01));
-    for (int i = 0; i < 6; ++i) ref.push_back(tr.step(model, opt));
+    for (size_t i = 0; i < steps * layouts.size(); ++i) ref.push_back(tr.step(model, opt));
   }
-  {
-    auto model = make_tp(0.5);
-    torch::optim::Adam opt(nn::parameters(*model), torch::optim::AdamOptions(0.01));
-    for (int i = 0; i < 2; ++i) EXPECT_EQ(tr.step(model, opt), ref[i]);
-    dcp::save(train_state(model, opt), dir.sub("tp2"));
-  }
-  {
-    auto model = make_fsdp(2.0);
-    torch::optim::Adam opt(nn::parameters(*model), torch::optim::AdamOptions(0.5));
-    load_train_state(model, opt, dir.sub("tp2"));
-    for (int i = 2; i < 4; ++i) EXPECT_NEAR(tr.step(model, opt), ref[i], 1e-5 * std::abs(ref[i])) << "FSDP step " << i;
-    dcp::save(train_state(model, opt), dir.sub("fsdp4"));
-  }
-  {
-    auto model = make_tp(3.0);
-    torch::optim::Adam opt(nn::parameters(*model), torch::optim::AdamOptions(0.5));
-    load_train_state(model, opt, dir.sub("fsdp4"));
-    for (int i = 4; i < 6; ++i) EXPECT_NEAR(tr.step(model, opt), ref[i], 1e-5 * std::abs(ref[i])) << "TP step " << i;
+  std::string saved;
+  for (size_t l = 0; l < layouts.size(); ++l) {
+    const auto& [name, make] = layouts[l];
+    // Other initial values and lr: everything comes from the checkpoint.
+    auto model = make(l == 0 ? 0.5 : 2.0 + double(l));
+    torch::optim::Adam opt(nn::parameters(*model), torch::optim::AdamOptions(l == 0 ? 0.01 : 0.5));
+    if (l == 0) {
+      EXPECT_TRUE(is_dtensor(model->output->weight));
+    } else {
+      load_train_state(model, opt, saved);
+    }
+    if (name == "FSDPxTP") {
+      // The Colwise weights are (_StridedShard(0, 2), Shard(0)) on the 2x2 mesh.
+      int strided = 0;
+      for (const auto& [fqn, p] : nn::named_parameters(*model)) {
+        if (is_dtensor(p) && is_strided_shard(get_spec(p).placements.at(0))) ++strided;
+      }
+      EXPECT_GT(strided, 0);
+    }
+    for (int i = 0; i < steps; ++i) {
+      const size_t k = l * steps + size_t(i);
+      const float loss = tr.step(model, opt);
+      if (l == 0) {
+        EXPECT_EQ(loss, ref[k]);
+      } else {
+        EXPECT_NEAR(loss, ref[k], 1e-5 * std::abs(ref[k])) << name << " step " << k;
+      }
+    }
+    saved = dir.sub("after_" + std::to_string(l));
+    dcp::save(train_state(model, opt), saved);
   }
 }
 

@@ -425,6 +425,34 @@ DTENSOR_TEST_F(Parity, TorchSaveOfADTensorSaysHowToSaveIt) {
   std::ostringstream os2;
   const std::string err2 = error_of([&] { torch::save(lin, os2); });
   EXPECT_PRED2(contains, err2, "dtensor::checkpoint::save(dtensor::checkpoint::get_model_state_dict(module), dir)");
+
+  // torch::load of a whole-tensor checkpoint into a module with DTensor parameters: each rank
+  // keeps its piece and the placements stay (NOTE: [Loading into DTensors]).
+  torch::nn::Linear plain(2, 3);
+  {
+    at::NoGradGuard no_grad;
+    plain->weight.copy_(at::arange(6, at::kFloat).reshape({3, 2}));
+    plain->bias.copy_(at::arange(3, at::kFloat) * 10);
+  }
+  std::stringstream saved;
+  torch::save(plain, saved);
+  torch::nn::Linear target(2, 3);
+  nn::swap_parameter(*target, "weight", distribute_tensor(at::zeros({3, 2}), mesh, {Shard{0}}));
+  nn::swap_parameter(*target, "bias", distribute_tensor(at::zeros({3}), mesh, {Replicate{}}));
+  torch::load(target, saved);
+  EXPECT_EQ(get_spec(target->weight).placements, std::vector<Placement>{Shard{0}});
+  EXPECT_EQ(get_spec(target->bias).placements, std::vector<Placement>{Replicate{}});
+  // torch.chunk of 3 rows over 4 ranks: one row each on ranks 0-2, none on rank 3.
+  EXPECT_TRUE(at::equal(local_tensor(target->weight),
+                        at::arange(6, at::kFloat).reshape({3, 2}).narrow(0, std::min(rank(), 3), rank() < 3 ? 1 : 0)));
+  EXPECT_TRUE(at::equal(full_tensor(target->weight), plain->weight));
+  EXPECT_TRUE(at::equal(full_tensor(target->bias), plain->bias));
+  // A checkpoint of another shape is refused, naming both.
+  torch::nn::Linear other(2, 5);
+  std::stringstream saved_other;
+  torch::save(other, saved_other);
+  EXPECT_PRED2(contains, error_of([&] { torch::load(target, saved_other); }),
+               "torch::load can fill a DTensor only from the whole (unsharded) tensor of the same shape and dtype");
 }
 
 // ---- 5. DTensors on a mesh over a subset of the world (test_dtensor.py DTensorMeshTest

@@ -66,7 +66,8 @@ TORCH_MODULE(UnevenMLP);
 
 // PyTorch's check_sharded_parity: every sharded parameter (or gradient) of `sharded` equals
 // distribute_tensor of `ref`'s on the same mesh and placements. Collective.
-void expect_sharded_parity(torch::nn::Module& ref, torch::nn::Module& sharded, bool grads, const std::string& when) {
+void expect_sharded_parity(torch::nn::Module& ref, torch::nn::Module& sharded, bool grads, const std::string& when,
+                           double atol = kAtol) {
   auto r = nn::named_parameters(ref), s = nn::named_parameters(sharded);
   ASSERT_EQ(r.size(), s.size()) << when;
   for (size_t i = 0; i < r.size(); ++i) {
@@ -80,7 +81,7 @@ void expect_sharded_parity(torch::nn::Module& ref, torch::nn::Module& sharded, b
     const DTensorSpec& spec = get_spec(s[i].second);
     EXPECT_EQ(get_spec(b).placements.size(), spec.placements.size());
     at::Tensor expected = distribute_tensor(a.detach(), spec.mesh, spec.placements);
-    EXPECT_TRUE(testing::tensors_close(local_tensor(expected), local_tensor(b), kRtol, kAtol));
+    EXPECT_TRUE(testing::tensors_close(local_tensor(expected), local_tensor(b), kRtol, atol));
   }
 }
 
@@ -802,12 +803,13 @@ std::map<std::string, int64_t> minus(std::map<std::string, int64_t> a, const std
 }
 
 // full_tensor() of every parameter of `model` equals `ref`'s (collective).
-void expect_full_parameters(torch::nn::Module& ref, torch::nn::Module& model, const std::string& when) {
+void expect_full_parameters(torch::nn::Module& ref, torch::nn::Module& model, const std::string& when,
+                            double atol = kAtol) {
   auto r = nn::named_parameters(ref), s = nn::named_parameters(model);
   ASSERT_EQ(r.size(), s.size());
   for (size_t i = 0; i < r.size(); ++i) {
     ASSERT_TRUE(is_dtensor(s[i].second)) << when << ": " << s[i].first;
-    EXPECT_TRUE(testing::tensors_close(r[i].second.detach(), full_tensor(s[i].second.detach()), kRtol, kAtol))
+    EXPECT_TRUE(testing::tensors_close(r[i].second.detach(), full_tensor(s[i].second.detach()), kRtol, atol))
         << when << ": " << r[i].first;
   }
 }
@@ -890,8 +892,13 @@ void check_2d_parity(testing::MultiRankTest& t, const std::function<Model()>& ma
     counting->reset();
     opt->step();
     EXPECT_EQ(counting->collectives(), 0) << when << " optimizer step";
-    expect_full_parameters(*ref, *model, when + " after the step");
-    expect_sharded_parity(*ref, *model, /*grads=*/false, when + " after the step");
+    // After an Adam step an entry whose gradient is rounding noise (|g| << eps: the sharded and
+    // one-rank matmuls round differently) moves by lr * g / eps, so a gradient difference of
+    // 1e-9 (far inside the gradient check above) moves it by 1e-5 (libtorch 2.6: 2.2e-5 on
+    // layers.1.attention.wk.weight). A sharding error moves entries by ~lr = 1e-2 and still fails.
+    const double atol = optim == Optim::kAdam ? 1e-4 : kAtol;
+    expect_full_parameters(*ref, *model, when + " after the step", atol);
+    expect_sharded_parity(*ref, *model, /*grads=*/false, when + " after the step", atol);
   }
 }
 

@@ -43,7 +43,7 @@ std::vector<CaseRecord> sample_records() {
           rec("aten::cummax", "1d", "bwd", "skip", "not checked on every placement: the forward failed (1 combinations)"),
           rec("aten::sort", "1d", "fwd", "fail", "output 0 (...): values differ: max abs diff 3"),
           rec("aten::sort", "1d", "bwd", "skip", "no differentiable output"),
-          rec("aten::cholesky", "1d", "fwd", "error", "DTensor: operator aten::cholesky has no sharding rule", "fail")};
+          rec("aten::_cdist_forward", "1d", "fwd", "error", "DTensor: operator aten::_cdist_forward has no sharding rule", "fail")};
 }
 
 const opcov::OpRow& row_of(const std::vector<opcov::OpRow>& rows, const std::string& op) {
@@ -59,7 +59,7 @@ TEST(OpCoverage, EveryDispatcherOpGetsAStatus) {
   EXPECT_EQ(row_of(rows, "aten::cummax").status, "fallback");
   EXPECT_EQ(row_of(rows, "aten::sort").status, "failing");
   EXPECT_PRED2(contains, row_of(rows, "aten::sort").reason, "values differ");
-  EXPECT_EQ(row_of(rows, "aten::cholesky").status, "no rule");
+  EXPECT_EQ(row_of(rows, "aten::_cdist_forward").status, "no rule");
   EXPECT_EQ(row_of(rows, "aten::lgamma").status, "untested");  // has a rule, no records here
   EXPECT_TRUE(row_of(rows, "aten::lgamma").has_rule);
   EXPECT_EQ(row_of(rows, "aten::linalg_svd").status, "no rule");
@@ -115,6 +115,56 @@ TEST(OpCoverage, SummaryCountsANameOnlyWhenEveryOverloadIsCoveredOrExcluded) {
 
 // An exclusion covers overloads that did not run: one whose cases ran keeps their verdict, so
 // that a failing out= overload is not hidden behind the out= exclusion.
+// NOTE: [PyTorch's DTensor op test beside ours]: per OpInfo PyTorch passes, our strict status of
+// its aten op name; and the OpInfos PyTorch does not pass whose op we cover.
+TEST(OpCoverage, ComparesWithPyTorchsDTensorOpTest) {
+  const auto pytorch = opcov::parse_pytorch_dtensor_ops(
+      "# comment\nmul pass aten::mul\nsort pass aten::sort\nnn.functional.pad xfail aten::mul\n"
+      "pad.circular pass aten::no_such_op\n",
+      "p.txt");
+  ASSERT_EQ(pytorch.size(), 4u);
+  auto rows = opcov::classify_ops(sample_records());
+  // aten::mul: Tensor covered, the other overloads have no case here: not covered (strict).
+  const auto uncovered = opcov::compare_with_pytorch(pytorch, rows);
+  EXPECT_EQ(uncovered.pass_covered, 0);
+  for (auto& r : rows)
+    if (r.name == "aten::mul" && r.status != "covered") r.status = "excluded";
+  const auto c = opcov::compare_with_pytorch(pytorch, rows);
+  EXPECT_EQ(c.opinfos, 4);
+  EXPECT_EQ(c.pytorch_pass, 3);
+  EXPECT_EQ(c.pass_covered, 1);
+  ASSERT_EQ(c.pass_not_covered.size(), 2u);
+  EXPECT_EQ(c.pass_not_covered[0][0], "sort");
+  EXPECT_PRED2(contains, c.pass_not_covered[0][2], "failing 1");
+  EXPECT_PRED2(contains, c.pass_not_covered[1][2], "no such aten op");
+  ASSERT_EQ(c.covered_not_pass.size(), 1u);
+  EXPECT_EQ(c.covered_not_pass[0][0], "nn.functional.pad");
+  EXPECT_PRED2(contains, error_of([] { opcov::parse_pytorch_dtensor_ops("abs maybe aten::abs\n", "p.txt"); }),
+               "p.txt:1: expectation 'maybe' is not one of pass, xfail, skip");
+  // The checked-in list parses, and names PyTorch's test passes.
+  const auto checked_in = opcov::parse_pytorch_dtensor_ops(
+      testing::read_listing(opcov::default_pytorch_dtensor_ops_path(), "PyTorch DTensor ops"),
+      opcov::default_pytorch_dtensor_ops_path());
+  EXPECT_GT(checked_in.size(), 500u);
+  EXPECT_TRUE(std::any_of(checked_in.begin(), checked_in.end(),
+                          [](const auto& p) { return p.opinfo == "linalg.svd" && p.expectation == "pass"; }));
+}
+
+// NOTE: [Listing files]: expected_failures.txt and coverage_exclusions.txt share one parser.
+TEST(OpCoverage, ListingFilesShareOneFormat) {
+  const auto l = testing::parse_listing("# c\n\na b  the reason  \nc d e # trailing comment\n", "l.txt", 2, "'<a> <b> <r>'",
+                                        "an entry");
+  ASSERT_EQ(l.size(), 2u);
+  EXPECT_EQ(l[0].fields, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(l[0].reason, "the reason");
+  EXPECT_EQ(l[0].line, 3);
+  EXPECT_EQ(l[1].reason, "e");
+  EXPECT_PRED2(contains, error_of([] { testing::parse_listing("a\n", "l.txt", 2, "'<a> <b> <r>'", "an entry"); }),
+               "l.txt:1: expected '<a> <b> <r>'");
+  EXPECT_PRED2(contains, error_of([] { testing::parse_listing("a b\n", "l.txt", 2, "'<a> <b> <r>'", "an entry"); }),
+               "l.txt:1: an entry needs a reason");
+}
+
 TEST(OpCoverage, AnExcludedOverloadThatRanKeepsItsVerdict) {
   auto records = sample_records();
   records.push_back(rec("aten::mul.out", "1d", "fwd", "fail", "output 0 (...): values differ: max abs diff 1"));

@@ -2,7 +2,8 @@
 // op suite only checks values: products keep Partial(avg), a batch-sharded convolution runs
 // without communication and gives the data-parallel gradients, channel sharding is taken
 // when it is free; the fused attention's refusal of dropout; and the communication-free layouts
-// the tensor-parallel rules (embedding, layer norm, softmax, views) keep.
+// the tensor-parallel rules (embedding, layer norm, softmax, views) keep; the masked gather, the
+// Partial mean nll_loss, is_same_size on global shapes, batched linear algebra and _foreach_*.
 #include "dtensor/compat.h"
 #include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
@@ -177,6 +178,104 @@ DTENSOR_TEST_F(PropagationCache, CallsThatDifferOnlyInAScalarGetTheirOwnStrategy
   EXPECT_EQ(strategy(int64_t{8}), "(Replicate(),)");
   EXPECT_EQ(strategy(true), "(Shard(dim=0),)");
   EXPECT_EQ(strategy(8.0), "(Replicate(),)");
+}
+
+// ---- the rules of PyTorch's strategies that had none here (issue 16 item 7) ------------------
+
+class LossAndIndexRules : public testing::DTensorOpTestBase {};
+
+// NOTE: [Gather from a sharded dim]: a replicated index into a tensor sharded on the gathered
+// dim gives a Partial(sum) (no collective: nothing was redistributed), uneven and empty shards
+// included ([6] rows on 4 ranks: 2, 2, 2, 0).
+DTENSOR_TEST_F(LossAndIndexRules, GatherFromTheShardedDimIsAMaskedPartial) {
+  auto mesh = build_device_mesh();
+  for (int64_t rows : {8, 6}) {
+    const at::Tensor self = values({rows, 4}, 1);
+    const at::Tensor index = (at::arange(12, at::kLong) * 5).remainder(rows).view({3, 4});
+    at::Tensor out = at::gather(distribute_tensor(self, mesh, {Shard{0}}), 0, distribute_tensor(index, mesh, {Replicate{}}));
+    EXPECT_EQ(get_spec(out).placements, std::vector<Placement>{Partial{}}) << rows << " rows";
+    EXPECT_TRUE(at::equal(full_tensor(out), at::gather(self, 0, index))) << rows << " rows";
+  }
+}
+
+// NOTE: [Mean nll_loss stays Partial]: batch-sharded scores and targets give a Partial loss and
+// the replicated global total weight, exact with class weights, an ignored class and uneven
+// rows; the gradient stays sharded like the scores.
+DTENSOR_TEST_F(LossAndIndexRules, MeanNllLossOnBatchShardsStaysPartial) {
+  auto mesh = build_device_mesh();
+  const at::Tensor scores = values({7, 5}, 2).log_softmax(1), weight = values({5}, 3).abs() + 0.5;
+  const at::Tensor target = (at::arange(7, at::kLong) * 3).remainder(5);
+  at::Tensor x = distribute_tensor(scores, mesh, {Shard{0}}).requires_grad_(true);
+  at::Tensor t = distribute_tensor(target, mesh, {Shard{0}});
+  at::Tensor w = distribute_tensor(weight, mesh, {Replicate{}});
+  auto [loss, total_weight] = at::nll_loss_forward(x, t, w, /*mean*/ 1, /*ignore_index*/ 2);
+  EXPECT_EQ(get_spec(loss).placements, std::vector<Placement>{Partial{}});
+  EXPECT_EQ(get_spec(total_weight).placements, std::vector<Placement>{Replicate{}});
+  auto [ref, ref_total] = at::nll_loss_forward(scores, target, weight, 1, 2);
+  EXPECT_TRUE(at::allclose(full_tensor(loss), ref));
+  EXPECT_TRUE(at::allclose(full_tensor(total_weight), ref_total));
+  at::Tensor l = at::nll_loss(x, t, w, 1, 2);
+  EXPECT_EQ(get_spec(l).placements, std::vector<Placement>{Partial{}});
+  l.backward();
+  EXPECT_EQ(get_spec(x.grad()).placements, std::vector<Placement>{Shard{0}});
+  at::Tensor xs = scores.clone().requires_grad_(true);
+  at::nll_loss(xs, target, weight, 1, 2).backward();
+  EXPECT_TRUE(at::allclose(full_tensor(x.grad()), xs.grad()));
+}
+
+// is_same_size compares the global shapes: [7, 4] and [6, 4] shard to the same local shapes on
+// the first ranks, and equal tensors on different placements have different local shapes.
+DTENSOR_TEST_F(LossAndIndexRules, IsSameSizeComparesGlobalShapes) {
+  auto mesh = build_device_mesh();
+  at::Tensor a = distribute_tensor(values({7, 4}, 1), mesh, {Shard{0}});
+  at::Tensor b = distribute_tensor(values({6, 4}, 2), mesh, {Shard{0}});
+  at::Tensor c = distribute_tensor(values({7, 4}, 3), mesh, {Replicate{}});
+  EXPECT_FALSE(a.is_same_size(b));
+  EXPECT_TRUE(a.is_same_size(c));
+  EXPECT_EQ(get_spec(a).placements, std::vector<Placement>{Shard{0}});
+}
+
+class LinalgRules : public testing::DTensorOpTestBase {};
+
+// A batch of matrices sharded on the batch dim decomposes with no communication; the solves
+// keep a Partial right-hand side Partial.
+DTENSOR_TEST_F(LinalgRules, BatchShardsStayShardedAndSolvesKeepPartial) {
+  auto mesh = build_device_mesh();
+  const at::Tensor a = values({4, 5, 3}, 1);
+  auto [u, s, vh] = at::_linalg_svd(distribute_tensor(a, mesh, {Shard{0}}), false, true);
+  for (const at::Tensor& r : {u, s, vh}) EXPECT_EQ(get_spec(r).placements, std::vector<Placement>{Shard{0}});
+  auto ref = at::_linalg_svd(a, false, true);
+  EXPECT_TRUE(at::allclose(full_tensor(s), std::get<1>(ref)));
+  EXPECT_TRUE(at::allclose(full_tensor(u), std::get<0>(ref)));
+  const at::Tensor m = values({3, 3}, 2) + at::eye(3, at::kDouble) * 3, rhs = values({3, 2}, 3);
+  const Partial avg(comm::ReduceOp::AVG);
+  at::Tensor prhs = detail::redistribute_to_any(distribute_tensor(rhs, mesh, {Replicate{}}), {avg});
+  at::Tensor x = at::linalg_solve(distribute_tensor(m, mesh, {Replicate{}}), prhs);
+  EXPECT_EQ(get_spec(x).placements, std::vector<Placement>{avg});
+  EXPECT_TRUE(at::allclose(full_tensor(x), at::linalg_solve(m, rhs)));
+  // A singular matrix in the last rank's shard raises on every rank (info is replicated).
+  at::Tensor singular = values({4, 3, 3}, 4);
+  singular[3].zero_();
+  EXPECT_PRED2(contains, error_of([&] { at::linalg_inv(distribute_tensor(singular, mesh, {Shard{0}})); }), "singular");
+}
+
+// _foreach_* ops keep each element's shard; _foreach_norm with ord 1 gives Partial sums.
+DTENSOR_TEST_F(LinalgRules, ForeachKeepsEachElementsLayout) {
+  auto mesh = build_device_mesh();
+  const std::vector<at::Tensor> plain{values({8, 4}, 1), values({5, 6}, 2), values({6}, 3)};
+  const std::vector<at::Tensor> dts{distribute_tensor(plain[0], mesh, {Shard{0}}), distribute_tensor(plain[1], mesh, {Shard{1}}),
+                                    distribute_tensor(plain[2], mesh, {Replicate{}})};
+  const auto out = at::_foreach_mul(dts, dts);
+  const auto norms = at::_foreach_norm(dts, 1);
+  const auto ref = at::_foreach_mul(plain, plain);
+  const auto ref_norms = at::_foreach_norm(plain, 1);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(get_spec(out[i]).placements, get_spec(dts[i]).placements) << i;
+    EXPECT_TRUE(at::allclose(full_tensor(out[i]), ref[i])) << i;
+    EXPECT_TRUE(at::allclose(full_tensor(norms[i]), ref_norms[i])) << i;
+  }
+  EXPECT_EQ(get_spec(norms[0]).placements, std::vector<Placement>{Partial{}});
+  EXPECT_EQ(get_spec(norms[2]).placements, std::vector<Placement>{Replicate{}});
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "dtensor/tensor/dtensor.h"
 
 #include <ATen/ATen.h>
+#include <torch/nn/module.h>
 
 #include <cstdint>
 #include <vector>
@@ -17,6 +18,17 @@ inline at::Tensor values(const std::vector<int64_t>& shape, double offset = 0.0)
   int64_t numel = 1;
   for (int64_t s : shape) numel *= s;
   return (at::arange(numel, at::kDouble) * 0.37 + offset).sin().to(at::kFloat).reshape(shape);
+}
+
+// Sets every parameter of `m` (in registration order) to deterministic values: the i-th gets
+// values(its shape, offset + i) * 0.5, so a plain module and its parallelized copy set with the
+// same offset hold the same weights.
+inline void set_parameters(torch::nn::Module& m, double offset) {
+  at::NoGradGuard no_grad;
+  for (auto& p : m.parameters()) {
+    p.copy_(values(p.sizes().vec(), offset) * 0.5);
+    offset += 1;
+  }
 }
 
 // The whole tensor: full_tensor() of a DTensor (collective), the tensor itself otherwise.

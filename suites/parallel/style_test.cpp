@@ -17,17 +17,10 @@ namespace {
 using testing::contains;
 using testing::error_of;
 using testing::gathered;
+using testing::set_parameters;
 using testing::values;
 
 class StyleRanks : public testing::DTensorOpTestBase {};
-
-void set_parameters(torch::nn::Module& m, double offset) {
-  at::NoGradGuard no_grad;
-  for (auto& p : m.parameters()) {
-    p.copy_(values(p.sizes().vec(), offset) * 0.5);
-    offset += 1;
-  }
-}
 
 std::string layout_name(const Placement& p, bool local) {
   return to_string(p) + (local ? " local" : " dtensor");

@@ -20,17 +20,10 @@ namespace {
 using testing::contains;
 using testing::error_of;
 using testing::gathered;
+using testing::set_parameters;
 using testing::values;
 
 class TpParity : public testing::DTensorOpTestBase {};
-
-void set_parameters(torch::nn::Module& m, double offset) {
-  at::NoGradGuard no_grad;
-  for (auto& p : m.parameters()) {
-    p.copy_(values(p.sizes().vec(), offset) * 0.5);
-    offset += 1;
-  }
-}
 
 // test_parallelize_api.py test_parallelize_module_with_digit / _with_question / _with_star.
 DTENSOR_TEST_F(TpParity, PlanKeysWithCharacterClasses) {

@@ -581,6 +581,12 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, FactoriesCreateOnlyTheLocalShards
   EXPECT_TRUE(at::equal(like.local_tensor().detach(), at::full({expected_h, w}, 7.0f)));
   EXPECT_TRUE(at::equal(sharded::ones_like(f).local_tensor(), at::ones({expected_h, w}, at::kDouble)));
   EXPECT_EQ(sharded::rand_like(f).local_tensor().scalar_type(), at::kDouble);
+  // ... unless dtype / requires_grad are given (torch.zeros_like(st, dtype=..., requires_grad=...)).
+  ShardedTensor z = sharded::zeros_like(f, at::TensorOptions().dtype(at::kHalf).requires_grad(true));
+  EXPECT_EQ(z.dtype(), at::kHalf);
+  EXPECT_TRUE(z.local_tensor().requires_grad());
+  EXPECT_EQ(*z.sharding_spec(), spec);
+  EXPECT_FALSE(sharded::randn_like(g, at::TensorOptions().requires_grad(false)).local_tensor().requires_grad());
   // A spec placing shards on a rank outside the group names it.
   ChunkShardingSpec bad(0, cpu_ranks({0, 1, 2, 5}));
   EXPECT_PRED2(contains, error_of([&] { sharded::zeros(bad, {h, w}); }), "Global rank 5 does not exist");

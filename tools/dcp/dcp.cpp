@@ -2,7 +2,8 @@
 //
 //   dcp list <checkpoint_dir>                         keys, dtypes, global shapes, chunks, bytes, files
 //   dcp convert <checkpoint_dir> --to torch <file.pt>          a file Python's torch.load reads
-//   dcp convert <checkpoint_dir> --to safetensors <file.safetensors>
+//   dcp convert <checkpoint_dir> --to safetensors <file.safetensors> [--max-shard-bytes N]
+//                                   (split: <stem>-0000i-of-0000N.safetensors + <file>.index.json)
 #include "dtensor/checkpoint/export.h"
 #include "dtensor/checkpoint/planner.h"
 #include "dtensor/checkpoint/save_load.h"
@@ -10,6 +11,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -18,7 +20,7 @@ namespace {
 
 int usage() {
   std::cerr << "usage: dcp list <checkpoint_dir>\n"
-               "       dcp convert <checkpoint_dir> --to torch|safetensors <out_file>\n";
+               "       dcp convert <checkpoint_dir> --to torch|safetensors <out_file> [--max-shard-bytes N]\n";
   return 2;
 }
 
@@ -55,16 +57,28 @@ int list(const std::string& dir) {
 int main(int argc, char** argv) {
   try {
     if (argc == 3 && std::string(argv[1]) == "list") return list(argv[2]);
-    if (argc == 6 && std::string(argv[1]) == "convert" && std::string(argv[3]) == "--to") {
+    if ((argc == 6 || argc == 8) && std::string(argv[1]) == "convert" && std::string(argv[3]) == "--to") {
       const std::string to = argv[4];
+      dtensor::checkpoint::SafetensorsExportOptions opts;
+      if (argc == 8) {
+        if (to != "safetensors" || std::string(argv[6]) != "--max-shard-bytes") return usage();
+        char* end = nullptr;
+        opts.max_shard_bytes = std::strtoll(argv[7], &end, 10);
+        if (!end || *end || opts.max_shard_bytes <= 0) {
+          std::cerr << "dcp: --max-shard-bytes wants a positive number of bytes, got '" << argv[7] << "'\n";
+          return 2;
+        }
+      }
+      std::vector<std::string> written;
       if (to == "torch") {
         dtensor::checkpoint::export_torch_save(argv[2], argv[5]);
+        written.push_back(argv[5]);
       } else if (to == "safetensors") {
-        dtensor::checkpoint::export_safetensors(argv[2], argv[5]);
+        written = dtensor::checkpoint::export_safetensors(argv[2], argv[5], opts);
       } else {
         return usage();
       }
-      std::printf("wrote %s\n", argv[5]);
+      for (const auto& f : written) std::printf("wrote %s\n", f.c_str());
       return 0;
     }
     return usage();

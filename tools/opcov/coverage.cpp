@@ -104,27 +104,17 @@ std::string reason_class(const CaseRecord& r) {
 
 // ---- exclusions --------------------------------------------------------------------------------
 
+// NOTE: [Listing files] (converters/op_suite.h): the format expected_failures.txt has too.
 Exclusions Exclusions::parse(const std::string& text, const std::string& source_name) {
   Exclusions ex;
-  std::istringstream in(text);
-  std::string line;
-  int n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    const auto hash = line.find('#');
-    if (hash != std::string::npos) line = line.substr(0, hash);
-    std::istringstream fields(line);
-    Exclusion e;
-    if (!(fields >> e.pattern)) continue;
-    std::getline(fields >> std::ws, e.reason);
-    TORCH_CHECK(!e.reason.empty(), source_name, ":", n, ": an exclusion needs a reason ('<regex> <reason>')");
+  for (auto& l : testing::parse_listing(text, source_name, 1, "'<regex> <reason>'", "an exclusion")) {
+    Exclusion e{l.fields[0], std::move(l.reason), l.line};
     std::regex re;
     try {
       re = std::regex(e.pattern);
     } catch (const std::regex_error&) {
-      TORCH_CHECK(false, source_name, ":", n, ": '", e.pattern, "' is not a valid regular expression");
+      TORCH_CHECK(false, source_name, ":", e.line, ": '", e.pattern, "' is not a valid regular expression");
     }
-    e.line = n;
     ex.entries_.push_back(std::move(e));
     ex.res_.push_back(std::move(re));
   }
@@ -132,11 +122,7 @@ Exclusions Exclusions::parse(const std::string& text, const std::string& source_
 }
 
 Exclusions Exclusions::load(const std::string& path) {
-  std::ifstream in(path);
-  TORCH_CHECK(in.good(), "cannot read the coverage exclusions file ", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse(ss.str(), path);
+  return parse(testing::read_listing(path, "coverage exclusions"), path);
 }
 
 const Exclusion* Exclusions::match(const std::string& op) const {
@@ -148,6 +134,57 @@ const Exclusion* Exclusions::match(const std::string& op) const {
 std::string default_exclusions_path() {
   if (const char* p = std::getenv("DTENSOR_OPCOV_EXCLUSIONS")) return p;
   return std::string(DTENSOR_SOURCE_DIR) + "/suites/ops/coverage_exclusions.txt";
+}
+
+// NOTE: [PyTorch's DTensor op test beside ours]
+std::vector<PytorchOpInfo> parse_pytorch_dtensor_ops(const std::string& text, const std::string& source_name) {
+  std::vector<PytorchOpInfo> out;
+  for (auto& l : testing::parse_listing(text, source_name, 2, "'<opinfo> <pass|xfail|skip> <aten op>'", "an OpInfo line")) {
+    TORCH_CHECK(l.fields[1] == "pass" || l.fields[1] == "xfail" || l.fields[1] == "skip", source_name, ":", l.line,
+                ": expectation '", l.fields[1], "' is not one of pass, xfail, skip");
+    out.push_back({l.fields[0], l.fields[1], l.reason});
+  }
+  return out;
+}
+
+std::string default_pytorch_dtensor_ops_path() {
+  return std::string(DTENSOR_SOURCE_DIR) + "/suites/ops/pytorch_dtensor_ops.txt";
+}
+
+PytorchComparison compare_with_pytorch(const std::vector<PytorchOpInfo>& pytorch, const std::vector<OpRow>& rows) {
+  // Our strict status per op name (NOTE: [Strict coverage]): "covered", or the overloads' statuses.
+  std::map<std::string, std::map<std::string, int>> by_name;
+  for (const OpRow& r : rows) ++by_name[r.name][r.status];
+  auto covered = [](const std::map<std::string, int>& st) {
+    int other = 0;
+    for (const auto& kv : st)
+      if (kv.first != "covered" && kv.first != "excluded") other += kv.second;
+    return other == 0 && st.count("covered") > 0;
+  };
+  PytorchComparison c;
+  for (const PytorchOpInfo& p : pytorch) {
+    ++c.opinfos;
+    auto it = by_name.find(p.aten);
+    const bool ours = it != by_name.end() && covered(it->second);
+    if (p.expectation == "pass") {
+      ++c.pytorch_pass;
+      if (ours) {
+        ++c.pass_covered;
+        continue;
+      }
+      std::string status;
+      if (it == by_name.end()) {
+        status = "no such aten op here (a Python-level composite, or not in this libtorch)";
+      } else {
+        for (const auto& kv : it->second) status += (status.empty() ? "" : ", ") + kv.first + " " + std::to_string(kv.second);
+        status += " (overloads)";
+      }
+      c.pass_not_covered.push_back({p.opinfo, p.aten, status});
+    } else if (ours) {
+      c.covered_not_pass.push_back({p.opinfo, p.expectation, p.aten});
+    }
+  }
+  return c;
 }
 
 namespace {
@@ -356,6 +393,18 @@ std::string reproduce_command(const std::string& op) {
   return "build/tools/opcov --ops '^" + escaped + "$' --out /tmp/opcov-" + name_of(op).substr(6) + " --print-failures";
 }
 
+namespace {
+nlohmann::json pytorch_json(const RunInfo& info, const std::vector<OpRow>& rows) {
+  if (info.pytorch_ops.empty()) return nullptr;
+  const PytorchComparison c = compare_with_pytorch(info.pytorch_ops, rows);
+  return {{"opinfos", c.opinfos},
+          {"pytorch_pass", c.pytorch_pass},
+          {"pytorch_pass_we_cover", c.pass_covered},
+          {"pytorch_pass_we_do_not_cover", c.pass_not_covered},
+          {"we_cover_pytorch_does_not_pass", c.covered_not_pass}};
+}
+}  // namespace
+
 nlohmann::json coverage_json(const RunInfo& info, const std::vector<CaseRecord>& records,
                              const std::vector<OpRow>& rows, const Summary& s) {
   nlohmann::json ops = nlohmann::json::array();
@@ -400,6 +449,7 @@ nlohmann::json coverage_json(const RunInfo& info, const std::vector<CaseRecord>&
             {"rule_overloads", s.rule_overloads},
             {"verified_names", s.verified_names},
             {"cases_by_status", s.cases_by_status}}},
+          {"pytorch_dtensor_ops", pytorch_json(info, rows)},
           {"records", records},
           {"ops", ops}};
 }
@@ -454,6 +504,18 @@ std::string summary_markdown(const RunInfo& info, const std::vector<CaseRecord>&
   for (size_t i = 0; i < s.rule_overloads_not_exercised.size(); ++i)
     md << (i ? ", " : "") << "`" << s.rule_overloads_not_exercised[i] << "`";
   md << "\n";
+
+  if (!info.pytorch_ops.empty()) {
+    const PytorchComparison c = compare_with_pytorch(info.pytorch_ops, rows);
+    md << "\n## PyTorch's DTensor op test beside ours\n\nOf " << c.opinfos << " OpInfos (suites/ops/pytorch_dtensor_ops.txt), "
+       << "PyTorch's test_dtensor_ops.py passes " << c.pytorch_pass << "; we cover the aten op name of " << c.pass_covered
+       << " of those (strict). Not covered here (" << c.pass_not_covered.size() << "):\n\n| OpInfo | aten op | our status |\n|---|---|---|\n";
+    for (const auto& v : c.pass_not_covered) md << "| " << md_escape(v[0]) << " | `" << v[1] << "` | " << md_escape(v[2]) << " |\n";
+    md << "\nCovered here, expected to fail or skipped in PyTorch's test (" << c.covered_not_pass.size() << "): ";
+    for (size_t i = 0; i < c.covered_not_pass.size(); ++i)
+      md << (i ? ", " : "") << md_escape(c.covered_not_pass[i][0]) << " (" << c.covered_not_pass[i][1] << ")";
+    md << "\n";
+  }
 
   md << "\n## Failing operators\n\n";
   int failing = 0;
@@ -567,6 +629,18 @@ std::string report_html(const RunInfo& info, const std::vector<CaseRecord>& reco
         << "</td><td class=\"" << css(r.status) << "\">" << r.status << "</td></tr>\n";
     }
     h << "</table><p>" << changed << " overloads changed status.</p>\n";
+  }
+  if (!info.pytorch_ops.empty()) {
+    const PytorchComparison c = compare_with_pytorch(info.pytorch_ops, rows);
+    h << "<h3>PyTorch's DTensor op test beside ours</h3>\n<p id=\"pytorch\">Of " << c.opinfos
+      << " OpInfos (suites/ops/pytorch_dtensor_ops.txt), PyTorch's test_dtensor_ops.py passes " << c.pytorch_pass
+      << "; we cover the aten op name of " << c.pass_covered << " of those (strict); " << c.covered_not_pass.size()
+      << " OpInfos it expects to fail or skips name an op we cover.</p>\n<table id=\"pytorch-only\"><tr><th>OpInfo PyTorch "
+         "passes</th><th>aten op</th><th>our status</th></tr>\n";
+    for (const auto& v : c.pass_not_covered)
+      h << "<tr><td>" << html_escape(v[0]) << "</td><td>" << html_escape(v[1]) << "</td><td>" << html_escape(v[2])
+        << "</td></tr>\n";
+    h << "</table>\n";
   }
   h << "<h3>Definitions</h3>\n<dl>"
        "<dt>case</dt><dd>one sample of one op on one mesh (1-D: all ranks; 2-D: 2 x n/2), forward or backward. Each "

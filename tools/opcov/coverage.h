@@ -79,6 +79,26 @@ class Exclusions {
 };
 std::string default_exclusions_path();
 
+// NOTE: [PyTorch's DTensor op test beside ours]
+// suites/ops/pytorch_dtensor_ops.txt (written by tools/opcov/pytorch_dtensor_ops.py): every
+// OpInfo of PyTorch's op database with what PyTorch's own DTensor op test expects of it
+// (pass, xfail, skip) and the aten op it names. The reports list, for the OpInfos PyTorch
+// passes, whether we cover that aten op name (strict), and the other way round.
+struct PytorchOpInfo {
+  std::string opinfo, expectation, aten;  // "linalg.svd", "pass", "aten::linalg_svd"
+};
+std::vector<PytorchOpInfo> parse_pytorch_dtensor_ops(const std::string& text, const std::string& source_name);
+std::string default_pytorch_dtensor_ops_path();
+struct PytorchComparison {
+  int opinfos = 0, pytorch_pass = 0;
+  int pass_covered = 0;  // OpInfos PyTorch passes whose aten op name we cover
+  // OpInfos PyTorch passes whose aten name we do not cover: (opinfo, aten name, our status).
+  std::vector<std::vector<std::string>> pass_not_covered;
+  // OpInfos PyTorch xfails or skips whose aten name we cover: (opinfo, expectation, aten name).
+  std::vector<std::vector<std::string>> covered_not_pass;
+};
+PytorchComparison compare_with_pytorch(const std::vector<PytorchOpInfo>& pytorch, const std::vector<OpRow>& rows);
+
 // Run metadata written into coverage.json and the report headers.
 struct RunInfo {
   std::string started;   // ISO 8601, UTC
@@ -90,6 +110,8 @@ struct RunInfo {
   // Status per overload of a previous report (--previous coverage.json): report.html lists
   // the changes. Empty: none given.
   std::map<std::string, std::string> previous_status;
+  // NOTE: [PyTorch's DTensor op test beside ours] (empty: no comparison in the reports).
+  std::vector<PytorchOpInfo> pytorch_ops;
 };
 
 // One row per aten operator overload of the dispatcher (sorted), statuses from `records`.

@@ -76,6 +76,8 @@ coverage.json, summary.md and report.html.
   --previous FILE         an earlier coverage.json: report.html lists what changed since
   --exclusions F          overloads left out of the strict count, with reasons
                           (default: suites/ops/coverage_exclusions.txt of the source tree)
+  --pytorch-ops F         PyTorch's DTensor op test expectations per OpInfo, compared with ours
+                          (default: suites/ops/pytorch_dtensor_ops.txt; "" for none)
   --print-failures        print every case that did not pass
   --quiet                 no progress line
 )";
@@ -93,6 +95,7 @@ struct Options {
   std::chrono::seconds timeout = kDefaultOpTimeout;
   std::string expected_failures;
   std::string exclusions;
+  std::string pytorch_ops;
   std::string previous;
   bool print_failures = false;
   bool quiet = false;
@@ -112,6 +115,7 @@ Options parse(int argc, char** argv) {
   if (const char* ws = std::getenv("DTENSOR_WORLD_SIZE")) o.world_size = std::atoi(ws);
   o.expected_failures = testing::default_expected_failures_path();
   o.exclusions = default_exclusions_path();
+  o.pytorch_ops = default_pytorch_dtensor_ops_path();
   auto value = [&](int& i) -> std::string {
     TORCH_CHECK(i + 1 < argc, "opcov: ", argv[i], " needs a value\n", kUsage);
     return argv[++i];
@@ -135,6 +139,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--timeout") o.timeout = std::chrono::seconds(std::atoi(value(i).c_str()));
     else if (a == "--expected-failures") o.expected_failures = value(i);
     else if (a == "--exclusions") o.exclusions = value(i);
+    else if (a == "--pytorch-ops") o.pytorch_ops = value(i);
     else if (a == "--previous") o.previous = value(i);
     else if (a == "--print-failures") o.print_failures = true;
     else if (a == "--quiet") o.quiet = true;
@@ -424,6 +429,8 @@ int run(int argc, char** argv) {
                                   : "hand-written samples from " + o.results + ", generated ones run by opcov";
   const auto xf = testing::ExpectedFailures::load(o.expected_failures);
   const Exclusions exclusions = Exclusions::load(o.exclusions);
+  if (!o.pytorch_ops.empty())  // NOTE: [PyTorch's DTensor op test beside ours]
+    info.pytorch_ops = parse_pytorch_dtensor_ops(testing::read_listing(o.pytorch_ops, "PyTorch DTensor ops"), o.pytorch_ops);
   if (!o.previous.empty()) {
     std::ifstream in(o.previous);
     TORCH_CHECK(in.good(), "opcov: cannot read --previous ", o.previous);

@@ -1,0 +1,308 @@
+// dtensor/ops/linalg_rules.cpp: linear algebra on batches of matrices, the diagonal ops, dist,
+// histc, the FFT primitives, is_same_size and the _foreach_* family (DESIGN.md D5).
+//
+// Linear algebra (svd, qr, eigh, det, solve, cholesky, lu, ...) works matrix by matrix: a dim
+// of the leading batch dims may be sharded when every tensor input and output has those same
+// batch dims (no broadcasting between them); the matrix dims themselves are replicated
+// (PyTorch replicates _linalg_svd / linalg_qr / _linalg_eigh altogether). The deprecated
+// cholesky and cholesky_inverse have none: their output shapes are inferred by running them on
+// zero-filled stand-ins (no meta kernel in libtorch 1.13), which they refuse as singular. The solves are
+// linear in their right-hand side: a Partial(sum|avg) right-hand side against a replicated
+// matrix gives a Partial solution. _linalg_check_errors (the composites' check of `info`)
+// replicates `info`, so that a singular matrix raises on every rank.
+//
+// diag / diag_embed / diagonal_copy move elements and write zeros: Partial inputs stay Partial
+// (NOTE: [Partial through data movement]); diag_embed and diagonal_copy keep the shards of the
+// dims they do not touch, diag (1-D <-> 2-D) replicates as PyTorch does.
+//
+// dist(a, b, p) = ||a - b||_p over every element: with a and b sharded alike on a dim, the
+// per-shard results combine by a plain reduction for p = 0, 1 (sum) and p = inf (max; a rank
+// with no elements gives 0, which max ignores since norms are >= 0); other p replicate.
+//
+// histc(self, bins, min, max) with a fixed range (min != max) counts per shard: Partial(sum)
+// from any sharding. With min == max the range comes from the data: replicated.
+//
+// _fft_c2c / _fft_r2c / _fft_c2r transform the dims they are given: every other dim may be
+// sharded, and the transforms are linear (Partial sum/avg stay Partial).
+//
+// is_same_size compares global shapes: its local kernel answers from them on any placements,
+// with no communication (comparing local shapes, as the op would, is wrong for shards).
+//
+// _foreach_* ops apply a pointwise op to each tensor of their lists: element i of every list
+// keeps the shard of the first list's element i when the lists' elements have equal shapes
+// (the rule offers, per mesh dim, the layout the inputs already have, so no element moves);
+// Partial elements are reduced first. _foreach_norm: per-element Partial(sum) for ord 0 and 1,
+// replicated otherwise (the inf norm of an empty shard raises in linalg_vector_norm).
+#include "dtensor/ops/rule_helpers.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ExpandUtils.h>
+
+#include <cmath>
+#include <limits>
+
+namespace dtensor {
+namespace ops {
+namespace {
+
+using comm::ReduceOp;
+using detail::add_partial_options;
+using detail::mapped_options;
+using detail::PartialKind;
+
+const Placement R = Replicate{};
+
+std::vector<Placement> all(size_t n, const Placement& p) { return std::vector<Placement>(n, p); }
+const std::vector<int64_t>& shape_of(const OpCall& c, size_t input) { return c.inputs[input]->tensor_meta.shape; }
+
+double scalar_arg(const OpCall& c, size_t i, double fallback) {
+  if (i >= c.args.size() || c.args[i].kind != ArgInfo::Kind::kOther) return fallback;
+  const auto& v = c.args[i].value;
+  if (v.isDouble()) return v.toDouble();
+  if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isBool()) return v.toBool() ? 1 : 0;
+  return fallback;
+}
+
+// ---- batches of matrices -------------------------------------------------------------------
+
+bool has_prefix(const std::vector<int64_t>& shape, const std::vector<int64_t>& prefix) {
+  return shape.size() >= prefix.size() && std::equal(prefix.begin(), prefix.end(), shape.begin());
+}
+
+// Options for an op on a batch of matrices whose first input is [*batch, m, n].
+// `linear_rhs`: the DTensor input the first output is linear in (-1: none); the other outputs
+// depend on the other inputs only.
+std::vector<DimOption> batched_options(const OpCall& c, int linear_rhs = -1) {
+  const size_t n_in = c.inputs.size(), n_out = std::max<size_t>(c.output_meta.size(), 1);
+  std::vector<DimOption> o{{all(n_out, R), all(n_in, R)}};
+  const auto& first = shape_of(c, 0);
+  if (first.size() >= 3) {
+    const std::vector<int64_t> batch(first.begin(), first.end() - 2);
+    bool aligned = true;
+    for (size_t i = 0; i < n_in && aligned; ++i) aligned = has_prefix(shape_of(c, i), batch);
+    for (const auto& m : c.output_meta) aligned = aligned && has_prefix(m.shape, batch);
+    if (aligned)
+      for (int64_t d = 0; d < static_cast<int64_t>(batch.size()); ++d)
+        if (batch[d] > 1) o.push_back({all(n_out, Shard{d}), all(n_in, Shard{d})});
+  }
+  if (linear_rhs >= 0 && static_cast<size_t>(linear_rhs) < n_in)
+    for (ReduceOp op : {ReduceOp::SUM, ReduceOp::AVG}) {
+      DimOption p{all(n_out, R), all(n_in, R)};
+      p.outputs[0] = Partial(op);
+      p.inputs[static_cast<size_t>(linear_rhs)] = Partial(op);
+      o.push_back(std::move(p));
+    }
+  return o;
+}
+
+Rule batched(int linear_rhs = -1) {
+  return [linear_rhs](const OpCall& c) { return batched_options(c, linear_rhs); };
+}
+
+// ---- diagonals ------------------------------------------------------------------------------
+
+std::vector<DimOption> diag_options(const OpCall&) {
+  std::vector<DimOption> o{{{R}, {R}}};
+  add_partial_options(o, PartialKind::kMoves, 1, 1, {0});
+  return o;
+}
+
+// diag_embed(self, offset, dim1=-2, dim2=-1): self's last dim becomes the diagonal of the
+// output dims dim1, dim2; the other output dims are self's leading dims in order.
+std::vector<DimOption> diag_embed_options(const OpCall& c) {
+  const int64_t out_nd = c.inputs[0]->ndim() + 1;
+  const int64_t d1 = normalize_shard_dim(arg_int(c, 2, -2), out_nd), d2 = normalize_shard_dim(arg_int(c, 3, -1), out_nd);
+  std::vector<int64_t> map(static_cast<size_t>(out_nd), -1);
+  for (int64_t d = 0, in = 0; d < out_nd; ++d)
+    if (d != d1 && d != d2) map[d] = in++;
+  return mapped_options(map);
+}
+
+// diagonal_copy(self, offset, dim1, dim2): the output drops dim1 and dim2 and appends the
+// diagonal.
+std::vector<DimOption> diagonal_copy_options(const OpCall& c) {
+  const int64_t nd = c.inputs[0]->ndim();
+  const int64_t d1 = normalize_shard_dim(arg_int(c, 2, 0), nd), d2 = normalize_shard_dim(arg_int(c, 3, 1), nd);
+  std::vector<int64_t> map;
+  for (int64_t d = 0; d < nd; ++d)
+    if (d != d1 && d != d2) map.push_back(d);
+  map.push_back(-1);
+  return mapped_options(map);
+}
+
+// ---- dist, histc ------------------------------------------------------------------------------
+
+std::vector<DimOption> dist_options(const OpCall& c) {
+  std::vector<DimOption> o{{{R}, {R, R}}};
+  const double p = scalar_arg(c, 2, 2);
+  Placement partial = R;
+  if (p == 0 || p == 1) partial = Partial(ReduceOp::SUM);
+  else if (std::isinf(p) && p > 0) partial = Partial(ReduceOp::MAX);
+  else return o;
+  const std::vector<int64_t> shape = at::infer_size(shape_of(c, 0), shape_of(c, 1));
+  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
+    const int64_t a = broadcast_input_dim(shape_of(c, 0), shape, d), b = broadcast_input_dim(shape_of(c, 1), shape, d);
+    if (a < 0 && b < 0) continue;
+    o.push_back({{partial}, {a < 0 ? R : Placement(Shard{a}), b < 0 ? R : Placement(Shard{b})}});
+  }
+  return o;
+}
+
+std::vector<DimOption> histc_options(const OpCall& c) {
+  std::vector<DimOption> o{{{R}, {R}}};
+  if (scalar_arg(c, 2, 0) == scalar_arg(c, 3, 0)) return o;
+  for (int64_t d = 0; d < c.inputs[0]->ndim(); ++d) o.push_back({{Partial{}}, {Shard{d}}});
+  return o;
+}
+
+// ---- FFT ------------------------------------------------------------------------------------
+
+// _fft_c2c / _fft_r2c / _fft_c2r(self, int[] dim, ...): the output has self's dims.
+std::vector<DimOption> fft_options(const OpCall& c) {
+  const int64_t nd = c.inputs[0]->ndim();
+  std::vector<int64_t> map(static_cast<size_t>(nd));
+  for (int64_t d = 0; d < nd; ++d) map[d] = d;
+  for (int64_t d : arg_int_list(c, 1)) map[normalize_shard_dim(d, nd)] = -1;
+  return mapped_options(map, PartialKind::kLinear);
+}
+
+// ---- is_same_size -----------------------------------------------------------------------------
+
+// Every input keeps its placements (the layout the call has on each mesh dim is one option).
+std::vector<DimOption> keep_layout_options(const OpCall& c) {
+  std::vector<DimOption> o{{{}, all(c.inputs.size(), R)}};
+  for (int64_t m = 0; m < c.mesh->ndim(); ++m) {
+    DimOption k{{}, {}};
+    for (const auto* in : c.inputs) k.inputs.push_back(in->placements[static_cast<size_t>(m)]);
+    o.push_back(std::move(k));
+  }
+  return o;
+}
+
+std::vector<c10::IValue> is_same_size_kernel(const c10::OperatorHandle&, std::vector<c10::IValue>&, const OpCall& call,
+                                             const OutputSharding&) {
+  return {c10::IValue(shape_of(call, 0) == shape_of(call, 1))};
+}
+
+// ---- _foreach_* -------------------------------------------------------------------------------
+
+// The lists of a _foreach call: for each Tensor[] argument, the positions of its elements in
+// OpCall::inputs; `singles` the positions of plain DTensor arguments (a Tensor `other`).
+struct ForeachArgs {
+  std::vector<std::vector<size_t>> lists;
+  std::vector<size_t> singles;
+};
+
+ForeachArgs foreach_args(const OpCall& c) {
+  ForeachArgs f;
+  size_t pos = 0;
+  for (const auto& a : c.args) {
+    if (a.kind == ArgInfo::Kind::kDTensor) {
+      f.singles.push_back(pos++);
+    } else if (a.kind == ArgInfo::Kind::kDTensorList) {
+      std::vector<size_t> l;
+      for (size_t k = 0; k < a.list.size(); ++k) l.push_back(pos++);
+      f.lists.push_back(std::move(l));
+    }
+  }
+  return f;
+}
+
+// The shard element i may keep when the first list's element has `p`: every list's element i
+// has the same shape and every single tensor operand is a 0-dim one (it broadcasts).
+Placement foreach_element_placement(const OpCall& c, const ForeachArgs& f, size_t i, const Placement& p) {
+  if (!is_shard(p)) return R;
+  const auto& shape = shape_of(c, f.lists[0][i]);
+  for (const auto& l : f.lists)
+    if (i >= l.size() || shape_of(c, l[i]) != shape) return R;
+  for (size_t s : f.singles)
+    if (c.inputs[s]->ndim() != 0) return R;
+  return Shard{std::get<Shard>(p).dim};  // a strided shard is redistributed to a plain one
+}
+
+// `norm_partial`: _foreach_norm (per-element reduction to a 0-dim tensor).
+std::vector<DimOption> foreach_options(const OpCall& c, bool norm) {
+  const ForeachArgs f = foreach_args(c);
+  const size_t n_in = c.inputs.size(), n_out = c.output_meta.size();
+  std::vector<DimOption> o{{all(n_out, R), all(n_in, R)}};
+  if (f.lists.empty() || f.lists[0].size() != n_out) return o;
+  Placement reduced = R;
+  if (norm) {
+    const double p = scalar_arg(c, 1, 2);
+    if (p == 0 || p == 1) reduced = Partial(ReduceOp::SUM);
+  }
+  for (int64_t m = 0; m < c.mesh->ndim(); ++m) {
+    DimOption k{all(n_out, R), all(n_in, R)};
+    bool any = false;
+    for (size_t i = 0; i < n_out; ++i) {
+      Placement p = foreach_element_placement(c, f, i, c.inputs[f.lists[0][i]]->placements[static_cast<size_t>(m)]);
+      if (norm && is_shard(p) && !is_partial(reduced)) p = R;
+      if (!is_shard(p)) continue;
+      any = true;
+      for (const auto& l : f.lists) k.inputs[l[i]] = p;
+      k.outputs[i] = norm ? reduced : p;
+    }
+    if (any) o.push_back(std::move(k));
+  }
+  return o;
+}
+
+const bool registered = [] {
+  // Decompositions, in both libtorch 1.13 and 2.x (their composite forms decompose into these).
+  for (const char* n : {"aten::_linalg_svd", "aten::linalg_qr", "aten::_linalg_eigh", "aten::_linalg_det",
+                        "aten::_linalg_slogdet", "aten::linalg_inv_ex", "aten::linalg_cholesky_ex",
+                        "aten::linalg_lu_factor_ex", "aten::linalg_lu", "aten::linalg_eig", "aten::geqrf", "aten::linalg_householder_product",
+                        "aten::linalg_ldl_factor_ex", "aten::linalg_matrix_exp", "aten::lu_unpack", "aten::linalg_lstsq",
+                        "aten::linalg_pinv.atol_rtol_tensor"})
+    register_rule(n, batched());
+  // Solves: linear in the right-hand side (its input position).
+  register_rule("aten::_linalg_solve_ex", batched(1));        // (A, B)
+  register_rule("aten::linalg_solve_triangular", batched(1));  // (A, B)
+  register_rule("aten::triangular_solve", batched(0));         // (B, A)
+  register_rule("aten::cholesky_solve", batched(0));           // (B, L)
+  register_rule("aten::linalg_lu_solve", batched(2));          // (LU, pivots, B)
+  register_rule("aten::linalg_ldl_solve", batched(2));         // (LD, pivots, B)
+  register_rule("aten::ormqr", batched(2));                    // (A, tau, C)
+  // The composite linalg ops check the decomposition's `info` with this op: replicated, so that
+  // a failure raises on every rank (a rank checking only its shard would raise alone).
+  register_rule("aten::_linalg_check_errors",
+                [](const OpCall& c) { return std::vector<DimOption>{{{}, all(c.inputs.size(), R)}}; });
+  register_rule("aten::diag", diag_options);
+  register_rule("aten::diag_embed", diag_embed_options);
+  register_rule("aten::diagonal_copy", diagonal_copy_options);
+  register_rule("aten::dist", dist_options);
+  register_rule("aten::histc", histc_options);
+  for (const char* n : {"aten::_fft_c2c", "aten::_fft_r2c", "aten::_fft_c2r"}) register_rule(n, fft_options);
+  RuleOptions global_shapes;
+  global_shapes.kernel = is_same_size_kernel;
+  register_rule("aten::is_same_size", keep_layout_options, nullptr, global_shapes);
+  return true;
+}();
+
+// The _foreach_* names with a rule (every overload: converters/samples/linalg_samples.cpp
+// builds a sample for each; names missing from a libtorch have no overloads there).
+const char* const kForeachOps[] = {
+    // unary
+    "_foreach_abs", "_foreach_acos", "_foreach_asin", "_foreach_atan", "_foreach_ceil", "_foreach_cos",
+    "_foreach_cosh", "_foreach_erf", "_foreach_erfc", "_foreach_exp", "_foreach_expm1", "_foreach_floor",
+    "_foreach_frac", "_foreach_lgamma", "_foreach_log", "_foreach_log10", "_foreach_log1p", "_foreach_log2",
+    "_foreach_neg", "_foreach_reciprocal", "_foreach_round", "_foreach_sigmoid", "_foreach_sin", "_foreach_sinh",
+    "_foreach_sqrt", "_foreach_tan", "_foreach_tanh", "_foreach_trunc",
+    // with scalars or other lists
+    "_foreach_add", "_foreach_sub", "_foreach_mul", "_foreach_div", "_foreach_maximum", "_foreach_minimum",
+    "_foreach_clamp_min", "_foreach_clamp_max", "_foreach_addcmul", "_foreach_addcdiv", "_foreach_lerp",
+    "_foreach_pow", "_foreach_norm"};
+
+const bool foreach_registered = [] {
+  for (const char* n : kForeachOps) {
+    const bool norm = std::string(n) == "_foreach_norm";
+    register_rule(std::string("aten::") + n, [norm](const OpCall& c) { return foreach_options(c, norm); });
+  }
+  return true;
+}();
+
+}  // namespace
+}  // namespace ops
+}  // namespace dtensor
