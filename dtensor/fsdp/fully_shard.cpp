@@ -348,17 +348,21 @@ void FSDPState::unshard() {
   }
 }
 
+// 0: the parameters stay unsharded after forward (reshard_after_forward false or 1, the root by
+// default); otherwise the size of the group they are resharded into (shard_size_: fully). A
+// shard group of one rank (HSDP (n, 1)) reshards too: "unsharded" is then a copy of its shard,
+// freed after use, and the modules get the sharded DTensors back for the optimizer.
 int64_t FSDPState::post_forward_size() const {
-  if (!reshard_after_forward_.has_value()) return is_root_ ? 1 : shard_size_;
+  if (!reshard_after_forward_.has_value()) return is_root_ ? 0 : shard_size_;
   const ReshardAfterForward& r = *reshard_after_forward_;
-  if (!r.is_int()) return r.value() == -1 ? shard_size_ : 1;
-  return r.value();
+  if (!r.is_int()) return r.value() == -1 ? shard_size_ : 0;
+  return r.value() == 1 ? 0 : r.value();
 }
 
 void FSDPState::reshard(bool after_forward) {
   if (status_ != Status::kUnsharded || params_.empty()) return;
   const int64_t n = after_forward ? post_forward_size() : shard_size_;
-  if (n == 1) return;  // reshard_after_forward false
+  if (n == 0) return;  // reshard_after_forward false
   for (const auto& p : params_) p.swap_into_modules(p.sharded);
   if (n < shard_size_) {
     TORCH_INTERNAL_ASSERT(full_.defined(), "fully_shard: no all-gather output to reshard from");

@@ -458,13 +458,18 @@ DTENSOR_TEST_F(FsdpThreads, ErrorsOnEveryRankBeforeAnythingChanges) {
 // ---- Options: HSDP, offload, shard_placement_fn, ignored_params, mixed precision --------------
 
 // HSDP on a 2x2 (replicate, shard) mesh: parameters (Replicate, Shard(0)); the Transformer
-// trains like one rank for 3 steps.
+// trains like one rank for 3 steps. On 4x1 (a shard group of one rank, DDP-like) too: the blocks
+// still reshard after forward and backward (they used to stay unsharded, so the optimizer
+// stepped DTensors the modules no longer held).
 DTENSOR_TEST_F(FsdpThreads, HSDPTransformerMatchesOneRank) {
   const ModelArgs args = uneven_args();
-  for (Optim o : {Optim::kSGD, Optim::kAdam}) {
-    ParityCase c{std::nullopt, o, 3};
-    check_parity<models::Transformer>(*this, [args] { return models::Transformer(args); }, shard_transformer,
-                                      tokens_for(args, 8, 6), c, [](int g) { return g - 1; }, nullptr, {2, 2});
+  for (std::vector<int64_t> shape : {std::vector<int64_t>{2, 2}, std::vector<int64_t>{4, 1}}) {
+    SCOPED_TRACE("mesh " + std::to_string(shape[0]) + "x" + std::to_string(shape[1]));
+    for (Optim o : {Optim::kSGD, Optim::kAdam}) {
+      ParityCase c{std::nullopt, o, 3};
+      check_parity<models::Transformer>(*this, [args] { return models::Transformer(args); }, shard_transformer,
+                                        tokens_for(args, 8, 6), c, [](int g) { return g - 1; }, nullptr, shape);
+    }
   }
 }
 DTENSOR_TEST_F(FsdpGloo, HSDPTransformerMatchesOneRank) {
@@ -824,11 +829,16 @@ void check_2d_parity(testing::MultiRankTest& t, const std::function<Model()>& ma
                      const std::function<int(Model&, const DeviceMesh&, const fsdp::FullyShardOptions&)>& shard,
                      const at::Tensor& global_input, Optim optim, int steps,
                      const std::function<int(int groups)>& backward_ag,
-                     const std::function<testing::StepCollectives()>& tp_counts = nullptr) {
+                     const std::function<testing::StepCollectives()>& tp_counts = nullptr,
+                     const std::vector<int64_t>& mesh_shape = {2, 2}) {
   SCOPED_TRACE(optim == Optim::kSGD ? "SGD" : "Adam");
   auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
-  auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"}, counting);
-  const DeviceMesh dp_mesh = mesh["dp"];
+  // (dp, tp), or HSDP x TP: (replicate, shard, tp) with fully_shard on the (replicate, shard) slice.
+  const bool hsdp = mesh_shape.size() == 3;
+  auto mesh = hsdp ? init_device_mesh("cpu", mesh_shape, {"replicate", "shard", "tp"}, counting)
+                   : init_device_mesh("cpu", mesh_shape, {"dp", "tp"}, counting);
+  const DeviceMesh dp_mesh = hsdp ? mesh[{"replicate", "shard"}] : mesh["dp"];
+  SCOPED_TRACE("mesh " + mesh.to_string());
   Model ref = make(), model = make(), twin = make();
   init_deterministic(*ref);
   init_deterministic(*model);
@@ -838,9 +848,17 @@ void check_2d_parity(testing::MultiRankTest& t, const std::function<Model()>& ma
   counting->reset();
   const int groups = shard(model, dp_mesh, fsdp::FullyShardOptions{});
   EXPECT_EQ(counting->collectives(), 0) << "fully_shard communicates nothing";
+  for (auto& kv : nn::named_parameters(*model)) {
+    const DTensorSpec& spec = get_spec(kv.second);
+    // TP parameters live on the parent mesh, plain ones on the FSDP mesh; HSDP replicates first.
+    EXPECT_TRUE(spec.mesh == mesh || spec.mesh == dp_mesh) << kv.first;
+    if (hsdp) EXPECT_TRUE(is_replicate(spec.placements[0])) << kv.first << ": " << to_string(spec.placements);
+  }
   auto opt_ref = make_optimizer(optim, nn::parameters(*ref));
   auto opt = make_optimizer(optim, nn::parameters(*model));
-  const at::Tensor input = my_rows(global_input, static_cast<int>(mesh.get_local_rank(0)), 2);
+  const int64_t dp_rank = hsdp ? mesh.get_local_rank(0) * mesh_shape[1] + mesh.get_local_rank(1) : mesh.get_local_rank(0);
+  const int64_t dp_size = hsdp ? mesh_shape[0] * mesh_shape[1] : mesh_shape[0];
+  const at::Tensor input = my_rows(global_input, static_cast<int>(dp_rank), static_cast<int>(dp_size));
   for (int step = 0; step < steps; ++step) {
     const std::string when = "step " + std::to_string(step);
     opt_ref->zero_grad();
@@ -866,6 +884,7 @@ void check_2d_parity(testing::MultiRankTest& t, const std::function<Model()>& ma
     counting->reset();
     loss.backward();
     std::map<std::string, int64_t> fsdp_bwd{{"reduce_scatter_into", groups}};
+    if (hsdp) fsdp_bwd["all_reduce"] = groups;  // HSDP: the reduced shards all-reduced over replicate
     if (backward_ag(groups) > 0) fsdp_bwd["all_gather_into"] = backward_ag(groups);
     EXPECT_EQ(minus(counting->counts(), tp_bwd), fsdp_bwd) << when << " backward: FSDP's collectives on top of TP's";
     expect_sharded_parity(*ref, *model, /*grads=*/true, when);
@@ -927,6 +946,39 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpTransformerTrainingMatchesOneRank) {
   transformer_2d_parity(*this, {Optim::kSGD, Optim::kAdam});
 }
 DTENSOR_TEST_F(FsdpGloo, FsdpTpTransformerTrainingMatchesOneRank) { transformer_2d_parity(*this, {Optim::kAdam}); }
+
+// HSDP x TP on a 3-D (replicate, shard, tp) mesh: Transformer::parallelize on mesh["tp"],
+// fully_shard on mesh[{"replicate", "shard"}]: parameters (Replicate(), <FSDP placement>, <tp
+// placement>) on the 3-D mesh; forward all-gathers over shard, backward reduce-scatters over
+// shard and all-reduces over replicate (one each per group), TP's collectives unchanged. 4 ranks
+// give 1x2x2 and 2x1x2 (a size-1 dim is still a real group); 8 thread ranks give 2x2x2.
+void transformer_hsdp_tp_parity(testing::MultiRankTest& t, const std::vector<Optim>& optims,
+                                const std::vector<int64_t>& mesh_shape) {
+  const ModelArgs args = uneven_args();
+  for (Optim o : optims) {
+    check_2d_parity<models::Transformer>(
+        t, [args] { return models::Transformer(args); },
+        [](models::Transformer& m, const DeviceMesh& tp) { models::Transformer::parallelize(m, tp, false); },
+        shard_2d_transformer, tokens_for(args, 8, 6), o, 3, [](int g) { return g - 1; },
+        [args] { return testing::transformer_plan_collectives(args.n_layers, false); }, mesh_shape);
+  }
+}
+
+DTENSOR_TEST_F(FsdpThreads, HsdpTpTransformerTrainingMatchesOneRank) {
+  transformer_hsdp_tp_parity(*this, {Optim::kSGD, Optim::kAdam}, {1, 2, 2});
+  transformer_hsdp_tp_parity(*this, {Optim::kSGD, Optim::kAdam}, {2, 1, 2});
+}
+DTENSOR_TEST_F(FsdpGloo, HsdpTpTransformerTrainingMatchesOneRank) {
+  transformer_hsdp_tp_parity(*this, {Optim::kAdam}, {2, 1, 2});
+}
+
+class FsdpThreads8 : public testing::DTensorOpTestBase {
+ public:
+  int world_size() const override { return 8; }
+};
+DTENSOR_TEST_F(FsdpThreads8, HsdpTpTransformerTrainingMatchesOneRank) {
+  transformer_hsdp_tp_parity(*this, {Optim::kAdam}, {2, 2, 2});
+}
 
 // The placements PyTorch's FSDP2 chooses for the Transformer's TP parameters.
 DTENSOR_TEST_F(FsdpThreads, FsdpTpTransformerPlacementsMatchPyTorch) {
