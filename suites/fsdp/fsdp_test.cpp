@@ -977,6 +977,8 @@ class FsdpThreads8 : public testing::DTensorOpTestBase {
   int world_size() const override { return 8; }
 };
 DTENSOR_TEST_F(FsdpThreads8, HsdpTpTransformerTrainingMatchesOneRank) {
+  // DTENSOR_WORLD_SIZE (ci/main sets 4) overrides the fixture's 8: a 2x2x2 mesh needs 8 ranks.
+  if (group_ptr()->size() != 8) GTEST_SKIP() << "a 2x2x2 mesh needs 8 ranks (DTENSOR_WORLD_SIZE overrides 8)";
   transformer_hsdp_tp_parity(*this, {Optim::kAdam}, {2, 2, 2});
 }
 
