@@ -31,7 +31,7 @@ namespace {
 struct Entry {
   RankTestFactory factory;
   std::string file;
-  int line;
+  int line = -1;
 };
 std::map<std::string, Entry>& registry() {
   static std::map<std::string, Entry> r;
@@ -228,17 +228,35 @@ RankResult run_rank_body(const std::string& test_id, int rank, const comm::Group
   }
   comm::trace_event("rank.body_done", rank);
   if (t_body_done_hook) t_body_done_hook();
-  if (barrier_after && group && !stopped(parts)) {
-    guarded("the barrier after the test body", [&] { group->barrier(); });
-    auto more = capture.take(rank);
-    parts.insert(parts.end(), more.begin(), more.end());
-  }
-  comm::trace_event("rank.barrier_done", rank);
-  fx.reset();
   res.parts = std::move(parts);
+  if (barrier_after) run_closing_barrier(test_id, group, capture, res);
+  fx.reset();
   res.duration_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return res;
+}
+
+bool needs_closing_barrier(const RankResult& res, const comm::GroupPtr& group) {
+  return group && !stopped(res.parts);
+}
+
+void run_closing_barrier(const std::string& test_id, const comm::GroupPtr& group, RankSink& capture,
+                         RankResult& res) {
+  if (needs_closing_barrier(res, group)) {
+    const auto it = registry().find(test_id);
+    const Entry entry = it != registry().end() ? it->second : Entry{};
+    const char* where = "the barrier after the test body";
+    try {
+      group->barrier();
+    } catch (const std::exception& e) {
+      capture.add(res.rank, exception_part(where, e, entry));
+    } catch (...) {
+      capture.add(res.rank, RankPart{"exception", entry.file, entry.line, std::string("uncaught non-std exception in ") + where});
+    }
+    auto more = capture.take(res.rank);
+    res.parts.insert(res.parts.end(), more.begin(), more.end());
+  }
+  comm::trace_event("rank.barrier_done", res.rank);
 }
 
 // ---- reporting -------------------------------------------------------------------------------

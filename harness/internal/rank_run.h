@@ -80,9 +80,16 @@ void set_current_rank(int rank);  // thread-local
 int current_rank();
 
 // Runs the registered body `test_id` as `rank` of `group` with (with_comms semantics) a barrier
-// after a body that ran to completion. Never throws; everything lands in the result.
+// after a body that ran to completion (unless `barrier_after` is false: a pool worker runs it
+// only when the orchestrator asks, NOTE: [Closing barrier on demand] in launcher.cpp).
+// Never throws; everything lands in the result.
 RankResult run_rank_body(const std::string& test_id, int rank, const comm::GroupPtr& group,
                          RankSink& sink, bool barrier_after = true);
+// Whether a rank with this result takes part in the closing barrier (its body ran to the end:
+// no ASSERT, skip or exception), and the barrier itself (its failure is added to `res`).
+bool needs_closing_barrier(const RankResult& res, const comm::GroupPtr& group);
+void run_closing_barrier(const std::string& test_id, const comm::GroupPtr& group, RankSink& sink,
+                         RankResult& res);
 
 // Called (on the rank's thread) when its body and TearDownRank are over, before the closing
 // barrier: tells the orchestrator that this rank now only waits for the others. Thread-local.

@@ -125,6 +125,13 @@ DTENSOR_TEST_F(HangingFaults, DISABLED_DifferentCollectiveInRank1) {
   else group().all_reduce(x);
 }
 
+// Rank 1 makes one collective more than the others, which finish their body.
+DTENSOR_TEST_F(HangingFaults, DISABLED_ExtraCollectiveInRank1) {
+  at::Tensor x = at::ones({4});
+  group().all_reduce(x);
+  if (rank() == 1) group().all_reduce(x);
+}
+
 DTENSOR_TEST_F(ThreadFaults, DISABLED_AssertInRank1WakesTheOthers) {
   ASSERT_NE(rank(), 1) << "thread rank one is unhappy";
   at::Tensor x = at::ones({1});
@@ -372,6 +379,30 @@ TEST(HarnessReports, DifferentCollectivesFailInsteadOfHanging) {
   EXPECT_CONTAINS(f.run.output, "HangingFaults.DISABLED_DifferentCollectiveInRank1");
   EXPECT_CONTAINS(f.run.output, "FAILED");
   EXPECT_LT(f.run.seconds, 30);
+}
+
+// NOTE: [Closing barrier on demand] (launcher.cpp): a pool runs the closing barrier only when
+// some ranks finished their body and others did not. Every fault is still reported as in fork
+// mode, and a rank stuck in a collective the others never make meets their barrier: the call
+// check names both calls at once, no timeout.
+TEST(HarnessReports, PoolReportsEveryFaultAsForkModeDoes) {
+  auto run = testing::run_self({"--gtest_filter=Faults.DISABLED_AssertInRank1:Faults.DISABLED_SkipInRank2:"
+                                "Faults.DISABLED_MeshCreation:HangingFaults.DISABLED_ExtraCollectiveInRank1:"
+                                "Faults.DISABLED_CrashInRank1:HangingFaults.DISABLED_HangInRank2",
+                                "--gtest_also_run_disabled_tests"},
+                               {{"DTENSOR_LAUNCH_MODE", "pool"}, {"DTENSOR_WORLD_SIZE", ""}});
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_CONTAINS(run.output, "[rank 1] Expected: (rank()) != (1)");
+  EXPECT_CONTAINS(run.output, "[  SKIPPED ] Faults.DISABLED_SkipInRank2");
+  EXPECT_CONTAINS(run.output, "[rank 2] no widget on rank 2");
+  EXPECT_CONTAINS(run.output, "[       OK ] Faults.DISABLED_MeshCreation");
+  EXPECT_CONTAINS(run.output, "[rank 1: all_reduce(");
+  EXPECT_CONTAINS(run.output, "[rank 0: barrier()]");
+  EXPECT_CONTAINS(run.output, "[  FAILED  ] HangingFaults.DISABLED_ExtraCollectiveInRank1");
+  EXPECT_EQ(run.output.find("ExtraCollectiveInRank1 timed out"), std::string::npos) << run.output;
+  EXPECT_CONTAINS(run.output, "[rank 1] crashed: killed by signal SIGSEGV");
+  EXPECT_CONTAINS(run.output, "HangingFaults.DISABLED_HangInRank2 timed out after 3 s; ranks still in the test body: 2; "
+                              "ranks that had finished the body and waited for the others: 0,1,3");
 }
 
 TEST(HarnessReports, ThreadRanksAreWokenWhenOneFails) {
