@@ -333,6 +333,50 @@ TEST(HarnessReports, ARankExitingRightAfterItsResultIsNeverMissed) {
   EXPECT_EQ(passed, static_cast<size_t>(kRepeats)) << run.output;
 }
 
+// NOTE: [Symbolised user frames]: a user's program built with line tables (-g) gets its crash
+// filed at the line that crashed, and its frames named with file:line (suites/harness/
+// line_info_faults.cpp, compiled -O2 -g). Before: filed at the DTENSOR_TEST_F line, or (the
+// hang) at no user frame at all (the inlined std::future frames hid the user's function).
+int marked_line(const std::string& marker) {
+  std::istringstream src(testing::read_file(DTENSOR_LINE_INFO_FAULTS_SOURCE));
+  int n = 0;
+  for (std::string line; std::getline(src, line);) {
+    ++n;
+    if (line.find("// LINE:" + marker) != std::string::npos) return n;
+  }
+  ADD_FAILURE() << "no marker " << marker << " in " << DTENSOR_LINE_INFO_FAULTS_SOURCE;
+  return -1;
+}
+
+testing::ChildRun run_line_info_fault(const std::string& test) {
+  return testing::run_program(DTENSOR_LINE_INFO_FAULTS, {"--gtest_filter=" + test, "--gtest_also_run_disabled_tests"},
+                              {{"DTENSOR_WORLD_SIZE", ""}, {"DTENSOR_LAUNCH_MODE", ""}});
+}
+
+TEST(HarnessReports, CrashWithLineTablesIsFiledAtTheUsersLine) {
+  auto run = run_line_info_fault("LineFaults.DISABLED_CrashInRank1");
+  EXPECT_NE(run.exit_code, 0);
+  const std::string raise = std::to_string(marked_line("raise")), call = std::to_string(marked_line("call"));
+  EXPECT_TRUE(std::regex_search(run.output, std::regex("line_info_faults\\.cpp:" + raise + ": Failure\n(Failed\n)?"
+                                                       "\\[rank 1\\] crashed: killed by signal SIGSEGV")))
+      << run.output;
+  EXPECT_CONTAINS(run.output, ", in (anonymous namespace)::crash_in_rank(int, int) (");
+  EXPECT_CONTAINS(run.output, "line_info_faults.cpp:" + raise + "); called from "
+                              "(anonymous namespace)::LineFaults_DISABLED_CrashInRank1_DTensorRank::RankBody() (");
+  EXPECT_CONTAINS(run.output, "line_info_faults.cpp:" + call + ")");
+}
+
+TEST(HarnessReports, TimeoutWithLineTablesIsFiledAtTheUsersLine) {
+  auto run = run_line_info_fault("LineFaults.DISABLED_HangInRank2");
+  EXPECT_NE(run.exit_code, 0);
+  const std::string wait = std::to_string(marked_line("wait"));
+  EXPECT_TRUE(std::regex_search(run.output, std::regex("line_info_faults\\.cpp:" + wait + ": Failure\n(Failed\n)?"
+                                                       "LineFaults.DISABLED_HangInRank2 timed out after 3 s")))
+      << run.output;
+  EXPECT_CONTAINS(run.output, "(rank 2 is stuck, in (anonymous namespace)::wait_forever() (");
+  EXPECT_CONTAINS(run.output, "line_info_faults.cpp:" + wait + ")");
+}
+
 TEST(HarnessReports, IdenticalFailuresAreMergedAcrossRanks) {
   auto f = run_fault("Faults.DISABLED_ExpectFailsEverywhere");
   EXPECT_NE(f.run.exit_code, 0);
