@@ -170,16 +170,18 @@ const bool registered = [] {
   });
   register_rule("aten::bucketize.Scalar",
                 [](const OpCall&) { return std::vector<DimOption>{{{Replicate{}}, {Replicate{}}}}; });
-  // constant_pad_nd(self, pad, value): the padded dims (the last pad.size() / 2, those with a
-  // non-zero pair) are replicated, the others keep their shards; the pad value is a constant
-  // written (0 keeps every Partial, another value all but sum).
+  // constant_pad_nd(self, pad, value): the dims the pad list covers (the last pad.size() / 2)
+  // are replicated, the others keep their shards; the pad value is a constant written (0 keeps
+  // every Partial, another value all but sum). A covered dim with a (0, 0) pair is replicated
+  // too: libtorch 1.13 refuses a covered dim of local size 0 ("resulted in a negative output
+  // size"), which a rank holding an empty shard of it would pass.
   register_rule("aten::constant_pad_nd", [](const OpCall& c) {
     const int64_t nd = c.inputs[0]->ndim();
     const auto pad = arg_int_list(c, 1);
     std::vector<int64_t> map(static_cast<size_t>(nd));
     for (int64_t d = 0; d < nd; ++d) map[d] = d;
     for (size_t k = 0; k + 1 < pad.size(); k += 2)
-      if (pad[k] != 0 || pad[k + 1] != 0) map[nd - 1 - static_cast<int64_t>(k / 2)] = -1;
+      if (nd - 1 - static_cast<int64_t>(k / 2) >= 0) map[nd - 1 - static_cast<int64_t>(k / 2)] = -1;
     double value = 0;
     if (c.args.size() > 2 && c.args[2].value.isDouble()) value = c.args[2].value.toDouble();
     if (c.args.size() > 2 && c.args[2].value.isInt()) value = static_cast<double>(c.args[2].value.toInt());
