@@ -293,14 +293,22 @@ at::Tensor foreach_tensor(SampleGen& g, IL shape, Domain d) {
 // The arguments of one sample from the schema: each Tensor[] gets three tensors ([8, 4],
 // uneven [5, 6], [6]); a Tensor a 0-dim one (addcmul/addcdiv's `scalars` tensor: one value per
 // list element); Scalar `scalar`; Scalar[] one value per tensor; keyword-only arguments keep
-// their defaults. False for another argument type.
+// their defaults, and so does every argument from the first defaulted one of another type on
+// (libtorch 2.x's `ScalarType? dtype=None` of _foreach_norm). False for another argument type
+// without a default, and for out= overloads: their samples come from the functional overload's
+// (NOTE: [Out= samples from the functional overload]), whatever precedes their out= arguments.
 bool foreach_args(const c10::FunctionSchema& s, const std::string& name, SampleGen& g, double scalar,
                   std::vector<c10::IValue>& args) {
   const Domain dom = foreach_domain(name);
   const bool scalars_tensor = name == "aten::_foreach_addcmul" || name == "aten::_foreach_addcdiv";
+  bool defaults = false;  // the rest of the positional arguments keep their defaults
   for (const auto& a : s.arguments()) {
     if (a.kwarg_only()) {
       if (a.alias_info() && a.alias_info()->isWrite()) return false;  // out=
+      if (!a.default_value()) return false;
+      continue;
+    }
+    if (defaults) {
       if (!a.default_value()) return false;
       continue;
     }
@@ -319,7 +327,7 @@ bool foreach_args(const c10::FunctionSchema& s, const std::string& name, SampleG
     } else if (!a.default_value()) {
       return false;
     } else {
-      break;  // defaults for the rest
+      defaults = true;
     }
   }
   return true;

@@ -504,6 +504,30 @@ TEST(OpDb, EveryOpWithAShardingRuleHasSamples) {
                                << c10::Join(", ", missing);
 }
 
+// A sample of an out= overload that leaves an out= argument out is not a sample of it (on
+// libtorch 2.6 _foreach_norm.Scalar_out gained `ScalarType? dtype=None` before its out=, and
+// its schema-built sample once stopped at that default, giving no `out`).
+TEST(OpDb, OutOverloadSamplesGiveEveryOutArgument) {
+  size_t checked = 0;
+  for (const auto& info : testing::op_db().ops()) {
+    auto h = c10::Dispatcher::singleton().findSchema({info.name(), info.overload()});
+    if (!h || !h->hasSchema()) continue;
+    const c10::FunctionSchema& schema = h->schema();
+    const std::vector<size_t> outs = ops::out_arguments(schema);
+    if (outs.empty()) continue;
+    for (const auto& sample : info.make_samples()) {
+      ++checked;
+      for (size_t k : outs) {
+        const std::string& name = schema.arguments()[k].name();
+        bool given = k < sample.args.size();
+        for (const auto& kw : sample.kwargs) given = given || kw.first == name;
+        EXPECT_TRUE(given) << info.op << " " << sample.variant << " gives no '" << name << "'";
+      }
+    }
+  }
+  EXPECT_GT(checked, 10u);
+}
+
 TEST(OpDb, RandomSamplesAreSeededAndGetTheirOwnGenerator) {
   for (const auto* info : testing::ops_of_family(testing::op_db(), "random")) {
     const bool reads_only = info->name() == "aten::native_dropout_backward";  // not random itself (nor its out=)
