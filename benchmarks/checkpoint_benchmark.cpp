@@ -9,8 +9,10 @@
 //  2. load (same layout) vs each rank reading them back with pread(2);
 //  3. torch::save of the whole unsharded state (gathered beforehand, not timed) from rank 0;
 //  4. async_save: the time the caller is blocked (staging copies), vs a synchronous save; with
-//     fresh staging buffers each time (async_blocked) and with StagingBuffers reused from the
-//     previous save (async_blocked_reused, PyTorch's cached staging);
+//     the default options (async_blocked: the process's staging cache, allocated by the first,
+//     untimed, save), with fresh staging buffers each time (async_blocked_fresh,
+//     cache_staging = false) and with StagingBuffers of the caller's reused
+//     (async_blocked_reused);
 //  5. load with resharding: saved Shard(0) on 4 ranks, loaded as (Shard(1), Shard(0)) on 2x2.
 //
 //   build/benchmarks/checkpoint_benchmark --benchmark_repetitions=3 --benchmark_report_aggregates_only
@@ -37,9 +39,21 @@ namespace dcp = checkpoint;
 constexpr int kWorld = 4;
 constexpr int kIters = 5;
 
-enum Case { kSave, kRawWrite, kLoad, kRawRead, kTorchSave, kAsyncBlocked, kLoadResharded, kAsyncBlockedReused, kNumCases };
-const char* kCaseNames[] = {"save",          "raw_write",    "load", "raw_read", "torch_save_rank0",
-                            "async_blocked", "load_reshard", "async_blocked_reused"};
+enum Case {
+  kSave,
+  kRawWrite,
+  kLoad,
+  kRawRead,
+  kTorchSave,
+  kAsyncBlocked,
+  kLoadResharded,
+  kAsyncBlockedReused,
+  kAsyncBlockedFresh,
+  kNumCases
+};
+const char* kCaseNames[] = {"save",          "raw_write",    "load",
+                            "raw_read",      "torch_save_rank0", "async_blocked",
+                            "load_reshard",  "async_blocked_reused", "async_blocked_fresh"};
 
 // A directory all ranks share, removed at the end.
 std::string shared_dir(comm::Group& g) {
@@ -142,8 +156,11 @@ void run_case(testing::MultiRankTest& t, Case c) {
       break;
     }
     case kAsyncBlocked:
-    case kAsyncBlockedReused: {
+    case kAsyncBlockedReused:
+    case kAsyncBlockedFresh: {
       if (c == kAsyncBlockedReused) so.staging = std::make_shared<dcp::StagingBuffers>();
+      if (c == kAsyncBlockedFresh) so.cache_staging = false;
+      dcp::release_staging_cache();
       std::vector<double> blocked, total;
       auto once = [&] {
         t.group().barrier();
@@ -166,6 +183,7 @@ void run_case(testing::MultiRankTest& t, Case c) {
         std::printf("BENCH_MS %.4f\nBENCH_COUNTER async_total_ms %.4f\n", blocked[kIters / 2], total[kIters / 2]);
       }
       std::fflush(stdout);
+      dcp::release_staging_cache();
       break;
     }
     case kLoadResharded: {
@@ -192,10 +210,12 @@ CASE_TEST(kTorchSave)
 CASE_TEST(kAsyncBlocked)
 CASE_TEST(kLoadResharded)
 CASE_TEST(kAsyncBlockedReused)
+CASE_TEST(kAsyncBlockedFresh)
 
 const char* kTestIds[] = {"CheckpointBench.kSave",      "CheckpointBench.kRawWrite",     "CheckpointBench.kLoad",
                           "CheckpointBench.kRawRead",   "CheckpointBench.kTorchSave",    "CheckpointBench.kAsyncBlocked",
-                          "CheckpointBench.kLoadResharded", "CheckpointBench.kAsyncBlockedReused"};
+                          "CheckpointBench.kLoadResharded", "CheckpointBench.kAsyncBlockedReused",
+                          "CheckpointBench.kAsyncBlockedFresh"};
 
 void BM_Checkpoint(benchmark::State& state) {
   const int c = int(state.range(0));

@@ -154,9 +154,47 @@ void copy_into(at::Tensor& dst, const at::Tensor& src) {
   }
 }
 
+}  // namespace
+
+struct StagingBuffers::Impl {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool busy = false;  // an async_save stages into or writes from the buffers
+  // Written only by the holder (busy); under `mu` so that nbytes() may read it meanwhile.
+  std::map<std::pair<std::string, ChunkMeta>, at::Tensor> buffers;
+  // The layout last staged (layout_of), read by the staging cache only while not busy.
+  std::string layout;
+
+  void acquire() {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return !busy; });
+    busy = true;
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      busy = false;
+    }
+    cv.notify_all();
+  }
+};
+
+namespace {
+
+// Every staged chunk's key, box and dtype: two state dicts with the same layout stage into the
+// same buffers.
+std::string layout_of(const std::vector<LocalItem>& items) {
+  std::ostringstream os;
+  for (const auto& li : items) {
+    if (li.data.defined()) os << li.item.fqn << '\0' << li.item.chunk.to_string() << li.item.dtype << '\n';
+  }
+  return os.str();
+}
+
 // Copies of every tensor's data on the CPU (async_save's staging), in `reuse`'s buffers when
-// it has ones of the same key, chunk, dtype and shape; `reuse` then holds this save's buffers.
-std::vector<LocalItem> stage(std::vector<LocalItem> items, std::map<std::pair<std::string, ChunkMeta>, at::Tensor>* reuse) {
+// it has ones of the same key, chunk, dtype and shape; `reuse` (held by the caller) then holds
+// this save's buffers, and only those.
+std::vector<LocalItem> stage(std::vector<LocalItem> items, StagingBuffers::Impl* reuse) {
   std::map<std::pair<std::string, ChunkMeta>, at::Tensor> kept;
   c10::AutoGradMode no_grad(false);
   for (auto& li : items) {
@@ -164,8 +202,9 @@ std::vector<LocalItem> stage(std::vector<LocalItem> items, std::map<std::pair<st
     const at::Tensor src = li.data.detach();
     at::Tensor buf;
     if (reuse) {
-      auto it = reuse->find({li.item.fqn, li.item.chunk});
-      if (it != reuse->end() && it->second.scalar_type() == src.scalar_type() && it->second.sizes() == src.sizes()) {
+      auto it = reuse->buffers.find({li.item.fqn, li.item.chunk});
+      if (it != reuse->buffers.end() && it->second.scalar_type() == src.scalar_type() &&
+          it->second.sizes() == src.sizes()) {
         buf = it->second;
       }
     }
@@ -174,8 +213,48 @@ std::vector<LocalItem> stage(std::vector<LocalItem> items, std::map<std::pair<st
     li.data = buf;
     if (reuse) kept[{li.item.fqn, li.item.chunk}] = buf;
   }
-  if (reuse) *reuse = std::move(kept);
+  if (reuse) {
+    std::lock_guard<std::mutex> lk(reuse->mu);
+    reuse->buffers = std::move(kept);
+    reuse->layout = layout_of(items);
+  }
   return items;
+}
+
+// The process's staging cache (SaveOptions::cache_staging). Never destroyed: background saves
+// may still hold sets when the process exits.
+struct StagingCache {
+  std::mutex mu;
+  std::vector<std::shared_ptr<StagingBuffers>> sets;
+};
+StagingCache& staging_cache() {
+  static auto* cache = new StagingCache;
+  return *cache;
+}
+
+// A set of the cache, acquired (busy): a free one that staged `layout` last, else any free one,
+// else a new one.
+std::shared_ptr<StagingBuffers> take_cached_staging(const std::string& layout) {
+  StagingCache& c = staging_cache();
+  std::lock_guard<std::mutex> lk(c.mu);
+  std::shared_ptr<StagingBuffers> any_free;
+  for (const auto& s : c.sets) {
+    StagingBuffers::Impl& im = s->impl();
+    std::lock_guard<std::mutex> slk(im.mu);
+    if (im.busy) continue;
+    if (im.layout == layout) {
+      im.busy = true;
+      return s;
+    }
+    if (!any_free) any_free = s;
+  }
+  if (!any_free) {
+    any_free = std::make_shared<StagingBuffers>();
+    c.sets.push_back(any_free);
+  }
+  std::lock_guard<std::mutex> slk(any_free->impl().mu);
+  any_free->impl().busy = true;
+  return any_free;
 }
 
 bool resolve_use_dist(bool no_dist, const comm::GroupPtr& group) {
@@ -695,26 +774,6 @@ Metadata save(const StateDict& state_dict, const std::string& checkpoint_dir, co
   return save_items(local, collect_error, checkpoint_dir, options, use_dist, group);
 }
 
-struct StagingBuffers::Impl {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool busy = false;  // a background save writes from the buffers
-  std::map<std::pair<std::string, ChunkMeta>, at::Tensor> buffers;
-
-  void acquire() {
-    std::unique_lock<std::mutex> lk(mu);
-    cv.wait(lk, [&] { return !busy; });
-    busy = true;
-  }
-  void release() {
-    {
-      std::lock_guard<std::mutex> lk(mu);
-      busy = false;
-    }
-    cv.notify_all();
-  }
-};
-
 StagingBuffers::StagingBuffers() : impl_(std::make_unique<Impl>()) {}
 StagingBuffers::~StagingBuffers() = default;
 
@@ -725,21 +784,48 @@ int64_t StagingBuffers::nbytes() const {
   return n;
 }
 
+int64_t staging_cache_bytes() {
+  StagingCache& c = staging_cache();
+  std::lock_guard<std::mutex> lk(c.mu);
+  int64_t n = 0;
+  for (const auto& s : c.sets) n += s->nbytes();
+  return n;
+}
+
+void release_staging_cache() {
+  StagingCache& c = staging_cache();
+  std::lock_guard<std::mutex> lk(c.mu);
+  // Sets in use stay alive (their save holds them) until their write ends.
+  c.sets.clear();
+}
+
 std::future<Metadata> async_save(const StateDict& state_dict, const std::string& checkpoint_dir,
                                  const SaveOptions& options) {
   const bool use_dist = resolve_use_dist(options.no_dist, options.process_group);
   comm::GroupPtr group = resolve_group(use_dist, options.process_group);
-  std::shared_ptr<StagingBuffers> staging = options.staging;
-  // Held from here until the background write is done (released by the guard below).
-  if (staging) staging->impl().acquire();
-  std::shared_ptr<StagingBuffers> release;
-  if (staging) release.reset(staging.get(), [staging](StagingBuffers* s) { s->impl().release(); });
   std::vector<LocalItem> staged;
   std::exception_ptr stage_error;
   try {
-    staged = stage(collect_local_items(state_dict), staging ? &staging->impl().buffers : nullptr);
+    staged = collect_local_items(state_dict);
   } catch (...) {
     stage_error = std::current_exception();
+  }
+  // The buffers are held (busy) from here until the background write is done (released by
+  // the guard below).
+  std::shared_ptr<StagingBuffers> staging = options.staging;
+  if (staging) {
+    staging->impl().acquire();
+  } else if (options.cache_staging && !stage_error) {
+    staging = take_cached_staging(layout_of(staged));
+  }
+  std::shared_ptr<StagingBuffers> release;
+  if (staging) release.reset(staging.get(), [staging](StagingBuffers* s) { s->impl().release(); });
+  if (!stage_error) {
+    try {
+      staged = stage(std::move(staged), staging ? &staging->impl() : nullptr);
+    } catch (...) {
+      stage_error = std::current_exception();
+    }
   }
   return std::async(std::launch::async, [staged = std::move(staged), stage_error, checkpoint_dir, options, use_dist,
                                          group, release]() mutable {

@@ -57,8 +57,14 @@ struct SaveOptions {
   // Called on the writing rank after each chunk or object is written (progress reporting).
   std::function<void(const std::string& fqn, int64_t bytes)> on_item_written;
   // async_save only: the CPU buffers to stage into, kept for the next async_save given the same
-  // object (nullptr: fresh buffers each time). See StagingBuffers.
+  // object. nullptr: the process's staging cache (cache_staging) or fresh buffers. See
+  // StagingBuffers.
   std::shared_ptr<StagingBuffers> staging;
+  // async_save without `staging`: true (default) stages into the process's staging cache, whose
+  // buffers stay allocated for the next async_save (a training loop that saves every N steps
+  // allocates them once; release_staging_cache() frees them); false: fresh buffers, freed when
+  // the background write ends.
+  bool cache_staging = true;
 };
 
 // Staging buffers for async_save, reused across saves (PyTorch: the async stager's cached CPU
@@ -118,6 +124,17 @@ Metadata read_metadata(const std::string& checkpoint_dir);
 // collective on that group until the future is ready (or pass a dedicated process_group).
 std::future<Metadata> async_save(const StateDict& state_dict, const std::string& checkpoint_dir,
                                  const SaveOptions& options = {});
+
+// async_save's staging cache (SaveOptions::cache_staging, on by default). It holds one set of
+// StagingBuffers per async_save in flight at once (one in a loop that waits for each save's
+// future before the next): an async_save takes the free set staged last with the same keys,
+// chunks, shapes and dtypes, else any free set (its buffers follow the new layout: a chunk whose
+// shape or dtype changed gets a new buffer, chunks no longer saved are dropped), else a new set.
+// It never waits for another save. Not collective.
+//   Bytes the cache holds (every set, in use or not).
+int64_t staging_cache_bytes();
+//   Frees the sets no save is writing from (those in use are freed when their write ends).
+void release_staging_cache();
 
 }  // namespace checkpoint
 }  // namespace dtensor

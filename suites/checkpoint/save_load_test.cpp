@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 
 namespace dtensor {
 namespace {
@@ -528,8 +529,86 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, AsyncSaveWritesTheStateAsIt
 
 // ---- a process killed in the middle of a save ---------------------------------------------------
 
-// Runs only as the child of the test below: saves {w, v} at world size 1 and dies (SIGKILL)
-// right after writing the first of them.
+// The default staging cache (SaveOptions::cache_staging): a loop of async_saves reuses one set
+// of buffers; a save while another still writes from its set gets a set of its own (it neither
+// waits nor overwrites what the other writes); a set staged again after shapes and dtypes
+// changed follows them; release_staging_cache() frees the cache; cache_staging = false keeps
+// nothing. Every checkpoint holds the values of its own call.
+DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, AsyncSavesCacheStagingByDefault) {
+  SharedDir dir(t.group());
+  auto mesh = init_device_mesh("cpu", {4});
+  // The cache is the process's: the thread ranks share one.
+  const int64_t ranks_here = dynamic_cast<testing::MultiThreadedTest*>(&t) ? 4 : 1;
+  checkpoint::release_staging_cache();
+  SaveOptions opts;
+  opts.process_group = comm::new_group({0, 1, 2, 3});
+  SaveOptions other_group = opts;
+  other_group.process_group = comm::new_group({0, 1, 2, 3});
+  auto settle = [&](std::future<checkpoint::Metadata>& f) {
+    f.get();
+    t.group().barrier();  // every rank's save is done: its set is free
+  };
+  auto set_all = [](StateDict& sd, float v) {
+    local_tensor(std::get<at::Tensor>(sd.at("w"))).fill_(v);
+    std::get<at::Tensor>(sd.at("b")).fill_(v);
+    sd["step"] = c10::IValue(int64_t(v));
+  };
+  StateDict sd = fault_state(mesh, 1);
+  auto first = checkpoint::async_save(sd, dir.sub("one"), opts);
+  t.group().barrier();
+  // This rank's rows of w (2x4 floats) and the replicated b (4 floats).
+  EXPECT_EQ(checkpoint::staging_cache_bytes(), 48 * ranks_here);
+  t.group().barrier();
+  set_all(sd, 2);
+  settle(first);
+  // The second save's write waits for `gate`: the third is staged while it is in flight.
+  std::promise<void> open_gate;
+  std::shared_future<void> gate = open_gate.get_future().share();
+  auto opener = std::shared_ptr<void>(nullptr, [&](void*) { open_gate.set_value(); });  // on every way out
+  SaveOptions gated = opts;
+  gated.on_item_written = [gate](const std::string&, int64_t) { gate.wait(); };
+  auto second = checkpoint::async_save(sd, dir.sub("two"), gated);
+  t.group().barrier();
+  EXPECT_EQ(checkpoint::staging_cache_bytes(), 48 * ranks_here) << "the second save reuses the first's buffers";
+  t.group().barrier();  // every thread rank has read the cache's size
+  set_all(sd, 3);
+  auto third = checkpoint::async_save(sd, dir.sub("three"), other_group);
+  t.group().barrier();
+  EXPECT_EQ(checkpoint::staging_cache_bytes(), 96 * ranks_here) << "the third save needs a set of its own";
+  opener.reset();  // opens the gate
+  settle(third);
+  settle(second);
+  // Other shapes and dtypes under the same keys: w 8x6, b double.
+  StateDict changed{{"w", distribute_tensor(at::full({8, 6}, 4.0f), mesh, {Shard{0}})},
+                    {"b", at::full({4}, 4.0, at::kDouble)},
+                    {"step", c10::IValue(int64_t(4))}};
+  auto fourth = checkpoint::async_save(changed, dir.sub("four"), opts);
+  settle(fourth);
+  // One set now holds 2x6 floats + 4 doubles (80 bytes), the other still 48.
+  EXPECT_EQ(checkpoint::staging_cache_bytes(), 128 * ranks_here);
+
+  auto dest = fault_dest(mesh);
+  for (const auto& [name, v] : std::vector<std::pair<std::string, float>>{{"one", 1}, {"two", 2}, {"three", 3}}) {
+    SCOPED_TRACE(name);
+    checkpoint::load(dest, dir.sub(name));
+    expect_fault_state(dest, v);
+  }
+  StateDict dest4{{"w", dtensor::zeros({8, 6}, mesh, {Shard{1}})}, {"b", at::zeros({4}, at::kDouble)}, {"step", c10::IValue()}};
+  checkpoint::load(dest4, dir.sub("four"));
+  expect_holds(dest4.at("w"), at::full({8, 6}, 4.0f), "w");
+  expect_holds(dest4.at("b"), at::full({4}, 4.0, at::kDouble), "b");
+
+  checkpoint::release_staging_cache();
+  EXPECT_EQ(checkpoint::staging_cache_bytes(), 0);
+  t.group().barrier();
+  SaveOptions uncached = opts;
+  uncached.cache_staging = false;
+  checkpoint::async_save(sd, dir.sub("five"), uncached).get();
+  EXPECT_EQ(checkpoint::staging_cache_bytes(), 0);
+  checkpoint::load(dest, dir.sub("five"));
+  expect_fault_state(dest, 3);
+}
+
 // StagingBuffers: later async_saves copy into the buffers the first one allocated; an
 // async_save whose buffers a previous one still writes from waits for that write, so each
 // checkpoint holds the values of its own call.
@@ -562,6 +641,8 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, AsyncSavesReuseStagingBuffe
   EXPECT_EQ(opts.staging->nbytes(), 128);
 }
 
+// Runs only as the child of the test below: saves {w, v} at world size 1 and dies (SIGKILL)
+// right after writing the first of them.
 TEST(CheckpointChild, SaveKilledMidWrite) {
   const char* dir = std::getenv("DTENSOR_DCP_KILL_DIR");
   if (!dir) GTEST_SKIP() << "run by CheckpointAtomic.ProcessKilledMidSaveKeepsThePreviousCheckpoint";

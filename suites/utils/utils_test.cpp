@@ -14,12 +14,24 @@
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/linear.h>
 
+#include <functional>
+#include <string>
+#include <utility>
+
 namespace dtensor {
 namespace {
 
 using testing::contains;
 using testing::error_of;
 using utils::Kwargs;
+
+// p_assert prints the message and a backtrace to stderr before it raises (PyTorch's _p_assert):
+// runs fn, returns (its error, what it printed), so the print is asserted and stays off the log.
+std::pair<std::string, std::string> error_and_stderr_of(const std::function<void()>& fn) {
+  ::testing::internal::CaptureStderr();
+  std::string err = error_of(fn);
+  return {err, ::testing::internal::GetCapturedStderr()};
+}
 
 // ---- pack / unpack -------------------------------------------------------------------------
 
@@ -189,15 +201,17 @@ TEST(FreeStorage, FreesAndAllocStorageRestores) {
 
 TEST(AllocStorage, RefusesAStorageThatWasNotFreed) {
   at::Tensor t = at::ones({3, 4});
-  EXPECT_PRED2(contains, error_of([&] { utils::alloc_storage(t, {20}); }),
-               "Tensor storage should have been resized to be 0 but got 12");
+  auto [err, printed] = error_and_stderr_of([&] { utils::alloc_storage(t, {20}); });
+  EXPECT_PRED2(contains, err, "Tensor storage should have been resized to be 0 but got 12");
+  EXPECT_PRED2(contains, printed, "Tensor storage should have been resized to be 0 but got 12\n");
 }
 
 TEST(FreeStorage, RefusesATensorThatIsNotTheSoleOccupant) {
   at::Tensor base = at::ones({8});
   at::Tensor view = base.narrow(0, 4, 4);
-  const std::string err = error_of([&] { utils::free_storage(view); });
+  auto [err, printed] = error_and_stderr_of([&] { utils::free_storage(view); });
   EXPECT_PRED2(contains, err, "Freeing a tensor's storage is unsafe when it is not the sole occupant");
+  EXPECT_PRED2(contains, printed, "storage offset: 4\nstorage size: 8\ntensor shape: [4]\n");
   EXPECT_PRED2(contains, err, "storage offset: 4\nstorage size: 8\ntensor shape: [4]");
   EXPECT_TRUE(utils::data_ptr_allocated(base));
 }
@@ -214,9 +228,17 @@ TEST(FreeStorage, RefusesStorageItCannotResize) {
 }
 
 TEST(PAssert, ThrowsOnlyWhenAskedTo) {
-  utils::p_assert(true, "never shown");
-  EXPECT_EQ(error_of([] { utils::p_assert(false, "the hook saw bad state"); }), "the hook saw bad state");
-  EXPECT_EQ(error_of([] { utils::p_assert(false, "printed only", /*raise_assertion_error=*/false); }), "<no error>");
+  auto [err, printed] = error_and_stderr_of([] { utils::p_assert(false, "the hook saw bad state"); });
+  EXPECT_EQ(err, "the hook saw bad state");
+  EXPECT_EQ(printed.rfind("the hook saw bad state\n", 0), 0u) << printed;  // the message, then
+  EXPECT_PRED2(contains, printed, "frame #0");                               // the backtrace
+  auto [err2, printed2] = error_and_stderr_of(
+      [] { utils::p_assert(false, "printed only", /*raise_assertion_error=*/false); });
+  EXPECT_EQ(err2, "<no error>");
+  EXPECT_EQ(printed2.rfind("printed only\n", 0), 0u) << printed2;
+  auto [err3, printed3] = error_and_stderr_of([] { utils::p_assert(true, "never shown"); });
+  EXPECT_EQ(err3, "<no error>");
+  EXPECT_EQ(printed3, "");
 }
 
 // ---- replace_by_prefix -----------------------------------------------------------------------
