@@ -210,50 +210,49 @@ std::string check_output_spec(const DeviceMesh& mesh, const at::Tensor& out, siz
 }
 
 // NOTE: [Warnings go into the records]
-// libtorch warns (deprecations, resized outputs) through one process-wide handler. A handler
-// installed once forwards every warning to the previous one, except on a thread running
-// check_op, where it keeps the message for the result instead of printing it.
+// libtorch warns (deprecations, resized outputs) through a handler that is per THREAD, on
+// 1.13 as on 2.x (1.13's header calls it global; its implementation keeps it thread_local).
+// Every thread that runs cases (the op suite's and opcov's rank threads, each opcov child
+// process's) installs one collecting handler the first time it collects: while a
+// ScopedWarningCollector is alive on that thread the message goes into the case's record,
+// otherwise to the handler the thread had before. Installing it once per process (as
+// before) left every rank thread but one printing to stderr.
 thread_local std::vector<std::string>* tl_warnings = nullptr;
+thread_local c10::WarningHandler* tl_previous_handler = nullptr;
 
 void keep_warning(const std::string& msg) {
   if (std::find(tl_warnings->begin(), tl_warnings->end(), msg) == tl_warnings->end()) tl_warnings->push_back(msg);
 }
 
+#if TORCH_VERSION_MAJOR >= 2
+c10::WarningHandler* current_warning_handler() { return c10::WarningUtils::get_warning_handler(); }
+void set_current_warning_handler(c10::WarningHandler* h) { c10::WarningUtils::set_warning_handler(h); }
+#else
+c10::WarningHandler* current_warning_handler() { return c10::Warning::get_warning_handler(); }
+void set_current_warning_handler(c10::WarningHandler* h) { c10::Warning::set_warning_handler(h); }
+#endif
+
 class CollectingWarningHandler : public c10::WarningHandler {
  public:
-  explicit CollectingWarningHandler(c10::WarningHandler* prev) : prev_(prev) {}
 #if TORCH_VERSION_MAJOR >= 2
   void process(const c10::Warning& w) override {
     if (tl_warnings) return keep_warning(w.msg());
-    if (prev_) prev_->process(w);
+    if (tl_previous_handler) tl_previous_handler->process(w);
   }
 #else
   void process(const c10::SourceLocation& loc, const std::string& msg, const bool verbatim) override {
     if (tl_warnings) return keep_warning(msg);
-    if (prev_) prev_->process(loc, msg, verbatim);
+    if (tl_previous_handler) tl_previous_handler->process(loc, msg, verbatim);
   }
 #endif
-
- private:
-  c10::WarningHandler* prev_;
 };
 
 void install_warning_collector() {
-#if TORCH_VERSION_MAJOR >= 2
-  // libtorch 2.x keeps the handler per thread: install on each thread that collects.
-  thread_local bool installed = false;
-  if (installed) return;
-  thread_local CollectingWarningHandler handler(c10::WarningUtils::get_warning_handler());
-  c10::WarningUtils::set_warning_handler(&handler);
-  installed = true;
-#else
-  // libtorch 1.13 has one process-wide handler.
-  static std::once_flag once;
-  std::call_once(once, [] {
-    static CollectingWarningHandler handler(c10::Warning::get_warning_handler());
-    c10::Warning::set_warning_handler(&handler);
-  });
-#endif
+  static CollectingWarningHandler handler;  // stateless: one for every thread
+  c10::WarningHandler* current = current_warning_handler();
+  if (current == &handler) return;
+  tl_previous_handler = current;
+  set_current_warning_handler(&handler);
 }
 
 std::vector<at::Tensor> grad_inputs(const std::vector<c10::IValue>& args) {
@@ -265,11 +264,15 @@ std::vector<at::Tensor> grad_inputs(const std::vector<c10::IValue>& args) {
 
 }  // namespace
 
-ScopedWarningCollector::ScopedWarningCollector(std::vector<std::string>* into) : prev_(tl_warnings) {
+ScopedWarningCollector::ScopedWarningCollector(std::vector<std::string>* into) : into_(into), prev_(tl_warnings) {
   install_warning_collector();
   tl_warnings = into;
 }
-ScopedWarningCollector::~ScopedWarningCollector() { tl_warnings = prev_; }
+ScopedWarningCollector::~ScopedWarningCollector() {
+  tl_warnings = prev_;
+  if (prev_)
+    for (const std::string& w : *into_) keep_warning(w);  // the enclosing collector sees them too
+}
 
 OpCheckResult check_op(const DeviceMesh& mesh, const std::string& op_name, const BoxedOp& op,
                        int written_arg, const std::vector<c10::IValue>& args,

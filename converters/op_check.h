@@ -149,7 +149,7 @@ struct OpCheckResult {
 
 // While alive, libtorch warnings raised on this thread are appended (each once) to `into`
 // instead of printed (NOTE: [Warnings go into the records] in op_check.cpp). check_op uses
-// one; nest freely.
+// one; nest freely: an inner collector's warnings reach the enclosing one too.
 class ScopedWarningCollector {
  public:
   explicit ScopedWarningCollector(std::vector<std::string>* into);
@@ -158,6 +158,7 @@ class ScopedWarningCollector {
   ScopedWarningCollector& operator=(const ScopedWarningCollector&) = delete;
 
  private:
+  std::vector<std::string>* into_;
   std::vector<std::string>* prev_;
 };
 

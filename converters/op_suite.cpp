@@ -5,7 +5,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -138,6 +140,36 @@ CaseRecord record_of(const OpInfo& info, const OpSample& s, const std::string& m
   return c;
 }
 
+void add_unique(std::vector<std::string>& into, const std::vector<std::string>& more) {
+  for (const std::string& w : more)
+    if (std::find(into.begin(), into.end(), w) == into.end()) into.push_back(w);
+}
+
+// Collective: every rank's records of one op get the warnings any rank's copy of them got
+// (NOTE: [Warnings go into the records] in op_check.cpp). The records are the same cases in
+// the same order on every rank.
+void unite_warnings_over_ranks(const DeviceMesh& mesh, std::vector<CaseRecord>& records, size_t first) {
+  nlohmann::json mine = nlohmann::json::array();
+  for (size_t i = first; i < records.size(); ++i) mine.push_back(records[i].warnings);
+  const std::string text = mine.dump();
+  at::Tensor len = at::tensor({static_cast<int64_t>(text.size())}, at::kLong);
+  const auto& world = mesh.world();
+  world->all_reduce(len, comm::ReduceOp::MAX);
+  const int64_t n = len.item<int64_t>();
+  at::Tensor bytes = at::zeros({n}, at::kByte);
+  std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  at::Tensor all = at::empty({world->size() * n}, at::kByte);
+  world->all_gather_into(all, bytes);
+  const auto* p = static_cast<const char*>(all.data_ptr());
+  for (int r = 0; r < world->size(); ++r) {
+    std::string theirs(p + r * n, static_cast<size_t>(n));
+    theirs.resize(std::strlen(theirs.c_str()));  // the zero padding
+    const nlohmann::json j = nlohmann::json::parse(theirs);
+    for (size_t i = 0; i < j.size() && first + i < records.size(); ++i)
+      add_unique(records[first + i].warnings, j[i].get<std::vector<std::string>>());
+  }
+}
+
 }  // namespace
 
 // Combinations tried through the replicate fallback (every input is gathered: costly).
@@ -149,6 +181,7 @@ std::vector<CaseRecord> run_op_suite(const DeviceMesh& mesh, const std::string& 
   std::vector<CaseRecord> out;
   for (size_t i = 0; i < ops.size(); ++i) {
     const OpInfo& info = *ops[i];
+    const size_t first_record = out.size();
     std::vector<std::string> sample_warnings;  // raised while making the samples
     std::vector<OpSample> samples;
     {
@@ -171,10 +204,15 @@ std::vector<CaseRecord> run_op_suite(const DeviceMesh& mesh, const std::string& 
         OpCheckResult f = check_sample(mesh, info, s, fo);
         fwd.fallback_status = to_string(f.forward.status);
         bwd.fallback_status = to_string(f.backward.status);
+        add_unique(fwd.warnings, f.warnings);
+        add_unique(bwd.warnings, f.warnings);
       }
+      add_unique(fwd.warnings, sample_warnings);
+      add_unique(bwd.warnings, sample_warnings);
       out.push_back(std::move(fwd));
       out.push_back(std::move(bwd));
     }
+    unite_warnings_over_ranks(mesh, out, first_record);
     if (run.progress) run.progress(i + 1, ops.size());
   }
   return out;

@@ -69,7 +69,9 @@ struct CaseRecord {
   std::string design;
   int64_t total_combinations = 0;
   std::vector<int64_t> plan;
-  // libtorch warnings raised while the sample ran (OpCheckResult::warnings).
+  // libtorch warnings raised while the sample ran (OpCheckResult::warnings) or while its
+  // op's samples were made, on any rank (run_op_suite unites the ranks' lists: a warning
+  // libtorch gives once per process reaches one rank thread only).
   std::vector<std::string> warnings;
 };
 void to_json(nlohmann::json& j, const CaseRecord& r);

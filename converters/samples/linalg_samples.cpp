@@ -153,6 +153,70 @@ void add_solves(OpDb& db) {
 }
 
 void add_other(OpDb& db) {
+  // Ops PyTorch's DTensor op test passes that had no rule here (dtensor/ops/tensor_rules.cpp).
+  auto sorted = [](SampleGen& g, int64_t n, at::ScalarType dtype = at::kFloat) {
+    return std::get<0>(g.tensor({n}, dtype).sort());
+  };
+  db.add("aten::bucketize.Tensor", "tensor", [sorted](SampleGen& g) {
+    return Samples{OpSample("even", {g.tensor({8, 4}), sorted(g, 5)}).no_backward(),
+                   OpSample("right_int32", {g.tensor({8, 4}), sorted(g, 3)}).kw("out_int32", true).kw("right", true).no_backward(),
+                   OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble), sorted(g, 4, at::kDouble)}).no_backward()};
+  });
+  db.add("aten::bucketize.Scalar", "tensor", [sorted](SampleGen& g) {
+    return Samples{OpSample("scalar", {0.3, sorted(g, 5)}), OpSample("right", {-0.5, sorted(g, 6)}).kw("right", true)};
+  });
+  db.add("aten::constant_pad_nd", "tensor", [](SampleGen& g) {
+    return Samples{OpSample("last_dim", {g.tensor({8, 4}), IL{1, 2}}),
+                   OpSample("middle_dim_value", {g.tensor({8, 4, 2}), IL{0, 0, 1, 1}, 1.5}),
+                   OpSample("crop_uneven_f64", {g.tensor({5, 6}, at::kDouble), IL{-1, 1}})};
+  });
+  db.add("aten::slice_scatter", "tensor", [](SampleGen& g) {
+    return Samples{OpSample("cols_step", {g.tensor({8, 4}), g.tensor({8, 2}), 1, 0, 4, 2}),
+                   OpSample("rows", {g.tensor({8, 4}), g.tensor({3, 4}), 0, 2, 5}),
+                   OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble), g.tensor({2, 6}, at::kDouble), 0, 1, 3})};
+  });
+  db.add("aten::split_with_sizes_copy", "tensor", [](SampleGen& g) {
+    return Samples{OpSample("rows", {g.tensor({8, 4}), IL{3, 5}, 0}), OpSample("cols", {g.tensor({8, 6}), IL{2, 4}, 1}),
+                   OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble), IL{1, 4}})};
+  });
+  // Composites PyTorch's DTensor op test passes whose generated [8, 8] sample is invalid: they
+  // decompose into ops with rules; these samples give them valid arguments.
+  using TL = std::vector<at::Tensor>;
+  const c10::IValue none;
+  db.add("aten::cartesian_prod", "tensor", [](SampleGen& g) {
+    return Samples{OpSample("two", {TL{g.tensor({4}), g.tensor({3})}}),
+                   OpSample("three_f64", {TL{g.tensor({5}, at::kDouble), g.tensor({2}, at::kDouble), g.tensor({3}, at::kDouble)}})};
+  });
+  db.add("aten::meshgrid", "tensor", [](SampleGen& g) {
+    return Samples{OpSample("two", {TL{g.tensor({4}), g.tensor({3})}})};
+  });
+  db.add("aten::meshgrid.indexing", "tensor", [](SampleGen& g) {
+    return Samples{OpSample("ij", {TL{g.tensor({4}), g.tensor({3})}}).kw("indexing", std::string("ij")),
+                   OpSample("xy_f64", {TL{g.tensor({5}, at::kDouble), g.tensor({2}, at::kDouble)}}).kw("indexing", std::string("xy"))};
+  });
+  db.add("aten::dsplit.int", "tensor", [](SampleGen& g) {
+    return Samples{OpSample("three", {g.tensor({4, 2, 6}), 3})};
+  });
+  db.add("aten::dsplit.array", "tensor", [](SampleGen& g) {
+    return Samples{OpSample("uneven_f64", {g.tensor({5, 2, 6}, at::kDouble), IL{1, 4}})};
+  });
+  db.add("aten::take_along_dim", "tensor", [none](SampleGen& g) {
+    return Samples{OpSample("cols", {g.tensor({8, 4}), g.index({8, 4}, 4), 1}),
+                   OpSample("rows_narrow_f64", {g.tensor({5, 6}, at::kDouble), g.index({3, 6}, 5), 0}),
+                   OpSample("flat", {g.tensor({8, 4}), g.index({6}, 32), none})};
+  });
+  db.add("aten::item", "tensor", [](SampleGen& g) {
+    return Samples{OpSample("one_element", {g.tensor({1})}), OpSample("zero_dim_f64", {g.tensor({}, at::kDouble)})};
+  });
+  db.add("aten::layer_norm", "norm", [none](SampleGen& g) {
+    return Samples{OpSample("affine", {g.tensor({8, 6}), IL{6}, g.tensor({6}), g.tensor({6}), 1e-5, false}),
+                   OpSample("two_dims_f64", {g.tensor({5, 2, 4}, at::kDouble), IL{2, 4}, none, none, 1e-5, false})};
+  });
+  db.add("aten::nll_loss", "loss", [none](SampleGen& g) {
+    return Samples{OpSample("mean", {g.tensor({8, 5}).log_softmax(1), g.index({8}, 5), none, 1, -100}),
+                   OpSample("sum_weighted_ignore", {g.tensor({8, 5}).log_softmax(1), g.index({8}, 5), g.positive({5}), 2, 2}),
+                   OpSample("none_f64", {g.tensor({5, 3}, at::kDouble).log_softmax(1), g.index({5}, 3), none, 0, -100})};
+  });
   db.add("aten::_linalg_check_errors", "linalg", [](SampleGen&) {
     return Samples{OpSample("batch_ok", {at::zeros({4}, at::kInt), std::string("linalg.inv")}).kw("is_matrix", false),
                    OpSample("matrix_ok", {at::zeros({}, at::kInt), std::string("linalg.cholesky")}).kw("is_matrix", true)};
@@ -224,14 +288,22 @@ at::Tensor foreach_tensor(SampleGen& g, IL shape, Domain d) {
 // The arguments of one sample from the schema: each Tensor[] gets three tensors ([8, 4],
 // uneven [5, 6], [6]); a Tensor a 0-dim one (addcmul/addcdiv's `scalars` tensor: one value per
 // list element); Scalar `scalar`; Scalar[] one value per tensor; keyword-only arguments keep
-// their defaults. False for another argument type.
+// their defaults, and so does every argument from the first defaulted one of another type on
+// (libtorch 2.x's `ScalarType? dtype=None` of _foreach_norm). False for another argument type
+// without a default, and for out= overloads: their samples come from the functional overload's
+// (NOTE: [Out= samples from the functional overload]), whatever precedes their out= arguments.
 bool foreach_args(const c10::FunctionSchema& s, const std::string& name, SampleGen& g, double scalar,
                   std::vector<c10::IValue>& args) {
   const Domain dom = foreach_domain(name);
   const bool scalars_tensor = name == "aten::_foreach_addcmul" || name == "aten::_foreach_addcdiv";
+  bool defaults = false;  // the rest of the positional arguments keep their defaults
   for (const auto& a : s.arguments()) {
     if (a.kwarg_only()) {
       if (a.alias_info() && a.alias_info()->isWrite()) return false;  // out=
+      if (!a.default_value()) return false;
+      continue;
+    }
+    if (defaults) {
       if (!a.default_value()) return false;
       continue;
     }
@@ -250,7 +322,7 @@ bool foreach_args(const c10::FunctionSchema& s, const std::string& name, SampleG
     } else if (!a.default_value()) {
       return false;
     } else {
-      break;  // defaults for the rest
+      defaults = true;
     }
   }
   return true;

@@ -16,8 +16,11 @@
 // dims they do not touch, diag (1-D <-> 2-D) replicates as PyTorch does.
 //
 // dist(a, b, p) = ||a - b||_p over every element: with a and b sharded alike on a dim, the
-// per-shard results combine by a plain reduction for p = 0, 1 (sum) and p = inf (max; a rank
-// with no elements gives 0, which max ignores since norms are >= 0); other p replicate.
+// per-shard results combine by a plain reduction for p = 0, 1 (sum) and p = inf (max); other p
+// replicate. A rank whose shard is empty (an uneven split) contributes 0 to the max, which is
+// right since norms are >= 0: libtorch 1.13's dist gives 0 there, 2.x's linalg_vector_norm
+// refuses the inf norm of an empty tensor, so the local kernel returns the 0 itself (a
+// globally empty input still runs the op, which then raises as the plain op does).
 //
 // histc(self, bins, min, max) with a fixed range (min != max) counts per shard: Partial(sum)
 // from any sharding. With min == max the range comes from the data: replicated.
@@ -38,7 +41,9 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ExpandUtils.h>
+#include <c10/util/accumulate.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -148,6 +153,20 @@ std::vector<DimOption> dist_options(const OpCall& c) {
     o.push_back({{partial}, {a < 0 ? R : Placement(Shard{a}), b < 0 ? R : Placement(Shard{b})}});
   }
   return o;
+}
+
+std::vector<c10::IValue> dist_kernel(const c10::OperatorHandle& op, std::vector<c10::IValue>& args, const OpCall& call,
+                                     const OutputSharding& sharding) {
+  const at::Tensor& a = args[0].toTensor();
+  const at::Tensor& b = args[1].toTensor();
+  const bool sharded = std::any_of(sharding.outputs[0].begin(), sharding.outputs[0].end(),
+                                   [](const Placement& p) { return is_partial(p); });
+  if (sharded && c10::multiply_integers(at::infer_size(a.sizes(), b.sizes())) == 0 &&
+      c10::multiply_integers(at::infer_size(shape_of(call, 0), shape_of(call, 1))) != 0)
+    return {c10::IValue(at::zeros({}, a.options().dtype(sharding.output_meta[0].dtype)))};
+  torch::jit::Stack stack(args.begin(), args.end());
+  op.callBoxed(&stack);
+  return stack;
 }
 
 std::vector<DimOption> histc_options(const OpCall& c) {
@@ -272,7 +291,9 @@ const bool registered = [] {
   register_rule("aten::diag", diag_options);
   register_rule("aten::diag_embed", diag_embed_options);
   register_rule("aten::diagonal_copy", diagonal_copy_options);
-  register_rule("aten::dist", dist_options);
+  RuleOptions empty_shard_dist;
+  empty_shard_dist.kernel = dist_kernel;
+  register_rule("aten::dist", dist_options, nullptr, empty_shard_dist);
   register_rule("aten::histc", histc_options);
   for (const char* n : {"aten::_fft_c2c", "aten::_fft_r2c", "aten::_fft_c2r"}) register_rule(n, fft_options);
   RuleOptions global_shapes;

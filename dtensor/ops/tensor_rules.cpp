@@ -162,6 +162,51 @@ const bool registered = [] {
   RuleOptions relayout;  // NOTE: [In-place indexing may re-lay out what it writes]
   relayout.relayout_written = true;
   register_rule("aten::masked_scatter_", all_replicated, nullptr, relayout);
+  // bucketize(self, boundaries): elementwise in self; the boundaries are searched whole.
+  register_rule("aten::bucketize.Tensor", [](const OpCall& c) {
+    std::vector<DimOption> o{{{Replicate{}}, {Replicate{}, Replicate{}}}};
+    for (int64_t d = 0; d < c.inputs[0]->ndim(); ++d) o.push_back({{Shard{d}}, {Shard{d}, Replicate{}}});
+    return o;
+  });
+  register_rule("aten::bucketize.Scalar",
+                [](const OpCall&) { return std::vector<DimOption>{{{Replicate{}}, {Replicate{}}}}; });
+  // constant_pad_nd(self, pad, value): the dims the pad list covers (the last pad.size() / 2)
+  // are replicated, the others keep their shards; the pad value is a constant written (0 keeps
+  // every Partial, another value all but sum). A covered dim with a (0, 0) pair is replicated
+  // too: libtorch 1.13 refuses a covered dim of local size 0 ("resulted in a negative output
+  // size"), which a rank holding an empty shard of it would pass.
+  register_rule("aten::constant_pad_nd", [](const OpCall& c) {
+    const int64_t nd = c.inputs[0]->ndim();
+    const auto pad = arg_int_list(c, 1);
+    std::vector<int64_t> map(static_cast<size_t>(nd));
+    for (int64_t d = 0; d < nd; ++d) map[d] = d;
+    for (size_t k = 0; k + 1 < pad.size(); k += 2)
+      if (nd - 1 - static_cast<int64_t>(k / 2) >= 0) map[nd - 1 - static_cast<int64_t>(k / 2)] = -1;
+    double value = 0;
+    if (c.args.size() > 2 && c.args[2].value.isDouble()) value = c.args[2].value.toDouble();
+    if (c.args.size() > 2 && c.args[2].value.isInt()) value = static_cast<double>(c.args[2].value.toInt());
+    return mapped_options(map, value == 0 ? PartialKind::kMoves : PartialKind::kNotSum);
+  });
+  // slice_scatter(self, src, dim, start, end, step): src fills a slice of `dim`; the other dims
+  // (the same size in both) shard alike; Partials of both pass through (data movement).
+  register_rule("aten::slice_scatter", [](const OpCall& c) {
+    const int64_t nd = c.inputs[0]->ndim();
+    const int64_t dim = nd == 0 ? 0 : normalize_shard_dim(arg_int(c, 2, 0), nd);
+    std::vector<DimOption> o{{{Replicate{}}, {Replicate{}, Replicate{}}}};
+    add_partial_options(o, PartialKind::kMoves, 2, 1, {0, 1});
+    for (int64_t d = 0; d < nd; ++d)
+      if (d != dim && c.inputs[1]->ndim() == nd && c.inputs[0]->tensor_meta.shape[d] == c.inputs[1]->tensor_meta.shape[d])
+        o.push_back({{Shard{d}}, {Shard{d}, Shard{d}}});
+    return o;
+  });
+  // split_with_sizes_copy(self, split_sizes, dim) -> Tensor[]: the split dim is replicated.
+  register_rule("aten::split_with_sizes_copy", [](const OpCall& c) {
+    const int64_t nd = c.inputs[0]->ndim();
+    const int64_t dim = normalize_shard_dim(arg_int(c, 2, 0), nd);
+    std::vector<int64_t> map(static_cast<size_t>(nd));
+    for (int64_t d = 0; d < nd; ++d) map[d] = d == dim ? -1 : d;
+    return mapped_options(map, PartialKind::kMoves, c.output_meta.size());
+  });
   register_rule("aten::_local_scalar_dense", replicated_scalar);
   register_rule("aten::equal", replicated_scalar);
   register_rule("aten::is_nonzero", replicated_scalar);

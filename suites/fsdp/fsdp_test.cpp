@@ -931,29 +931,14 @@ int shard_2d_transformer(models::Transformer& m, const DeviceMesh& dp, const fsd
 // all_gather of the logits, backward 4L + 1 all_reduce); FSDP adds over dp one all-gather per
 // group (L blocks + the root) in forward, one per block in backward (the root keeps its
 // parameters after forward) and one reduce-scatter per group.
-void transformer_2d_parity(testing::MultiRankTest& t, const std::vector<Optim>& optims) {
-  const ModelArgs args = uneven_args();
-  for (Optim o : optims) {
-    check_2d_parity<models::Transformer>(
-        t, [args] { return models::Transformer(args); },
-        [](models::Transformer& m, const DeviceMesh& tp) { models::Transformer::parallelize(m, tp, false); },
-        shard_2d_transformer, tokens_for(args, 8, 6), o, 3, [](int g) { return g - 1; },
-        [args] { return testing::transformer_plan_collectives(args.n_layers, false); });
-  }
-}
-
-DTENSOR_TEST_F(FsdpThreads, FsdpTpTransformerTrainingMatchesOneRank) {
-  transformer_2d_parity(*this, {Optim::kSGD, Optim::kAdam});
-}
-DTENSOR_TEST_F(FsdpGloo, FsdpTpTransformerTrainingMatchesOneRank) { transformer_2d_parity(*this, {Optim::kAdam}); }
-
-// HSDP x TP on a 3-D (replicate, shard, tp) mesh: Transformer::parallelize on mesh["tp"],
-// fully_shard on mesh[{"replicate", "shard"}]: parameters (Replicate(), <FSDP placement>, <tp
-// placement>) on the 3-D mesh; forward all-gathers over shard, backward reduce-scatters over
-// shard and all-reduces over replicate (one each per group), TP's collectives unchanged. 4 ranks
-// give 1x2x2 and 2x1x2 (a size-1 dim is still a real group); 8 thread ranks give 2x2x2.
-void transformer_hsdp_tp_parity(testing::MultiRankTest& t, const std::vector<Optim>& optims,
-                                const std::vector<int64_t>& mesh_shape) {
+// `mesh_shape` (dp, tp), or HSDP x TP's (replicate, shard, tp): Transformer::parallelize on
+// mesh["tp"], fully_shard on mesh[{"replicate", "shard"}]: parameters (Replicate(), <FSDP
+// placement>, <tp placement>) on the 3-D mesh; forward all-gathers over shard, backward
+// reduce-scatters over shard and all-reduces over replicate (one each per group), TP's
+// collectives unchanged. 4 ranks give 1x2x2 and 2x1x2 (a size-1 dim is still a real group);
+// 8 thread ranks give 2x2x2.
+void transformer_2d_parity(testing::MultiRankTest& t, const std::vector<Optim>& optims,
+                           const std::vector<int64_t>& mesh_shape = {2, 2}) {
   const ModelArgs args = uneven_args();
   for (Optim o : optims) {
     check_2d_parity<models::Transformer>(
@@ -964,12 +949,17 @@ void transformer_hsdp_tp_parity(testing::MultiRankTest& t, const std::vector<Opt
   }
 }
 
+DTENSOR_TEST_F(FsdpThreads, FsdpTpTransformerTrainingMatchesOneRank) {
+  transformer_2d_parity(*this, {Optim::kSGD, Optim::kAdam});
+}
+DTENSOR_TEST_F(FsdpGloo, FsdpTpTransformerTrainingMatchesOneRank) { transformer_2d_parity(*this, {Optim::kAdam}); }
+
 DTENSOR_TEST_F(FsdpThreads, HsdpTpTransformerTrainingMatchesOneRank) {
-  transformer_hsdp_tp_parity(*this, {Optim::kSGD, Optim::kAdam}, {1, 2, 2});
-  transformer_hsdp_tp_parity(*this, {Optim::kSGD, Optim::kAdam}, {2, 1, 2});
+  transformer_2d_parity(*this, {Optim::kSGD, Optim::kAdam}, {1, 2, 2});
+  transformer_2d_parity(*this, {Optim::kSGD, Optim::kAdam}, {2, 1, 2});
 }
 DTENSOR_TEST_F(FsdpGloo, HsdpTpTransformerTrainingMatchesOneRank) {
-  transformer_hsdp_tp_parity(*this, {Optim::kAdam}, {2, 1, 2});
+  transformer_2d_parity(*this, {Optim::kAdam}, {2, 1, 2});
 }
 
 class FsdpThreads8 : public testing::DTensorOpTestBase {
@@ -979,7 +969,7 @@ class FsdpThreads8 : public testing::DTensorOpTestBase {
 DTENSOR_TEST_F(FsdpThreads8, HsdpTpTransformerTrainingMatchesOneRank) {
   // DTENSOR_WORLD_SIZE (ci/main sets 4) overrides the fixture's 8: a 2x2x2 mesh needs 8 ranks.
   if (group_ptr()->size() != 8) GTEST_SKIP() << "a 2x2x2 mesh needs 8 ranks (DTENSOR_WORLD_SIZE overrides 8)";
-  transformer_hsdp_tp_parity(*this, {Optim::kAdam}, {2, 2, 2});
+  transformer_2d_parity(*this, {Optim::kAdam}, {2, 2, 2});
 }
 
 // The placements PyTorch's FSDP2 chooses for the Transformer's TP parameters.

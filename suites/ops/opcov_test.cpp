@@ -277,6 +277,23 @@ TEST(OpcovProgram, WritesTheThreeFilesWithStatuses) {
   EXPECT_PRED2(contains, run.output, "ops covered");
 }
 
+// libtorch's deprecation warnings of the ops run in opcov's child processes go into the case
+// records, not to the terminal (NOTE: [Warnings go into the records]).
+TEST(OpcovProgram, LibtorchWarningsGoIntoTheRecordsNotToTheTerminal) {
+  testing::TempDir out;
+  auto run = testing::run_program(DTENSOR_OPCOV_PATH, {"--ops", "^aten::(_aminmax|cholesky)$", "--meshes", "1d",
+                                                       "--out", out.path(), "--quiet"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(run.output.find("Warning"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("deprecated"), std::string::npos) << run.output;
+  auto j = nlohmann::json::parse(testing::read_file(out.path() + "/coverage.json"));
+  std::map<std::string, int> warned;  // op -> records that name its deprecation
+  for (const auto& r : j.at("records"))
+    for (const auto& w : r.value("warnings", std::vector<std::string>{}))
+      if (w.find("deprecated") != std::string::npos) ++warned[r.at("op").get<std::string>()];
+  EXPECT_EQ(warned, (std::map<std::string, int>{{"aten::_aminmax", 2}, {"aten::cholesky", 2}}));
+}
+
 TEST(OpcovProgram, BadArgumentsAreNamed) {
   auto run = testing::run_program(DTENSOR_OPCOV_PATH, {"--ops", "("});
   EXPECT_EQ(run.exit_code, 2);
