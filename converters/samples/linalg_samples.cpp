@@ -217,6 +217,11 @@ void add_other(OpDb& db) {
                    OpSample("sum_weighted_ignore", {g.tensor({8, 5}).log_softmax(1), g.index({8}, 5), g.positive({5}), 2, 2}),
                    OpSample("none_f64", {g.tensor({5, 3}, at::kDouble).log_softmax(1), g.index({5}, 3), none, 0, -100})};
   });
+  db.add("aten::linalg_cond.p_str", "linalg", [](SampleGen& g) {
+    const at::Tensor eye = at::eye(3).expand({4, 3, 3});
+    return Samples{OpSample("fro_batch", {g.tensor({4, 3, 3}) * 0.3 + eye, std::string("fro")}),
+                   OpSample("nuc_uneven_f64", {g.tensor({5, 3, 3}, at::kDouble) * 0.3 + at::eye(3, at::kDouble), std::string("nuc")})};
+  });
   db.add("aten::_linalg_check_errors", "linalg", [](SampleGen&) {
     return Samples{OpSample("batch_ok", {at::zeros({4}, at::kInt), std::string("linalg.inv")}).kw("is_matrix", false),
                    OpSample("matrix_ok", {at::zeros({}, at::kInt), std::string("linalg.cholesky")}).kw("is_matrix", true)};
