@@ -13,7 +13,9 @@
 //     untimed, save), with fresh staging buffers each time (async_blocked_fresh,
 //     cache_staging = false) and with StagingBuffers of the caller's reused
 //     (async_blocked_reused);
-//  5. load with resharding: saved Shard(0) on 4 ranks, loaded as (Shard(1), Shard(0)) on 2x2.
+//  5. load with resharding: saved Shard(0) on 4 ranks, loaded as (Shard(1), Shard(0)) on 2x2;
+//  6. load without checking the checksums (load_unverified), and read_metadata alone (every
+//     rank parses `.metadata`, the first step of each load).
 //
 //   build/benchmarks/checkpoint_benchmark --benchmark_repetitions=3 --benchmark_report_aggregates_only
 #include "benchmarks/process_bench.h"
@@ -49,11 +51,14 @@ enum Case {
   kLoadResharded,
   kAsyncBlockedReused,
   kAsyncBlockedFresh,
+  kLoadUnverified,
+  kReadMetadata,
   kNumCases
 };
 const char* kCaseNames[] = {"save",          "raw_write",    "load",
                             "raw_read",      "torch_save_rank0", "async_blocked",
-                            "load_reshard",  "async_blocked_reused", "async_blocked_fresh"};
+                            "load_reshard",  "async_blocked_reused", "async_blocked_fresh",
+                            "load_unverified", "read_metadata"};
 
 // A directory all ranks share, removed at the end.
 std::string shared_dir(comm::Group& g) {
@@ -186,6 +191,18 @@ void run_case(testing::MultiRankTest& t, Case c) {
       dcp::release_staging_cache();
       break;
     }
+    case kLoadUnverified: {
+      dcp::save(sd, ckpt, so);
+      dcp::StateDict dest = make_state(mesh, {Shard{0}});
+      dcp::LoadOptions lo;
+      lo.verify_checksums = false;
+      bench::report_median_ms(t, kIters, [&] { dcp::load(dest, ckpt, lo); });
+      break;
+    }
+    case kReadMetadata:
+      dcp::save(sd, ckpt, so);
+      bench::report_median_ms(t, kIters, [&] { dcp::read_metadata(ckpt); });
+      break;
     case kLoadResharded: {
       dcp::save(sd, ckpt, so);
       auto mesh2 = init_device_mesh("cpu", {2, 2});
@@ -211,11 +228,14 @@ CASE_TEST(kAsyncBlocked)
 CASE_TEST(kLoadResharded)
 CASE_TEST(kAsyncBlockedReused)
 CASE_TEST(kAsyncBlockedFresh)
+CASE_TEST(kLoadUnverified)
+CASE_TEST(kReadMetadata)
 
 const char* kTestIds[] = {"CheckpointBench.kSave",      "CheckpointBench.kRawWrite",     "CheckpointBench.kLoad",
                           "CheckpointBench.kRawRead",   "CheckpointBench.kTorchSave",    "CheckpointBench.kAsyncBlocked",
                           "CheckpointBench.kLoadResharded", "CheckpointBench.kAsyncBlockedReused",
-                          "CheckpointBench.kAsyncBlockedFresh"};
+                          "CheckpointBench.kAsyncBlockedFresh", "CheckpointBench.kLoadUnverified",
+                          "CheckpointBench.kReadMetadata"};
 
 void BM_Checkpoint(benchmark::State& state) {
   const int c = int(state.range(0));

@@ -393,7 +393,7 @@ void commit(const Metadata& m, const std::string& dir, const SaveOptions& opts) 
   const std::string tmp = (fs::path(dir) / (std::string(kMetadataFile) + ".tmp")).string();
   const std::string final_path = (fs::path(dir) / kMetadataFile).string();
   {
-    std::string text = nlohmann::json(m).dump(1);
+    std::string text = nlohmann::json(m).dump();  // compact: parsed on every rank of every load
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     TORCH_CHECK(fd >= 0, "cannot create '", tmp, "': ", errno_str());
     try {
@@ -714,7 +714,7 @@ LoadResult detail::load_local(StateDict& state_dict, const ReadSource& src, cons
     TORCH_CHECK(false, os.str());
   }
 
-  Reader reader(src.dir, m.checksum_block_bytes, src.verify_checksums);
+  Reader reader(src.dir, m.checksum_block_bytes, src.verify_checksums && opts.verify_checksums);
   c10::AutoGradMode no_grad(false);
   for (const auto& d : dests) read_into(reader, d.fqn, m.entries.at(d.fqn), d.box, d.target);
   for (const auto& fqn : objects) state_dict[fqn] = read_object(reader, src, fqn, m.entries.at(fqn));

@@ -100,6 +100,10 @@ struct LoadOptions {
   // Keys of the state dict the checkpoint lacks (missing) and keys of the checkpoint the state
   // dict lacks (unexpected) are errors; with false they are reported in LoadResult and skipped.
   bool strict = true;
+  // Check every block read against its CRC-32 (a corrupted file is an error naming the file, key
+  // and bytes). false: read without checking (trusted storage: PyTorch's DCP has no checksums),
+  // which saves the checksum's time (README, "Distributed checkpoint": load figures).
+  bool verify_checksums = true;
 };
 
 struct LoadResult {

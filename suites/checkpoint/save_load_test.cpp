@@ -363,6 +363,14 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, CorruptedTruncatedAndMissin
   e = checkpoint_error_of([&] { checkpoint::load(rep, ckpt); });
   ASSERT_TRUE(e);
   EXPECT_EQ(failing_ranks(*e), (std::vector<int>{0, 1, 2, 3}));
+  // LoadOptions::verify_checksums = false reads without checking: the load succeeds, rank 2's
+  // rows hold the flipped element.
+  LoadOptions unchecked;
+  unchecked.verify_checksums = false;
+  auto unverified = fault_dest(mesh);
+  checkpoint::load(unverified, ckpt, unchecked);
+  const at::Tensor mine = local_tensor(std::get<at::Tensor>(unverified.at("w")));
+  EXPECT_EQ((mine != 3.0f).sum().item<int64_t>(), t.rank() == 2 ? 1 : 0);
   t.group().barrier();
 
   // Truncated.
