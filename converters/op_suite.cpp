@@ -2,6 +2,7 @@
 #include "converters/op_suite.h"
 
 #include "dtensor/comm/group.h"
+#include "dtensor/comm/object_collectives.h"
 
 #include <c10/util/Exception.h>
 
@@ -149,25 +150,11 @@ void add_unique(std::vector<std::string>& into, const std::vector<std::string>& 
 // (NOTE: [Warnings go into the records] in op_check.cpp). The records are the same cases in
 // the same order on every rank.
 void unite_warnings_over_ranks(const DeviceMesh& mesh, std::vector<CaseRecord>& records, size_t first) {
-  nlohmann::json mine = nlohmann::json::array();
+  std::vector<std::vector<std::string>> mine;
   for (size_t i = first; i < records.size(); ++i) mine.push_back(records[i].warnings);
-  const std::string text = mine.dump();
-  at::Tensor len = at::tensor({static_cast<int64_t>(text.size())}, at::kLong);
-  const auto& world = mesh.world();
-  world->all_reduce(len, comm::ReduceOp::MAX);
-  const int64_t n = len.item<int64_t>();
-  at::Tensor bytes = at::zeros({n}, at::kByte);
-  std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  at::Tensor all = at::empty({world->size() * n}, at::kByte);
-  world->all_gather_into(all, bytes);
-  const auto* p = static_cast<const char*>(all.data_ptr());
-  for (int r = 0; r < world->size(); ++r) {
-    std::string theirs(p + r * n, static_cast<size_t>(n));
-    theirs.resize(std::strlen(theirs.c_str()));  // the zero padding
-    const nlohmann::json j = nlohmann::json::parse(theirs);
-    for (size_t i = 0; i < j.size() && first + i < records.size(); ++i)
-      add_unique(records[first + i].warnings, j[i].get<std::vector<std::string>>());
-  }
+  for (const auto& theirs : comm::all_gather_object(*mesh.world(), mine))
+    for (size_t i = 0; i < theirs.size() && first + i < records.size(); ++i)
+      add_unique(records[first + i].warnings, theirs[i]);
 }
 
 }  // namespace
