@@ -185,6 +185,20 @@ bool stopped(const std::vector<RankPart>& parts) {
     if (p.kind != "failure") return true;
   return false;
 }
+
+// Runs one step of a rank's test (`where` names it in the report); an exception becomes a part
+// of the rank's captured output instead of leaving the rank.
+void run_guarded(RankSink& capture, int rank, const Entry& entry, const char* where,
+                 const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    capture.add(rank, exception_part(where, e, entry));
+  } catch (...) {
+    capture.add(rank, RankPart{"exception", entry.file, entry.line,
+                               std::string("uncaught non-std exception in ") + where});
+  }
+}
 }  // namespace
 
 RankResult run_rank_body(const std::string& test_id, int rank, const comm::GroupPtr& group,
@@ -202,14 +216,7 @@ RankResult run_rank_body(const std::string& test_id, int rank, const comm::Group
   const Entry& entry = it->second;
   std::unique_ptr<MultiRankTest> fx;
   auto guarded = [&](const char* where, const std::function<void()>& fn) {
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      capture.add(rank, exception_part(where, e, entry));
-    } catch (...) {
-      capture.add(rank, RankPart{"exception", entry.file, entry.line,
-                                 std::string("uncaught non-std exception in ") + where});
-    }
+    run_guarded(capture, rank, entry, where, fn);
   };
   guarded("the fixture constructor", [&] { fx = entry.factory(); });
   if (fx) {
@@ -247,14 +254,8 @@ void run_closing_barrier(const std::string& test_id, const comm::GroupPtr& group
   if (needs_closing_barrier(res, group)) {
     const auto it = registry().find(test_id);
     const Entry entry = it != registry().end() ? it->second : Entry{};
-    const char* where = "the barrier after the test body";
-    try {
-      group->barrier();
-    } catch (const std::exception& e) {
-      capture.add(res.rank, exception_part(where, e, entry));
-    } catch (...) {
-      capture.add(res.rank, RankPart{"exception", entry.file, entry.line, std::string("uncaught non-std exception in ") + where});
-    }
+    run_guarded(capture, res.rank, entry, "the barrier after the test body",
+                [&] { group->barrier(); });
     auto more = capture.take(res.rank);
     res.parts.insert(res.parts.end(), more.begin(), more.end());
   }
