@@ -278,5 +278,60 @@ DTENSOR_TEST_F(LinalgRules, ForeachKeepsEachElementsLayout) {
   EXPECT_EQ(get_spec(norms[2]).placements, std::vector<Placement>{Replicate{}});
 }
 
+// NOTE: [Out= overloads with several outputs] (dispatch.cpp): each out= DTensor keeps its
+// placements, receives the output of its position and is returned; a composite one (svd.U)
+// reaches the rule of the op it decomposes into; an out= tensor of another shape is resized and
+// its spec follows; a layout no strategy can write in place is refused naming the op.
+class OutVariants : public testing::DTensorOpTestBase {};
+
+DTENSOR_TEST_F(OutVariants, SeveralOutTensorsAreEachWrittenAndReturned) {
+  auto mesh = build_device_mesh();
+  const at::Tensor a = values({4, 6}, 1);
+  const at::Tensor da = distribute_tensor(a, mesh, {Shard{0}});
+  const std::vector<Placement> s0{Shard{0}};
+  auto dzeros = [&](std::vector<int64_t> shape, at::ScalarType dtype, std::vector<Placement> p) {
+    return distribute_tensor(at::zeros(shape, at::TensorOptions().dtype(dtype)), mesh, p);
+  };
+  at::Tensor sorted = dzeros({4, 6}, at::kDouble, s0), order = dzeros({4, 6}, at::kLong, s0);
+  auto [rs, ro] = at::sort_out(sorted, order, da, 1);
+  EXPECT_TRUE(rs.is_same(sorted) && ro.is_same(order));
+  const auto ref = at::sort(a, 1);
+  EXPECT_TRUE(at::equal(full_tensor(sorted), std::get<0>(ref)));
+  EXPECT_TRUE(at::equal(full_tensor(order), std::get<1>(ref)));
+  EXPECT_EQ(get_spec(order).placements, s0);
+
+  at::Tensor top = dzeros({4, 2}, at::kDouble, s0), top_i = dzeros({4, 2}, at::kLong, s0);
+  at::topk_out(top, top_i, da, 2, 1);
+  EXPECT_TRUE(at::equal(full_tensor(top), std::get<0>(at::topk(a, 2, 1))));
+  EXPECT_TRUE(at::equal(full_tensor(top_i), std::get<1>(at::topk(a, 2, 1))));
+
+  const at::Tensor b = values({4, 5, 3}, 2);
+  const at::Tensor db = distribute_tensor(b, mesh, s0);
+  at::Tensor u = dzeros({4, 5, 3}, at::kDouble, s0), sv = dzeros({4, 3}, at::kDouble, s0),
+             v = dzeros({4, 3, 3}, at::kDouble, s0);
+  auto [ru, rsv, rv] = at::svd_out(u, sv, v, db);
+  EXPECT_TRUE(ru.is_same(u) && rsv.is_same(sv) && rv.is_same(v));
+  const auto svd = at::svd(b);
+  EXPECT_TRUE(at::allclose(full_tensor(u), std::get<0>(svd)));
+  EXPECT_TRUE(at::allclose(full_tensor(sv), std::get<1>(svd)));
+  EXPECT_TRUE(at::allclose(full_tensor(v), std::get<2>(svd)));
+  for (const at::Tensor& t : {u, sv, v}) EXPECT_EQ(get_spec(t).placements, s0);
+
+  // Replicated out= tensors of shape [0]: resized by the op, their specs follow.
+  const std::vector<Placement> rep{Replicate{}};
+  at::Tensor mx = dzeros({0}, at::kDouble, rep), arg = dzeros({0}, at::kLong, rep);
+  at::max_out(mx, arg, da, 1);
+  EXPECT_EQ(get_spec(mx).tensor_meta.shape, (std::vector<int64_t>{4}));
+  EXPECT_EQ(get_spec(arg).tensor_meta.shape, (std::vector<int64_t>{4}));
+  EXPECT_TRUE(at::equal(full_tensor(mx), std::get<0>(at::max(a, 1))));
+  EXPECT_TRUE(at::equal(full_tensor(arg), std::get<1>(at::max(a, 1))));
+
+  // Sorting along dim 1 cannot give outputs sharded on dim 1.
+  at::Tensor bad = dzeros({4, 6}, at::kDouble, {Shard{1}}), bad_i = dzeros({4, 6}, at::kLong, {Shard{1}});
+  const std::string err = error_of([&] { at::sort_out(bad, bad_i, da, 1); });
+  EXPECT_PRED2(contains, err, "aten::sort.values");
+  EXPECT_PRED2(contains, err, "redistribute that tensor first");
+}
+
 }  // namespace
 }  // namespace dtensor
