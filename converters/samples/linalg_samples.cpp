@@ -80,6 +80,14 @@ void add_decompositions(OpDb& db) {
       return Samples{OpSample("batch", {square(g, {4}, 3)}), OpSample("uneven_batch_f64", {square(g, {3}, 4, at::kDouble)}),
                      OpSample("batch_2d", {square(g, {2, 4}, 2)})};
     });
+  db.add("aten::cholesky", "linalg", [](SampleGen& g) {
+    return Samples{OpSample("batch", {spd(g, {4}, 3)}), OpSample("uneven_batch_f64_upper", {spd(g, {3}, 4, at::kDouble), true})};
+  });
+  db.add("aten::cholesky_inverse", "linalg", [](SampleGen& g) {
+    return Samples{OpSample("batch", {at::linalg_cholesky(spd(g, {4}, 3))}),
+                   OpSample("uneven_batch_f64_upper", {at::linalg_cholesky(spd(g, {3}, 4, at::kDouble), true), true}),
+                   OpSample("matrix", {at::linalg_cholesky(spd(g, {}, 4))})};
+  });
   db.add("aten::linalg_cholesky_ex", "linalg", [](SampleGen& g) {
     return Samples{OpSample("batch", {spd(g, {4}, 3)}), OpSample("uneven_batch_f64_upper", {spd(g, {3}, 4, at::kDouble)}).kw("upper", true)};
   });

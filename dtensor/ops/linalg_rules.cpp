@@ -5,8 +5,9 @@
 // of the leading batch dims may be sharded when every tensor input and output has those same
 // batch dims (no broadcasting between them); the matrix dims themselves are replicated
 // (PyTorch replicates _linalg_svd / linalg_qr / _linalg_eigh altogether). The deprecated
-// cholesky and cholesky_inverse have none: their output shapes are inferred by running them on
-// zero-filled stand-ins (no meta kernel in libtorch 1.13), which they refuse as singular. The solves are
+// cholesky and cholesky_inverse have no meta kernel in libtorch 1.13 and refuse the zero-filled
+// stand-ins their output shapes are inferred from: the dispatcher then infers them on identity
+// matrices (StandIn::kIdentity in dispatch.cpp). The solves are
 // linear in their right-hand side: a Partial(sum|avg) right-hand side against a replicated
 // matrix gives a Partial solution. _linalg_check_errors (the composites' check of `info`)
 // replicates `info`, so that a singular matrix raises on every rank.
@@ -274,7 +275,7 @@ const bool registered = [] {
                         "aten::_linalg_slogdet", "aten::linalg_inv_ex", "aten::linalg_cholesky_ex",
                         "aten::linalg_lu_factor_ex", "aten::linalg_lu", "aten::linalg_eig", "aten::geqrf", "aten::linalg_householder_product",
                         "aten::linalg_ldl_factor_ex", "aten::linalg_matrix_exp", "aten::lu_unpack", "aten::linalg_lstsq",
-                        "aten::linalg_pinv.atol_rtol_tensor"})
+                        "aten::linalg_pinv.atol_rtol_tensor", "aten::cholesky", "aten::cholesky_inverse"})
     register_rule(n, batched());
   // Solves: linear in the right-hand side (its input position).
   register_rule("aten::_linalg_solve_ex", batched(1));        // (A, B)

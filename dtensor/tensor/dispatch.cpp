@@ -62,9 +62,16 @@ struct DTensorArg {
   at::Tensor dtensor;
 };
 
-// A stand-in with the DTensor's global shape, strides and storage offset, on the meta device
-// (nothing allocated) or as zeros on the CPU.
-at::Tensor stand_in_for(const DTensorSpec& s, bool meta) {
+// How the output metadata of an op is inferred (NOTE: [DTensor fallback] step 2): on meta
+// tensors, else on zero-filled CPU tensors, else on CPU tensors holding identity matrices (ones
+// on the diagonal of the last two dims, ones for fewer dims): zero matrices are singular, and
+// the ops without a meta kernel that refuse them (cholesky, cholesky_inverse in libtorch
+// 1.13) take the identity.
+enum class StandIn { kMeta, kZeros, kIdentity };
+
+// A stand-in with the DTensor's global shape, strides and storage offset.
+at::Tensor stand_in_for(const DTensorSpec& s, StandIn kind) {
+  const bool meta = kind == StandIn::kMeta;
   const TensorMeta& m = s.tensor_meta;
   const auto options = at::TensorOptions().dtype(m.dtype).device(meta ? at::kMeta : at::kCPU);
   int64_t extent = 1;  // storage elements the strides reach
@@ -73,7 +80,9 @@ at::Tensor stand_in_for(const DTensorSpec& s, bool meta) {
     if (extent > 0) extent += (m.shape[d] - 1) * m.stride[d];
   }
   const int64_t storage = m.storage_offset + extent;
-  return (meta ? at::empty({storage}, options) : at::zeros({storage}, options)).as_strided(m.shape, m.stride, m.storage_offset);
+  at::Tensor t = (meta ? at::empty({storage}, options) : at::zeros({storage}, options)).as_strided(m.shape, m.stride, m.storage_offset);
+  if (kind == StandIn::kIdentity) (t.dim() >= 2 ? t.diagonal(0, -2, -1) : t).fill_(1);
+  return t;
 }
 
 // Tensor[] or Tensor?[].
@@ -275,9 +284,9 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (!any_tensor_return) return metas;
     // Meta tensors cost nothing; ops without a meta kernel in this libtorch (relu, ...) run
     // once on zero-filled CPU tensors of the global shapes instead (the result is cached).
-    auto run_on = [&](bool meta) {
+    auto run_on = [&](StandIn kind) {
       torch::jit::Stack ms(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
-      auto stand_in = [&](const DTensorSpec& s) { return stand_in_for(s, meta); };
+      auto stand_in = [&](const DTensorSpec& s) { return stand_in_for(s, kind); };
       for (size_t i = 0; i < n_args; ++i) {
         auto& a = call.args[i];
         if (a.kind == ops::ArgInfo::Kind::kDTensor) ms[i] = stand_in(*a.spec);
@@ -320,7 +329,7 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     bool have_meta = false;
     if (try_meta) {
       try {
-        ms = run_on(/*meta=*/true);
+        ms = run_on(StandIn::kMeta);
         have_meta = true;
       } catch (const c10::Error&) {
         std::lock_guard<std::mutex> lk(no_meta_mu);
@@ -329,10 +338,14 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
     if (!have_meta) {
       try {
-        ms = run_on(/*meta=*/false);
+        ms = run_on(StandIn::kZeros);
       } catch (const c10::Error& e) {
-        TORCH_CHECK(false, "DTensor: computing the output shape of ", call.name, " failed: ",
-                    e.what_without_backtrace());
+        try {
+          ms = run_on(StandIn::kIdentity);
+        } catch (const c10::Error&) {
+          TORCH_CHECK(false, "DTensor: computing the output shape of ", call.name, " failed: ",
+                      e.what_without_backtrace());
+        }
       }
     }
     std::vector<at::Tensor> outs;

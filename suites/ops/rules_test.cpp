@@ -259,6 +259,20 @@ DTENSOR_TEST_F(LinalgRules, BatchShardsStayShardedAndSolvesKeepPartial) {
   EXPECT_PRED2(contains, error_of([&] { at::linalg_inv(distribute_tensor(singular, mesh, {Shard{0}})); }), "singular");
 }
 
+// cholesky / cholesky_inverse have no meta kernel in libtorch 1.13 and refuse the zero-filled
+// stand-ins: their output shapes come from identity stand-ins, and batch shards stay sharded.
+DTENSOR_TEST_F(LinalgRules, CholeskyAndItsInverseKeepBatchShards) {
+  auto mesh = build_device_mesh();
+  const at::Tensor a = values({4, 3, 3}, 1);
+  const at::Tensor spd = at::matmul(a, a.transpose(-2, -1)) + at::eye(3, at::kDouble) * 3;
+  const at::Tensor l = at::cholesky(distribute_tensor(spd, mesh, {Shard{0}}));
+  EXPECT_EQ(get_spec(l).placements, std::vector<Placement>{Shard{0}});
+  EXPECT_TRUE(at::allclose(full_tensor(l), at::cholesky(spd)));
+  const at::Tensor inv = at::cholesky_inverse(l);
+  EXPECT_EQ(get_spec(inv).placements, std::vector<Placement>{Shard{0}});
+  EXPECT_TRUE(at::allclose(full_tensor(inv), at::cholesky_inverse(at::cholesky(spd))));
+}
+
 // _foreach_* ops keep each element's shard; _foreach_norm with ord 1 gives Partial sums.
 DTENSOR_TEST_F(LinalgRules, ForeachKeepsEachElementsLayout) {
   auto mesh = build_device_mesh();
