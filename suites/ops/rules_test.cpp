@@ -331,6 +331,14 @@ DTENSOR_TEST_F(OutVariants, SeveralOutTensorsAreEachWrittenAndReturned) {
   EXPECT_TRUE(at::allclose(full_tensor(v), std::get<2>(svd)));
   for (const at::Tensor& t : {u, sv, v}) EXPECT_EQ(get_spec(t).placements, s0);
 
+  // var_mean.correction_out's kernel returns two references (libtorch 1.13's boxed wrapper
+  // reads them from dropped stack slots: the shape inference keeps its stand-ins alive).
+  at::Tensor var = dzeros({4}, at::kDouble, s0), mean = dzeros({4}, at::kDouble, s0);
+  at::var_mean_out(var, mean, da, at::IntArrayRef{1}, c10::nullopt, false);
+  const auto var_mean = at::var_mean(a, at::IntArrayRef{1}, c10::nullopt, false);
+  EXPECT_TRUE(at::allclose(full_tensor(var), std::get<0>(var_mean)));
+  EXPECT_TRUE(at::allclose(full_tensor(mean), std::get<1>(var_mean)));
+
   // Replicated out= tensors of shape [0]: resized by the op, their specs follow.
   const std::vector<Placement> rep{Replicate{}};
   at::Tensor mx = dzeros({0}, at::kDouble, rep), arg = dzeros({0}, at::kLong, rep);
@@ -345,6 +353,24 @@ DTENSOR_TEST_F(OutVariants, SeveralOutTensorsAreEachWrittenAndReturned) {
   const std::string err = error_of([&] { at::sort_out(bad, bad_i, da, 1); });
   EXPECT_PRED2(contains, err, "aten::sort.values");
   EXPECT_PRED2(contains, err, "redistribute that tensor first");
+}
+
+// Ranks outside the mesh run nothing and get the out= DTensors back (NOTE: [Ranks outside the
+// mesh] in api.cpp).
+DTENSOR_TEST_F(OutVariants, RanksOutsideTheMeshReturnEachOutTensor) {
+  DeviceMesh mesh("cpu", at::tensor({0, 2}, at::kLong));
+  const at::Tensor a = values({2, 6}, rank());
+  const std::vector<Placement> s0{Shard{0}};
+  at::Tensor x = from_local(a, mesh, s0);
+  at::Tensor sorted = from_local(at::zeros({2, 6}, at::kDouble), mesh, s0);
+  at::Tensor order = from_local(at::zeros({2, 6}, at::kLong), mesh, s0);
+  auto [rs, ro] = at::sort_out(sorted, order, x, 1);
+  EXPECT_TRUE(rs.is_same(sorted) && ro.is_same(order));
+  EXPECT_EQ(get_spec(order).placements, s0);
+  if (rank() % 2 == 0) {
+    EXPECT_TRUE(at::equal(to_local(sorted), std::get<0>(at::sort(a, 1))));
+    EXPECT_TRUE(at::equal(to_local(order), std::get<1>(at::sort(a, 1))));
+  }
 }
 
 }  // namespace
