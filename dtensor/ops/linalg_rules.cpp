@@ -36,7 +36,9 @@
 // keeps the shard of the first list's element i when the lists' elements have equal shapes
 // (the rule offers, per mesh dim, the layout the inputs already have, so no element moves);
 // Partial elements are reduced first. _foreach_norm: per-element Partial(sum) for ord 0 and 1,
-// replicated otherwise (the inf norm of an empty shard raises in linalg_vector_norm).
+// Partial(max) for ord inf when no shard of the element is empty (the inf norm of an empty
+// shard raises in linalg_vector_norm, and a local rewrite would cost _foreach_norm.Scalar_out
+// its rule), replicated otherwise.
 #include "dtensor/ops/rule_helpers.h"
 
 #include <ATen/ATen.h>
@@ -249,9 +251,12 @@ std::vector<DimOption> foreach_options(const OpCall& c, bool norm) {
   std::vector<DimOption> o{{all(n_out, R), all(n_in, R)}};
   if (f.lists.empty() || f.lists[0].size() != n_out) return o;
   Placement reduced = R;
+  bool inf_norm = false;
   if (norm) {
     const double p = scalar_arg(c, 1, 2);
+    inf_norm = std::isinf(p) && p > 0;
     if (p == 0 || p == 1) reduced = Partial(ReduceOp::SUM);
+    else if (inf_norm) reduced = Partial(ReduceOp::MAX);
   }
   for (int64_t m = 0; m < c.mesh->ndim(); ++m) {
     DimOption k{all(n_out, R), all(n_in, R)};
@@ -259,6 +264,10 @@ std::vector<DimOption> foreach_options(const OpCall& c, bool norm) {
     for (size_t i = 0; i < n_out; ++i) {
       Placement p = foreach_element_placement(c, f, i, c.inputs[f.lists[0][i]]->placements[static_cast<size_t>(m)]);
       if (norm && is_shard(p) && !is_partial(reduced)) p = R;
+      // The inf norm of an empty shard raises in libtorch 2.x: only splits without one.
+      if (inf_norm && is_shard(p) &&
+          !detail::shards_never_empty(shape_of(c, f.lists[0][i])[static_cast<size_t>(std::get<Shard>(p).dim)], *c.mesh))
+        p = R;
       if (!is_shard(p)) continue;
       any = true;
       for (const auto& l : f.lists) k.inputs[l[i]] = p;

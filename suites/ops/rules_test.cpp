@@ -15,6 +15,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <limits>
+
 namespace dtensor {
 namespace {
 
@@ -271,6 +273,27 @@ DTENSOR_TEST_F(LinalgRules, CholeskyAndItsInverseKeepBatchShards) {
   const at::Tensor inv = at::cholesky_inverse(l);
   EXPECT_EQ(get_spec(inv).placements, std::vector<Placement>{Shard{0}});
   EXPECT_TRUE(at::allclose(full_tensor(inv), at::cholesky_inverse(at::cholesky(spd))));
+}
+
+// NOTE: [Inf norm of an empty shard] (reduction_rules.cpp): an inf norm over a dim with an
+// empty shard (5 rows on 4 ranks: 2, 2, 1, 0) stays Partial(max); _foreach_norm's does when
+// no shard is empty.
+DTENSOR_TEST_F(LinalgRules, InfNormsStayPartialMax) {
+  auto mesh = build_device_mesh();
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<Placement> pmax{Partial(comm::ReduceOp::MAX)};
+  const at::Tensor a = values({5, 6}, 1);
+  const at::Tensor da = distribute_tensor(a, mesh, {Shard{0}});
+  const at::Tensor whole = at::linalg_vector_norm(da, inf);
+  EXPECT_EQ(get_spec(whole).placements, pmax);
+  EXPECT_TRUE(at::allclose(full_tensor(whole), at::linalg_vector_norm(a, inf)));
+  const at::Tensor cols = at::norm(da, inf, at::IntArrayRef{0});
+  EXPECT_EQ(get_spec(cols).placements, pmax);
+  EXPECT_TRUE(at::allclose(full_tensor(cols), at::norm(a, inf, at::IntArrayRef{0})));
+  const at::Tensor b = values({8, 4}, 2);
+  const auto norms = at::_foreach_norm({distribute_tensor(b, mesh, {Shard{0}})}, inf);
+  EXPECT_EQ(get_spec(norms[0]).placements, pmax);
+  EXPECT_TRUE(at::allclose(full_tensor(norms[0]), at::linalg_vector_norm(b, inf)));
 }
 
 // _foreach_* ops keep each element's shard; _foreach_norm with ord 1 gives Partial sums.
