@@ -55,11 +55,39 @@ void add_decompositions(OpDb& db) {
                    OpSample("uneven_batch_f64_upper", {spd(g, {3}, 3, at::kDouble), std::string("U"), true}),
                    OpSample("values_only", {spd(g, {4}, 3), std::string("L"), false})};
   });
+  // The composite decompositions (they reach _linalg_svd, linalg_qr, _linalg_eigh); their out=
+  // overloads (svd.U, linalg_svd.U, qr.Q, linalg_eigh.eigvals) take the first sample.
+  db.add("aten::svd", "linalg", [](SampleGen& g) {
+    return Samples{OpSample("batch_tall", {g.tensor({4, 5, 3})}),
+                   OpSample("uneven_batch_f64_full", {g.tensor({3, 4, 4}, at::kDouble), false}),
+                   OpSample("matrix_values_only", {g.tensor({6, 4}), true, false}).no_backward()};
+  });
+  db.add("aten::linalg_svd", "linalg", [](SampleGen& g) {
+    return Samples{OpSample("batch_tall", {g.tensor({4, 5, 3}), false}),
+                   OpSample("uneven_batch_f64_full", {g.tensor({3, 4, 4}, at::kDouble), true}),
+                   OpSample("matrix", {g.tensor({6, 4}), false})};
+  });
+  db.add("aten::qr", "linalg", [](SampleGen& g) {
+    return Samples{OpSample("batch_reduced", {g.tensor({4, 5, 3})}),
+                   OpSample("uneven_batch_f64_complete", {g.tensor({3, 4, 4}, at::kDouble), false})};
+  });
+  db.add("aten::linalg_eigh", "linalg", [](SampleGen& g) {
+    return Samples{OpSample("batch", {spd(g, {4}, 4)}),
+                   OpSample("uneven_batch_f64_upper", {spd(g, {3}, 3, at::kDouble), std::string("U")})};
+  });
   for (const char* op : {"aten::_linalg_det", "aten::_linalg_slogdet", "aten::linalg_inv_ex", "aten::linalg_matrix_exp"})
     db.add(op, "linalg", [](SampleGen& g) {
       return Samples{OpSample("batch", {square(g, {4}, 3)}), OpSample("uneven_batch_f64", {square(g, {3}, 4, at::kDouble)}),
                      OpSample("batch_2d", {square(g, {2, 4}, 2)})};
     });
+  db.add("aten::cholesky", "linalg", [](SampleGen& g) {
+    return Samples{OpSample("batch", {spd(g, {4}, 3)}), OpSample("uneven_batch_f64_upper", {spd(g, {3}, 4, at::kDouble), true})};
+  });
+  db.add("aten::cholesky_inverse", "linalg", [](SampleGen& g) {
+    return Samples{OpSample("batch", {at::linalg_cholesky(spd(g, {4}, 3))}),
+                   OpSample("uneven_batch_f64_upper", {at::linalg_cholesky(spd(g, {3}, 4, at::kDouble), true), true}),
+                   OpSample("matrix", {at::linalg_cholesky(spd(g, {}, 4))})};
+  });
   db.add("aten::linalg_cholesky_ex", "linalg", [](SampleGen& g) {
     return Samples{OpSample("batch", {spd(g, {4}, 3)}), OpSample("uneven_batch_f64_upper", {spd(g, {3}, 4, at::kDouble)}).kw("upper", true)};
   });

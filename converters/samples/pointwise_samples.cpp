@@ -227,6 +227,17 @@ void add_pointwise_samples(OpDb& db) {
       return Samples{OpSample("even", {g.tensor({8, 4}, at::kComplexFloat)}).no_backward(),
                      OpSample("uneven", {g.tensor({5, 6}, at::kComplexDouble)}).no_backward()};
     });
+  // resolve_conj / resolve_neg materialise a lazy conjugate / negation: on a conjugate view
+  // (resolve_conj) the result differs from its input's storage; otherwise it is the input.
+  db.add("aten::resolve_conj", "pointwise", [](SampleGen& g) {
+    return Samples{OpSample("conj_view", {g.tensor({8, 4}, at::kComplexFloat).conj()}).no_backward(),
+                   OpSample("complex", {g.tensor({8, 4}, at::kComplexFloat)}).no_backward(),
+                   OpSample("real_uneven_f64", {g.tensor({5, 6}, at::kDouble)})};
+  });
+  db.add("aten::resolve_neg", "pointwise", [](SampleGen& g) {
+    return Samples{OpSample("complex", {g.tensor({8, 4}, at::kComplexFloat)}).no_backward(),
+                   OpSample("real_uneven_f64", {g.tensor({5, 6}, at::kDouble)})};
+  });
   tensor_scalar_ops(db, {"bitwise_and.Scalar", "bitwise_or.Scalar", "bitwise_xor.Scalar"}, Dom::kInt, 5);
   tensor_scalar_ops(db, {"bitwise_left_shift.Tensor_Scalar", "bitwise_right_shift.Tensor_Scalar"}, Dom::kInt, 2);
   binary_ops(db, {"__lshift__.Tensor", "__rshift__.Tensor"}, Dom::kInt, Dom::kInt);

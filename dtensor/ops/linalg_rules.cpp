@@ -5,8 +5,9 @@
 // of the leading batch dims may be sharded when every tensor input and output has those same
 // batch dims (no broadcasting between them); the matrix dims themselves are replicated
 // (PyTorch replicates _linalg_svd / linalg_qr / _linalg_eigh altogether). The deprecated
-// cholesky and cholesky_inverse have none: their output shapes are inferred by running them on
-// zero-filled stand-ins (no meta kernel in libtorch 1.13), which they refuse as singular. The solves are
+// cholesky and cholesky_inverse have no meta kernel in libtorch 1.13 and refuse the zero-filled
+// stand-ins their output shapes are inferred from: the dispatcher then infers them on identity
+// matrices (StandIn::kIdentity in dispatch.cpp). The solves are
 // linear in their right-hand side: a Partial(sum|avg) right-hand side against a replicated
 // matrix gives a Partial solution. _linalg_check_errors (the composites' check of `info`)
 // replicates `info`, so that a singular matrix raises on every rank.
@@ -35,7 +36,9 @@
 // keeps the shard of the first list's element i when the lists' elements have equal shapes
 // (the rule offers, per mesh dim, the layout the inputs already have, so no element moves);
 // Partial elements are reduced first. _foreach_norm: per-element Partial(sum) for ord 0 and 1,
-// replicated otherwise (the inf norm of an empty shard raises in linalg_vector_norm).
+// Partial(max) for ord inf when no shard of the element is empty (the inf norm of an empty
+// shard raises in linalg_vector_norm, and a local rewrite would cost _foreach_norm.Scalar_out
+// its rule), replicated otherwise.
 #include "dtensor/ops/rule_helpers.h"
 
 #include <ATen/ATen.h>
@@ -248,9 +251,12 @@ std::vector<DimOption> foreach_options(const OpCall& c, bool norm) {
   std::vector<DimOption> o{{all(n_out, R), all(n_in, R)}};
   if (f.lists.empty() || f.lists[0].size() != n_out) return o;
   Placement reduced = R;
+  bool inf_norm = false;
   if (norm) {
     const double p = scalar_arg(c, 1, 2);
+    inf_norm = std::isinf(p) && p > 0;
     if (p == 0 || p == 1) reduced = Partial(ReduceOp::SUM);
+    else if (inf_norm) reduced = Partial(ReduceOp::MAX);
   }
   for (int64_t m = 0; m < c.mesh->ndim(); ++m) {
     DimOption k{all(n_out, R), all(n_in, R)};
@@ -258,6 +264,10 @@ std::vector<DimOption> foreach_options(const OpCall& c, bool norm) {
     for (size_t i = 0; i < n_out; ++i) {
       Placement p = foreach_element_placement(c, f, i, c.inputs[f.lists[0][i]]->placements[static_cast<size_t>(m)]);
       if (norm && is_shard(p) && !is_partial(reduced)) p = R;
+      // The inf norm of an empty shard raises in libtorch 2.x: only splits without one.
+      if (inf_norm && is_shard(p) &&
+          !detail::shards_never_empty(shape_of(c, f.lists[0][i])[static_cast<size_t>(std::get<Shard>(p).dim)], *c.mesh))
+        p = R;
       if (!is_shard(p)) continue;
       any = true;
       for (const auto& l : f.lists) k.inputs[l[i]] = p;
@@ -274,7 +284,7 @@ const bool registered = [] {
                         "aten::_linalg_slogdet", "aten::linalg_inv_ex", "aten::linalg_cholesky_ex",
                         "aten::linalg_lu_factor_ex", "aten::linalg_lu", "aten::linalg_eig", "aten::geqrf", "aten::linalg_householder_product",
                         "aten::linalg_ldl_factor_ex", "aten::linalg_matrix_exp", "aten::lu_unpack", "aten::linalg_lstsq",
-                        "aten::linalg_pinv.atol_rtol_tensor"})
+                        "aten::linalg_pinv.atol_rtol_tensor", "aten::cholesky", "aten::cholesky_inverse"})
     register_rule(n, batched());
   // Solves: linear in the right-hand side (its input position).
   register_rule("aten::_linalg_solve_ex", batched(1));        // (A, B)

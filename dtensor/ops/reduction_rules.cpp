@@ -10,9 +10,10 @@
 //   sum, nansum, count_nonzero, norm p=0 (a count) and p=1 -> Partial(sum);
 //   mean                     -> Partial(avg), only when every shard has the same size (an
 //                               average of uneven shards' means is not the mean);
-//   amax, max(), norm p=inf  -> Partial(max); amin, min(), norm p=-inf -> Partial(min): only
+//   amax, max()              -> Partial(max); amin, min(), norm p=-inf -> Partial(min): only
 //                               when no shard is empty (a max over nothing has no value, and
 //                               the local op throws);
+//   norm p=inf               -> Partial(max) on any split (NOTE: [Inf norm of an empty shard]);
 //   max/min.dim, argmax/argmin (indices are global positions), all/any (c10d does not reduce
 //   bool), prod (Partial(product) is not a placement redistribute supports), std/var, norm
 //   for other p, logsumexp -> the reduced dim is replicated first.
@@ -22,9 +23,12 @@
 // Partial(avg) pass through; amax keeps Partial(max) and amin Partial(min) (a max of maxes).
 // Every other Partial input is reduced first.
 #include "dtensor/ops/registry.h"
+#include "dtensor/ops/rule_helpers.h"
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -33,29 +37,9 @@ namespace ops {
 namespace {
 
 using comm::ReduceOp;
+using detail::shards_never_empty;
 
 const std::vector<int64_t>& in_shape(const OpCall& c) { return c.inputs[0]->tensor_meta.shape; }
-
-// Whether every shard of a dim of size `n` is non-empty however the mesh splits it: over any
-// subset of mesh dims, in mesh order (each one splitting the pieces of the one before).
-bool shards_never_empty(int64_t n, const DeviceMesh& mesh) {
-  const int64_t m = mesh.ndim();
-  for (int64_t subset = 1; subset < (int64_t{1} << m); ++subset) {
-    std::vector<int64_t> pieces{n};
-    for (int64_t d = 0; d < m; ++d) {
-      if (!(subset & (int64_t{1} << d))) continue;
-      std::vector<int64_t> next;
-      for (int64_t p : pieces)
-        for (int64_t r = 0; r < mesh.size(d); ++r) {
-          const int64_t s = shard_size_and_offset(p, mesh.size(d), r).first;
-          if (s == 0) return false;
-          next.push_back(s);
-        }
-      pieces = std::move(next);
-    }
-  }
-  return true;
-}
 
 // Whether every shard of a dim of size `n` has the same size however the mesh splits it.
 bool shards_always_even(int64_t n, const DeviceMesh& mesh) { return n % mesh.size() == 0; }
@@ -158,14 +142,42 @@ double norm_order(const OpCall& c) {
 
 // NOTE: [Reducing a sharded dim]: the p-norms that combine per-shard norms with a plain
 // reduction; others replicate the reduced dims.
+// NOTE: [Inf norm of an empty shard]: p = +inf combines per-shard norms by max, and a rank
+// whose shard of a reduced dim is empty contributes 0 to it (norms are >= 0), as dist does
+// (linalg_rules.cpp): the result stays Partial(max) on any split, and the local op gets zeros
+// of size 1 in place of such a dim (libtorch 2.x refuses the inf norm of an empty dim). A min
+// (p = -inf) over nothing has no such neutral value: only splits without empty shards.
 ReductionKind norm_kind(double p) {
   if (p == 0 || p == 1) return sum_of_shards(/*partial_through=*/false);
-  if (std::isinf(p)) return extremum(p > 0 ? ReduceOp::MAX : ReduceOp::MIN, /*partial_through=*/false);
+  if (std::isinf(p) && p > 0)
+    return {[](int64_t, const DeviceMesh&) { return std::optional<Placement>(Partial(ReduceOp::MAX)); }, {}};
+  if (std::isinf(p)) return extremum(ReduceOp::MIN, /*partial_through=*/false);
   return replicate_reduced();
 }
 
 Rule norm(int dim_arg) {
   return [dim_arg](const OpCall& c) { return reduction_options(c, reduced_dims(c, dim_arg), norm_kind(norm_order(c))); };
+}
+
+// NOTE: [Inf norm of an empty shard]: the local input's empty reduced dims become size 1 (zeros).
+LocalArgRewrite inf_norm_of_empty_shards(int dim_arg) {
+  return [dim_arg](std::vector<c10::IValue>& args, const OpCall& c, const std::vector<std::vector<Placement>>& outs) {
+    const double p = norm_order(c);
+    if (!(std::isinf(p) && p > 0) || outs.empty() ||
+        std::none_of(outs[0].begin(), outs[0].end(), [](const Placement& q) { return is_partial(q); }))
+      return;
+    const at::Tensor x = args[0].toTensor();
+    if (x.numel() != 0) return;
+    const std::vector<bool> reduced = reduced_dims(c, dim_arg);
+    std::vector<int64_t> shape = x.sizes().vec();
+    bool changed = false;
+    for (size_t d = 0; d < shape.size(); ++d)
+      if (reduced[d] && shape[d] == 0 && in_shape(c)[d] > 0) {
+        shape[d] = 1;
+        changed = true;
+      }
+    if (changed) args[0] = at::zeros(shape, x.options());
+  };
 }
 
 // value_selecting_reduction_backward(grad, dim, indices, sizes, keepdim): scatters grad into
@@ -228,11 +240,15 @@ const bool registered = [] {
                         "aten::var_mean.correction"})
     register_rule(n, reduction(1, replicate_reduced()));
   register_rule("aten::logsumexp", reduction(1, replicate_reduced()));
-  register_rule("aten::norm.Scalar", norm(kAll));
-  register_rule("aten::norm.ScalarOpt_dtype", norm(kAll));
-  register_rule("aten::norm.ScalarOpt_dim", norm(2));
-  register_rule("aten::norm.ScalarOpt_dim_dtype", norm(2));
-  register_rule("aten::linalg_vector_norm", norm(2));
+  // The out= overloads are named too: a rule that rewrites local arguments does not serve them
+  // by itself (NOTE: [Rules of functional ops serve their out= overloads]); this rewrite only
+  // replaces the input. Some names exist in one libtorch line only.
+  for (const char* n : {"aten::norm.Scalar", "aten::norm.ScalarOpt_dtype", "aten::norm.ScalarOpt_dtype_out",
+                        "aten::norm.Scalar_out"})
+    register_rule(n, norm(kAll), inf_norm_of_empty_shards(kAll));
+  for (const char* n : {"aten::norm.ScalarOpt_dim", "aten::norm.ScalarOpt_dim_dtype", "aten::norm.out",
+                        "aten::norm.dtype_out", "aten::linalg_vector_norm", "aten::linalg_vector_norm.out"})
+    register_rule(n, norm(2), inf_norm_of_empty_shards(2));
   register_rule("aten::value_selecting_reduction_backward", value_selecting_backward_options, rewrite_sizes_arg);
   return true;
 }();

@@ -133,8 +133,9 @@ Resolved& resolved() {
 // without one of its own is its functional overload's: the overload of the same name taking the
 // same other arguments (names and types) and returning one tensor per out= argument. None
 // (nullptr) when there is no such overload, or it has no rule, or
-//   - the out= overload writes several tensors (the dispatcher refuses them: max.dim_max, ...)
-//     or returns nothing (unsafe_split_with_sizes.out: its outputs are not described);
+//   - the out= overload returns nothing (unsafe_split_with_sizes.out: its outputs are not
+//     described) or not one tensor per out= argument (several out= tensors, as max.dim_max or
+//     sort.values, are fine: NOTE: [Out= overloads with several outputs] in dispatch.cpp);
 //   - the functional's rule does more than place tensors -- a local kernel, a rewrite of the
 //     local arguments, or options (random, in-place relayout, data-dependent shapes) -- which
 //     would not write the out= tensor (embedding.out's masked kernel gave wrong values).
@@ -152,7 +153,7 @@ bool functional_rule_does_not_fit(const std::string& op) {
 }
 
 const Entry* out_overload_rule(const c10::FunctionSchema& schema, const std::vector<size_t>& outs) {
-  if (outs.size() != 1 || schema.returns().size() != 1) return nullptr;
+  if (outs.empty() || schema.returns().size() != outs.size()) return nullptr;
   if (functional_rule_does_not_fit(schema.name() + "." + schema.overload_name())) return nullptr;
   static const std::unordered_map<std::string, std::vector<c10::OperatorName>> by_name = [] {
     std::unordered_map<std::string, std::vector<c10::OperatorName>> m;
@@ -374,8 +375,10 @@ OutputSharding propagate_plain(OpCall& call, const std::function<std::vector<Ten
     fb.outputs.assign(call.output_meta.size(), rep);
     fb.output_meta = call.output_meta;
     fb.replicate_fallback = true;
-    if (call.written_input >= 0) {
-      const DTensorSpec& w = *call.inputs[static_cast<size_t>(call.written_input)];
+    std::vector<size_t> written = out_inputs(call);
+    if (call.written_input >= 0) written.push_back(static_cast<size_t>(call.written_input));
+    for (size_t j : written) {
+      const DTensorSpec& w = *call.inputs[j];
       TORCH_CHECK(w.placements == rep, "DTensor: operator ", call.name,
                   " has no sharding rule, and the replicate fallback cannot write into a DTensor with placements ",
                   to_string(w.placements), "; redistribute it to Replicate first");

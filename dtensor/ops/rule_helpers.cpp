@@ -67,6 +67,25 @@ bool whole_slice(int64_t size, const c10::IValue& start, const c10::IValue& end,
   return s <= 0 && e >= size;
 }
 
+bool shards_never_empty(int64_t n, const DeviceMesh& mesh) {
+  const int64_t m = mesh.ndim();
+  for (int64_t subset = 1; subset < (int64_t{1} << m); ++subset) {
+    std::vector<int64_t> pieces{n};
+    for (int64_t d = 0; d < m; ++d) {
+      if (!(subset & (int64_t{1} << d))) continue;
+      std::vector<int64_t> next;
+      for (int64_t p : pieces)
+        for (int64_t r = 0; r < mesh.size(d); ++r) {
+          const int64_t s = shard_size_and_offset(p, mesh.size(d), r).first;
+          if (s == 0) return false;
+          next.push_back(s);
+        }
+      pieces = std::move(next);
+    }
+  }
+  return true;
+}
+
 }  // namespace detail
 }  // namespace ops
 }  // namespace dtensor

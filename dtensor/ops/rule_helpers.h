@@ -44,6 +44,10 @@ bool for_every_coordinate(const DeviceMesh& mesh, const std::function<bool(const
 // The dims of a tensor of `ndim` dims that `placements` shard (normalised), without repeats.
 std::vector<int64_t> sharded_dims(const std::vector<Placement>& placements, int64_t ndim);
 
+// Whether every shard of a dim of size `n` is non-empty however the mesh splits it: over any
+// subset of mesh dims, in mesh order (each one splitting the pieces of the one before).
+bool shards_never_empty(int64_t n, const DeviceMesh& mesh);
+
 // slice(dim, start, end, step) of a dim of `size` covers all of it.
 bool whole_slice(int64_t size, const c10::IValue& start, const c10::IValue& end, int64_t step);
 

@@ -62,9 +62,16 @@ struct DTensorArg {
   at::Tensor dtensor;
 };
 
-// A stand-in with the DTensor's global shape, strides and storage offset, on the meta device
-// (nothing allocated) or as zeros on the CPU.
-at::Tensor stand_in_for(const DTensorSpec& s, bool meta) {
+// How the output metadata of an op is inferred (NOTE: [DTensor fallback] step 2): on meta
+// tensors, else on zero-filled CPU tensors, else on CPU tensors holding identity matrices (ones
+// on the diagonal of the last two dims, ones for fewer dims): zero matrices are singular, and
+// the ops without a meta kernel that refuse them (cholesky, cholesky_inverse in libtorch
+// 1.13) take the identity.
+enum class StandIn { kMeta, kZeros, kIdentity };
+
+// A stand-in with the DTensor's global shape, strides and storage offset.
+at::Tensor stand_in_for(const DTensorSpec& s, StandIn kind) {
+  const bool meta = kind == StandIn::kMeta;
   const TensorMeta& m = s.tensor_meta;
   const auto options = at::TensorOptions().dtype(m.dtype).device(meta ? at::kMeta : at::kCPU);
   int64_t extent = 1;  // storage elements the strides reach
@@ -73,7 +80,9 @@ at::Tensor stand_in_for(const DTensorSpec& s, bool meta) {
     if (extent > 0) extent += (m.shape[d] - 1) * m.stride[d];
   }
   const int64_t storage = m.storage_offset + extent;
-  return (meta ? at::empty({storage}, options) : at::zeros({storage}, options)).as_strided(m.shape, m.stride, m.storage_offset);
+  at::Tensor t = (meta ? at::empty({storage}, options) : at::zeros({storage}, options)).as_strided(m.shape, m.stride, m.storage_offset);
+  if (kind == StandIn::kIdentity) (t.dim() >= 2 ? t.diagonal(0, -2, -1) : t).fill_(1);
+  return t;
 }
 
 // Tensor[] or Tensor?[].
@@ -236,23 +245,32 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   });
   for (auto& d : dargs) call.inputs.push_back(&unsafe_get_dtensor_impl(d.dtensor)->spec());
   call.mesh = &*mesh;
-  // The written argument of in-place / out= ops.
-  int written_arg = -1;
-  int written_dtensors = 0;
-  for (const auto& r : schema.returns())
+  // The written arguments of in-place / out= ops: for each return, the schema argument it
+  // aliases and writes (-1 for a return that writes nothing).
+  std::vector<int> written_args;
+  int written_arg = -1;  // the first one
+  for (const auto& r : schema.returns()) {
+    int w = -1;
     if (r.alias_info() && r.alias_info()->isWrite())
-      for (size_t i = 0; i < n_args; ++i) {
+      for (size_t i = 0; i < n_args && w < 0; ++i) {
         const auto& ai = schema.arguments()[i].alias_info();
-        if (ai && ai->isWrite() && ai->beforeSets() == r.alias_info()->beforeSets()) {
-          written_arg = static_cast<int>(i);
-          written_dtensors += call.args[i].kind == ops::ArgInfo::Kind::kDTensor ? 1 : 0;
-        }
+        if (ai && ai->isWrite() && ai->beforeSets() == r.alias_info()->beforeSets()) w = static_cast<int>(i);
       }
-  // One written DTensor is kept in place (its placements fixed, returned as is); several
-  // (max.dim_max, sort.values, ...) would need that for each, which propagation does not do.
-  TORCH_CHECK(written_dtensors <= 1, "DTensor: ", call.name, " writes ", written_dtensors,
-              " DTensor outputs; out= overloads with several outputs are not supported. Call the functional "
-              "overload and copy_ its results into the outputs");
+    written_args.push_back(w);
+    if (written_arg < 0) written_arg = w;
+  }
+  std::vector<bool> is_out_argument(n_args, false);
+  for (size_t i : ops::out_arguments(schema)) is_out_argument[i] = true;
+  // The DTensor passed as schema argument `arg` (undefined when it is not one).
+  auto dtensor_arg = [&](int arg) {
+    for (auto& d : dargs)
+      if (static_cast<int>(d.arg) == arg && d.list_pos < 0) return d.dtensor;
+    return at::Tensor();
+  };
+  // NOTE: [Out= overloads with several outputs] (sort.values, max.dim_max, _linalg_svd.U, ...):
+  // propagation keeps each out= DTensor's placements and gives it the output of its position
+  // (ops::out_inputs); each is written in place and returned, as PyTorch's DTensor does.
+  // call.written_input names the first written DTensor (in-place ops write one).
   for (size_t k = 0; k < dargs.size(); ++k)
     if (static_cast<int>(dargs[k].arg) == written_arg && dargs[k].list_pos < 0) call.written_input = static_cast<int>(k);
 
@@ -266,9 +284,9 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (!any_tensor_return) return metas;
     // Meta tensors cost nothing; ops without a meta kernel in this libtorch (relu, ...) run
     // once on zero-filled CPU tensors of the global shapes instead (the result is cached).
-    auto run_on = [&](bool meta) {
+    auto run_on = [&](StandIn kind) {
       torch::jit::Stack ms(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
-      auto stand_in = [&](const DTensorSpec& s) { return stand_in_for(s, meta); };
+      auto stand_in = [&](const DTensorSpec& s) { return stand_in_for(s, kind); };
       for (size_t i = 0; i < n_args; ++i) {
         auto& a = call.args[i];
         if (a.kind == ops::ArgInfo::Kind::kDTensor) ms[i] = stand_in(*a.spec);
@@ -283,6 +301,11 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                                         c10::TypeKind::GeneratorType))
           ms[i] = at::detail::createCPUGenerator();
       }
+      // NOTE: libtorch 1.13's boxed wrapper of a kernel returning several references (out=
+      // overloads with several outputs: std::tuple<Tensor&, Tensor&>) drops the arguments from
+      // the stack and then copies its returns from the dropped slots: the stand-ins must stay
+      // alive elsewhere, or the copies read freed tensors (heap corruption).
+      const torch::jit::Stack keep_alive = ms;
       c10::impl::ExcludeDispatchKeyGuard no_dtensor(kDTensorKey);
       at::AutoDispatchBelowADInplaceOrView below;
       // Random ops without a Generator argument (native_dropout has no meta kernel either) are
@@ -306,7 +329,7 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     bool have_meta = false;
     if (try_meta) {
       try {
-        ms = run_on(/*meta=*/true);
+        ms = run_on(StandIn::kMeta);
         have_meta = true;
       } catch (const c10::Error&) {
         std::lock_guard<std::mutex> lk(no_meta_mu);
@@ -315,10 +338,14 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
     if (!have_meta) {
       try {
-        ms = run_on(/*meta=*/false);
+        ms = run_on(StandIn::kZeros);
       } catch (const c10::Error& e) {
-        TORCH_CHECK(false, "DTensor: computing the output shape of ", call.name, " failed: ",
-                    e.what_without_backtrace());
+        try {
+          ms = run_on(StandIn::kIdentity);
+        } catch (const c10::Error&) {
+          TORCH_CHECK(false, "DTensor: computing the output shape of ", call.name, " failed: ",
+                      e.what_without_backtrace());
+        }
       }
     }
     std::vector<at::Tensor> outs;
@@ -334,8 +361,10 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   // NOTE: [In-place writes through DTensor views] (checked before any communication: the
   // flag and the strategy are the same on every rank).
-  if (call.written_input >= 0 && !sharding.inplace_view) {
-    const auto* w = unsafe_get_dtensor_impl(dargs[static_cast<size_t>(call.written_input)].dtensor);
+  for (int arg : written_args) {
+    const at::Tensor written_dt = arg >= 0 && !sharding.inplace_view ? dtensor_arg(arg) : at::Tensor();
+    if (!written_dt.defined()) continue;
+    const auto* w = unsafe_get_dtensor_impl(written_dt);
     TORCH_CHECK(!w->is_detached_view(), "DTensor: ", call.name, " writes into a view of a DTensor (placements ",
                 to_string(w->spec().placements), ", shape ", c10::IntArrayRef(w->spec().tensor_meta.shape),
                 ") that does not share memory with the tensor it was taken from: the view op had to redistribute "
@@ -349,10 +378,6 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // gets a 0-dim zero, others shape [0]) with the propagated placements and global shapes,
   // the written DTensor of an in-place op as is, and `true` for aten::equal.
   if (!mesh->get_coordinate().has_value()) {
-    at::Tensor written_dt;
-    if (written_arg >= 0)
-      for (auto& d : dargs)
-        if (static_cast<int>(d.arg) == written_arg) written_dt = d.dtensor;
     const auto& returns = schema.returns();
     size_t single_tensors = 0, lists = 0;
     for (const auto& r : returns) {
@@ -369,10 +394,12 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       return make_dtensor(local, DTensorSpec(*mesh, sharding.outputs[k++], m));
     };
     std::vector<c10::IValue> rets;
-    for (const auto& r : returns) {
+    for (size_t ri = 0; ri < returns.size(); ++ri) {
+      const auto& r = returns[ri];
       const auto kind = r.type()->kind();
       if (kind == c10::TypeKind::TensorType) {
-        if (r.alias_info() && r.alias_info()->isWrite() && written_dt.defined()) {
+        const at::Tensor written_dt = dtensor_arg(written_args[ri]);
+        if (written_dt.defined()) {
           ++k;
           rets.emplace_back(written_dt);
         } else {
@@ -415,11 +442,7 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       slot = with_list_element(slot, static_cast<size_t>(dargs[k].list_pos), local);
     }
   }
-  at::Tensor written;
-  if (written_arg >= 0) {
-    for (auto& d : dargs)
-      if (static_cast<int>(d.arg) == written_arg) written = d.dtensor;
-  }
+  const at::Tensor written = dtensor_arg(written_arg);
   if (sharding.rewrite) {
     std::vector<c10::IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
     sharding.rewrite(args, call, sharding.outputs);
@@ -487,10 +510,18 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         const auto& arg_ai = schema.arguments()[i].alias_info();
         if (arg_ai && arg_ai->beforeSets() == ai->beforeSets() && redistributed_arg[i]) detached_view = true;
       }
+    const at::Tensor written_dt = dtensor_arg(written_args[r]);
     if (v.isTensor()) {
-      if (ai && ai->isWrite() && written.defined()) {
-        ++out_idx;
-        v = written;
+      if (written_dt.defined()) {
+        // An out= tensor of another shape was resized by the op: its spec follows (PyTorch sets
+        // the out= DTensor's spec to the output spec); in-place ops keep their shapes.
+        const size_t k = out_idx++;
+        auto* impl = unsafe_get_dtensor_impl(written_dt);
+        if (is_out_argument[static_cast<size_t>(written_args[r])] && !sharding.output_shape_from_local &&
+            k < sharding.output_meta.size() &&
+            impl->spec().tensor_meta.shape != sharding.output_meta[k].shape)
+          impl->set_local_and_spec(impl->local(), DTensorSpec(*mesh, sharding.outputs[k], sharding.output_meta[k]));
+        v = written_dt;
       } else {
         v = wrap(v.toTensor(), detached_view);
       }

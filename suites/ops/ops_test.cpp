@@ -463,14 +463,17 @@ DTENSOR_TEST_F(ReductionRules, MaxDimBackwardRunsWholeOnDTensors) {
   EXPECT_TRUE(at::equal(ddp, (dp.detach() != 0).to(at::kFloat) * 2));
 }
 
-DTENSOR_TEST_F(ReductionRules, OutOverloadsWithSeveralOutputsAreRefused) {
+// NOTE: [Out= overloads with several outputs] (dispatch.cpp): each out= tensor is written and
+// keeps its placements (more in OutVariants.*).
+DTENSOR_TEST_F(ReductionRules, OutOverloadsWithSeveralOutputsWriteEach) {
   auto mesh = build_device_mesh();
   at::Tensor x = distribute_tensor(at::arange(32, at::kFloat).view({8, 4}), mesh, {Shard{1}});
   at::Tensor values = distribute_tensor(at::zeros({8}), mesh, {Replicate{}});
   at::Tensor indices = distribute_tensor(at::zeros({8}, at::kLong), mesh, {Replicate{}});
-  EXPECT_PRED2(contains, error_of([&] { at::max_out(values, indices, x, 1); }),
-               "DTensor: aten::max.dim_max writes 2 DTensor outputs; out= overloads with several outputs are not "
-               "supported");
+  at::max_out(values, indices, x, 1);
+  EXPECT_EQ(placements_of(values), "(Replicate(),)");
+  EXPECT_TRUE(at::equal(full_tensor(values), at::arange(32, at::kFloat).view({8, 4}).select(1, 3)));
+  EXPECT_TRUE(at::equal(full_tensor(indices), at::full({8}, 3, at::kLong)));
   // With one output, out= works: the out tensor keeps its placements.
   at::Tensor out = distribute_tensor(at::zeros({8}), mesh, {Replicate{}});
   at::sum_out(out, x, {1});

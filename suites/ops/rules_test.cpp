@@ -15,6 +15,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <limits>
+
 namespace dtensor {
 namespace {
 
@@ -259,6 +261,41 @@ DTENSOR_TEST_F(LinalgRules, BatchShardsStayShardedAndSolvesKeepPartial) {
   EXPECT_PRED2(contains, error_of([&] { at::linalg_inv(distribute_tensor(singular, mesh, {Shard{0}})); }), "singular");
 }
 
+// cholesky / cholesky_inverse have no meta kernel in libtorch 1.13 and refuse the zero-filled
+// stand-ins: their output shapes come from identity stand-ins, and batch shards stay sharded.
+DTENSOR_TEST_F(LinalgRules, CholeskyAndItsInverseKeepBatchShards) {
+  auto mesh = build_device_mesh();
+  const at::Tensor a = values({4, 3, 3}, 1);
+  const at::Tensor spd = at::matmul(a, a.transpose(-2, -1)) + at::eye(3, at::kDouble) * 3;
+  const at::Tensor l = at::cholesky(distribute_tensor(spd, mesh, {Shard{0}}));
+  EXPECT_EQ(get_spec(l).placements, std::vector<Placement>{Shard{0}});
+  EXPECT_TRUE(at::allclose(full_tensor(l), at::cholesky(spd)));
+  const at::Tensor inv = at::cholesky_inverse(l);
+  EXPECT_EQ(get_spec(inv).placements, std::vector<Placement>{Shard{0}});
+  EXPECT_TRUE(at::allclose(full_tensor(inv), at::cholesky_inverse(at::cholesky(spd))));
+}
+
+// NOTE: [Inf norm of an empty shard] (reduction_rules.cpp): an inf norm over a dim with an
+// empty shard (5 rows on 4 ranks: 2, 2, 1, 0) stays Partial(max); _foreach_norm's does when
+// no shard is empty.
+DTENSOR_TEST_F(LinalgRules, InfNormsStayPartialMax) {
+  auto mesh = build_device_mesh();
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<Placement> pmax{Partial(comm::ReduceOp::MAX)};
+  const at::Tensor a = values({5, 6}, 1);
+  const at::Tensor da = distribute_tensor(a, mesh, {Shard{0}});
+  const at::Tensor whole = at::linalg_vector_norm(da, inf);
+  EXPECT_EQ(get_spec(whole).placements, pmax);
+  EXPECT_TRUE(at::allclose(full_tensor(whole), at::linalg_vector_norm(a, inf)));
+  const at::Tensor cols = at::norm(da, inf, at::IntArrayRef{0});
+  EXPECT_EQ(get_spec(cols).placements, pmax);
+  EXPECT_TRUE(at::allclose(full_tensor(cols), at::norm(a, inf, at::IntArrayRef{0})));
+  const at::Tensor b = values({8, 4}, 2);
+  const auto norms = at::_foreach_norm({distribute_tensor(b, mesh, {Shard{0}})}, inf);
+  EXPECT_EQ(get_spec(norms[0]).placements, pmax);
+  EXPECT_TRUE(at::allclose(full_tensor(norms[0]), at::linalg_vector_norm(b, inf)));
+}
+
 // _foreach_* ops keep each element's shard; _foreach_norm with ord 1 gives Partial sums.
 DTENSOR_TEST_F(LinalgRules, ForeachKeepsEachElementsLayout) {
   auto mesh = build_device_mesh();
@@ -276,6 +313,87 @@ DTENSOR_TEST_F(LinalgRules, ForeachKeepsEachElementsLayout) {
   }
   EXPECT_EQ(get_spec(norms[0]).placements, std::vector<Placement>{Partial{}});
   EXPECT_EQ(get_spec(norms[2]).placements, std::vector<Placement>{Replicate{}});
+}
+
+// NOTE: [Out= overloads with several outputs] (dispatch.cpp): each out= DTensor keeps its
+// placements, receives the output of its position and is returned; a composite one (svd.U)
+// reaches the rule of the op it decomposes into; an out= tensor of another shape is resized and
+// its spec follows; a layout no strategy can write in place is refused naming the op.
+class OutVariants : public testing::DTensorOpTestBase {};
+
+DTENSOR_TEST_F(OutVariants, SeveralOutTensorsAreEachWrittenAndReturned) {
+  auto mesh = build_device_mesh();
+  const at::Tensor a = values({4, 6}, 1);
+  const at::Tensor da = distribute_tensor(a, mesh, {Shard{0}});
+  const std::vector<Placement> s0{Shard{0}};
+  auto dzeros = [&](std::vector<int64_t> shape, at::ScalarType dtype, std::vector<Placement> p) {
+    return distribute_tensor(at::zeros(shape, at::TensorOptions().dtype(dtype)), mesh, p);
+  };
+  at::Tensor sorted = dzeros({4, 6}, at::kDouble, s0), order = dzeros({4, 6}, at::kLong, s0);
+  auto [rs, ro] = at::sort_out(sorted, order, da, 1);
+  EXPECT_TRUE(rs.is_same(sorted) && ro.is_same(order));
+  const auto ref = at::sort(a, 1);
+  EXPECT_TRUE(at::equal(full_tensor(sorted), std::get<0>(ref)));
+  EXPECT_TRUE(at::equal(full_tensor(order), std::get<1>(ref)));
+  EXPECT_EQ(get_spec(order).placements, s0);
+
+  at::Tensor top = dzeros({4, 2}, at::kDouble, s0), top_i = dzeros({4, 2}, at::kLong, s0);
+  at::topk_out(top, top_i, da, 2, 1);
+  EXPECT_TRUE(at::equal(full_tensor(top), std::get<0>(at::topk(a, 2, 1))));
+  EXPECT_TRUE(at::equal(full_tensor(top_i), std::get<1>(at::topk(a, 2, 1))));
+
+  const at::Tensor b = values({4, 5, 3}, 2);
+  const at::Tensor db = distribute_tensor(b, mesh, s0);
+  at::Tensor u = dzeros({4, 5, 3}, at::kDouble, s0), sv = dzeros({4, 3}, at::kDouble, s0),
+             v = dzeros({4, 3, 3}, at::kDouble, s0);
+  auto [ru, rsv, rv] = at::svd_out(u, sv, v, db);
+  EXPECT_TRUE(ru.is_same(u) && rsv.is_same(sv) && rv.is_same(v));
+  const auto svd = at::svd(b);
+  EXPECT_TRUE(at::allclose(full_tensor(u), std::get<0>(svd)));
+  EXPECT_TRUE(at::allclose(full_tensor(sv), std::get<1>(svd)));
+  EXPECT_TRUE(at::allclose(full_tensor(v), std::get<2>(svd)));
+  for (const at::Tensor& t : {u, sv, v}) EXPECT_EQ(get_spec(t).placements, s0);
+
+  // var_mean.correction_out's kernel returns two references (libtorch 1.13's boxed wrapper
+  // reads them from dropped stack slots: the shape inference keeps its stand-ins alive).
+  at::Tensor var = dzeros({4}, at::kDouble, s0), mean = dzeros({4}, at::kDouble, s0);
+  at::var_mean_out(var, mean, da, at::IntArrayRef{1}, c10::nullopt, false);
+  const auto var_mean = at::var_mean(a, at::IntArrayRef{1}, c10::nullopt, false);
+  EXPECT_TRUE(at::allclose(full_tensor(var), std::get<0>(var_mean)));
+  EXPECT_TRUE(at::allclose(full_tensor(mean), std::get<1>(var_mean)));
+
+  // Replicated out= tensors of shape [0]: resized by the op, their specs follow.
+  const std::vector<Placement> rep{Replicate{}};
+  at::Tensor mx = dzeros({0}, at::kDouble, rep), arg = dzeros({0}, at::kLong, rep);
+  at::max_out(mx, arg, da, 1);
+  EXPECT_EQ(get_spec(mx).tensor_meta.shape, (std::vector<int64_t>{4}));
+  EXPECT_EQ(get_spec(arg).tensor_meta.shape, (std::vector<int64_t>{4}));
+  EXPECT_TRUE(at::equal(full_tensor(mx), std::get<0>(at::max(a, 1))));
+  EXPECT_TRUE(at::equal(full_tensor(arg), std::get<1>(at::max(a, 1))));
+
+  // Sorting along dim 1 cannot give outputs sharded on dim 1.
+  at::Tensor bad = dzeros({4, 6}, at::kDouble, {Shard{1}}), bad_i = dzeros({4, 6}, at::kLong, {Shard{1}});
+  const std::string err = error_of([&] { at::sort_out(bad, bad_i, da, 1); });
+  EXPECT_PRED2(contains, err, "aten::sort.values");
+  EXPECT_PRED2(contains, err, "redistribute that tensor first");
+}
+
+// Ranks outside the mesh run nothing and get the out= DTensors back (NOTE: [Ranks outside the
+// mesh] in api.cpp).
+DTENSOR_TEST_F(OutVariants, RanksOutsideTheMeshReturnEachOutTensor) {
+  DeviceMesh mesh("cpu", at::tensor({0, 2}, at::kLong));
+  const at::Tensor a = values({2, 6}, rank());
+  const std::vector<Placement> s0{Shard{0}};
+  at::Tensor x = from_local(a, mesh, s0);
+  at::Tensor sorted = from_local(at::zeros({2, 6}, at::kDouble), mesh, s0);
+  at::Tensor order = from_local(at::zeros({2, 6}, at::kLong), mesh, s0);
+  auto [rs, ro] = at::sort_out(sorted, order, x, 1);
+  EXPECT_TRUE(rs.is_same(sorted) && ro.is_same(order));
+  EXPECT_EQ(get_spec(order).placements, s0);
+  if (rank() % 2 == 0) {
+    EXPECT_TRUE(at::equal(to_local(sorted), std::get<0>(at::sort(a, 1))));
+    EXPECT_TRUE(at::equal(to_local(order), std::get<1>(at::sort(a, 1))));
+  }
 }
 
 }  // namespace

@@ -220,6 +220,10 @@ void write_line(int fd, const nlohmann::json& j) {
             for (const auto& rec : records) write_line(fd, {{"record", rec}});
             write_line(fd, {{"done", i}});
           }
+          // No rank starts the next task before rank 0 said this one is done: a crash while
+          // another rank thread makes the next task's samples would be blamed on this task
+          // (narrow.Tensor took the blame for native_batch_norm's).
+          group->barrier();
         }
       } catch (const std::exception& e) {
         // A collective broke (ranks diverged or timed out): every rank lands here.
