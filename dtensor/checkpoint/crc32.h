@@ -8,8 +8,8 @@ namespace dtensor {
 namespace checkpoint {
 
 // CRC-32 (IEEE 802.3, as zlib's crc32) of `n` bytes, continuing from `crc` (0 to start).
-// Computed by libdeflate (Debian's libdeflate-dev), whose x86-64 code folds with carry-less
-// multiplication chosen at run time (PCLMULQDQ; AVX-512 VPCLMULQDQ from libdeflate 1.20).
+// Computed by ISA-L (Debian's libisal-dev) when the build found it, else by libdeflate
+// (libdeflate-dev); both fold with carry-less multiplication chosen at run time.
 uint32_t crc32(const void* data, size_t n, uint32_t crc = 0);
 
 }  // namespace checkpoint

@@ -10,6 +10,7 @@
 
 #include "dtensor/comm/object_collectives.h"
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 namespace dtensor {
@@ -166,6 +167,30 @@ json DistWrapper::all_reduce_json(const std::string& step, const JsonMap& map_fu
 
 std::vector<json> DistWrapper::all_gather_step_json(const std::string& step, const JsonMap& map_fun) const {
   std::vector<json> all = all_gather_json(run_map(map_fun));
+  std::map<int, WrappedException> failures = failure_dict(all);
+  if (!failures.empty()) throw CheckpointException(step, failures);
+  return values_of(all);
+}
+
+std::optional<std::vector<json>> DistWrapper::all_gather_unless_quiet_json(
+    const std::string& step, const JsonMap& map_fun, const std::function<bool(const json&)>& quiet) const {
+  json mine = run_map(map_fun);
+  bool loud = true;
+  if (!mine.contains("f")) {
+    try {
+      loud = !quiet(mine["v"]);
+    } catch (...) {
+      mine = failure(std::current_exception());
+    }
+  }
+  if (use_dist_) {
+    // Whether any rank has something to say (a value that is not quiet, or a failure).
+    at::Tensor flag = at::full({1}, loud ? 1 : 0, at::kLong);
+    group_->all_reduce(flag, comm::ReduceOp::MAX);
+    loud = flag.item<int64_t>() != 0;
+  }
+  if (!loud) return std::nullopt;
+  std::vector<json> all = all_gather_json(mine);
   std::map<int, WrappedException> failures = failure_dict(all);
   if (!failures.empty()) throw CheckpointException(step, failures);
   return values_of(all);

@@ -35,8 +35,9 @@ std::string join_keys(const std::vector<std::string>& keys);
 LoadResult load_local(StateDict& state_dict, const ReadSource& source, const LoadOptions& options);
 
 // Collective over the group of `options` (or one process): runs `local` (load_local on this
-// rank's source) inside one all_gather, so that any rank's failure is raised on every rank as a
-// CheckpointException, and merges the ranks' missing and unexpected keys.
+// rank's source) inside one step (DistWrapper::all_gather_unless_quiet), so that any rank's
+// failure is raised on every rank as a CheckpointException, and merges the ranks' missing and
+// unexpected keys. When no rank failed and none has such keys, that is one all_reduce.
 LoadResult load_collective(const LoadOptions& options, const std::function<LoadResult()>& local);
 
 }  // namespace detail

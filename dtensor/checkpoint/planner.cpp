@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -327,6 +329,224 @@ void from_json(const nlohmann::json& j, Metadata& m) {
   j.at("world_size").get_to(m.world_size);
   j.at("checksum_block_bytes").get_to(m.checksum_block_bytes);
   j.at("entries").get_to(m.entries);
+}
+
+// ---- reading `.metadata` fast -----------------------------------------------------------
+//
+// Every rank of every load reads the whole `.metadata` (1,040 chunks in the benchmark's
+// checkpoint: 1.1 ms to parse into a nlohmann::json, 0.4 ms to free it, 0.25 ms to convert,
+// against 0.3 ms here). This reader takes the JSON that to_json(Metadata) writes, in any
+// spacing and field order, straight into a Metadata. On anything else (a string with escapes or
+// non-ASCII bytes, a fraction, a field it does not know or lacks, another format or version,
+// bad syntax) it gives up and metadata_from_json_text parses with nlohmann::json and from_json,
+// which accept exactly what they accepted before and raise their messages.
+
+namespace {
+
+struct GiveUp {};
+
+class FastMetadataReader {
+ public:
+  explicit FastMetadataReader(std::string_view text) : p_(text.data()), end_(text.data() + text.size()) {}
+
+  Metadata read() {
+    Metadata m;
+    bool format = false, version = false, checksum = false, save_id = false, world = false, block = false,
+         entries = false;
+    object([&](const std::string& key) {
+      if (key == "format") {
+        if (str() != kFormatName) throw GiveUp{};
+        format = true;
+      } else if (key == "version") {
+        m.version = int(integer(std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
+        if (m.version != kFormatVersion) throw GiveUp{};
+        version = true;
+      } else if (key == "checksum") {
+        if (str() != "crc32") throw GiveUp{};
+        checksum = true;
+      } else if (key == "save_id") {
+        m.save_id = integer();
+        save_id = true;
+      } else if (key == "world_size") {
+        m.world_size = int(integer(std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
+        world = true;
+      } else if (key == "checksum_block_bytes") {
+        m.checksum_block_bytes = integer();
+        block = true;
+      } else if (key == "entries") {
+        m.entries.clear();
+        object([&](const std::string& fqn) { m.entries[fqn] = entry(); });
+        entries = true;
+      } else {
+        throw GiveUp{};
+      }
+    });
+    ws();
+    if (p_ != end_ || !(format && version && checksum && save_id && world && block && entries)) throw GiveUp{};
+    return m;
+  }
+
+ private:
+  void ws() {
+    while (p_ < end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
+  }
+  void expect(char c) {
+    ws();
+    if (p_ >= end_ || *p_ != c) throw GiveUp{};
+    ++p_;
+  }
+  // true and past `c` when the next character is `c`.
+  bool accept(char c) {
+    ws();
+    if (p_ < end_ && *p_ == c) {
+      ++p_;
+      return true;
+    }
+    return false;
+  }
+  // Plain ASCII strings only (no escapes, no control or non-ASCII bytes).
+  std::string str() {
+    expect('"');
+    const char* s = p_;
+    while (p_ < end_ && *p_ != '"') {
+      const unsigned char c = static_cast<unsigned char>(*p_);
+      if (c == '\\' || c < 0x20 || c >= 0x80) throw GiveUp{};
+      ++p_;
+    }
+    if (p_ >= end_) throw GiveUp{};
+    return std::string(s, p_++);
+  }
+  int64_t integer(int64_t lo = std::numeric_limits<int64_t>::min(), int64_t hi = std::numeric_limits<int64_t>::max()) {
+    ws();
+    bool neg = p_ < end_ && *p_ == '-';
+    if (neg) ++p_;
+    const char* s = p_;
+    uint64_t v = 0;
+    while (p_ < end_ && *p_ >= '0' && *p_ <= '9') v = v * 10 + uint64_t(*p_++ - '0');
+    const size_t digits = size_t(p_ - s);
+    // No fractions or exponents, no leading zeros, at most 18 digits (no overflow).
+    if (digits == 0 || digits > 18 || (digits > 1 && *s == '0')) throw GiveUp{};
+    if (p_ < end_ && (*p_ == '.' || *p_ == 'e' || *p_ == 'E')) throw GiveUp{};
+    const int64_t x = neg ? -int64_t(v) : int64_t(v);
+    if (x < lo || x > hi) throw GiveUp{};
+    return x;
+  }
+  template <class T>
+  void int_array(std::vector<T>& out, int64_t lo, int64_t hi) {
+    out.clear();
+    expect('[');
+    if (accept(']')) return;
+    do {
+      out.push_back(T(integer(lo, hi)));
+    } while (accept(','));
+    expect(']');
+  }
+  std::vector<int64_t> dims() {
+    std::vector<int64_t> v;
+    int_array(v, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+    return v;
+  }
+  // {"key": value, ...}; on_key parses the value.
+  template <class F>
+  void object(F&& on_key) {
+    expect('{');
+    if (accept('}')) return;
+    do {
+      const std::string key = str();
+      expect(':');
+      on_key(key);
+    } while (accept(','));
+    expect('}');
+  }
+  template <class F>
+  void array(F&& on_item) {
+    expect('[');
+    if (accept(']')) return;
+    do {
+      on_item();
+    } while (accept(','));
+    expect(']');
+  }
+  StoredChunk chunk() {
+    StoredChunk c;
+    int seen = 0;
+    object([&](const std::string& key) {
+      if (key == "offsets") {
+        c.chunk.offsets = dims();
+        seen |= 1;
+      } else if (key == "sizes") {
+        c.chunk.sizes = dims();
+        seen |= 2;
+      } else if (key == "file") {
+        c.file = str();
+        seen |= 4;
+      } else if (key == "offset") {
+        c.offset = integer();
+        seen |= 8;
+      } else if (key == "length") {
+        c.length = integer();
+        seen |= 16;
+      } else if (key == "crc32") {
+        int_array(c.crc32, 0, int64_t(std::numeric_limits<uint32_t>::max()));
+        seen |= 32;
+      } else {
+        throw GiveUp{};
+      }
+    });
+    if (seen != 63) throw GiveUp{};
+    return c;
+  }
+  Entry entry() {
+    Entry e;
+    bool kind = false, dtype = false, size = false, chunks = false;
+    object([&](const std::string& key) {
+      if (key == "kind") {
+        const std::string k = str();
+        if (k != "tensor" && k != "object") throw GiveUp{};
+        e.kind = k == "tensor" ? ItemKind::Tensor : ItemKind::Object;
+        kind = true;
+      } else if (key == "dtype") {
+        e.dtype = str();
+        dtype = true;
+      } else if (key == "size") {
+        e.size = dims();
+        size = true;
+      } else if (key == "chunks") {
+        e.chunks.clear();
+        array([&] { e.chunks.push_back(chunk()); });
+        chunks = true;
+      } else {
+        throw GiveUp{};
+      }
+    });
+    if (!kind || !chunks) throw GiveUp{};
+    if (e.kind == ItemKind::Tensor) {
+      if (!dtype || !size) throw GiveUp{};
+    } else {
+      // from_json ignores these for objects.
+      e.dtype.clear();
+      e.size.clear();
+    }
+    return e;
+  }
+
+  const char* p_;
+  const char* end_;
+};
+
+}  // namespace
+
+std::optional<Metadata> detail::parse_metadata_fast(std::string_view text) {
+  try {
+    return FastMetadataReader(text).read();
+  } catch (const GiveUp&) {
+    return std::nullopt;
+  }
+}
+
+Metadata metadata_from_json_text(std::string_view text) {
+  if (auto m = detail::parse_metadata_fast(text)) return std::move(*m);
+  return nlohmann::json::parse(text.begin(), text.end()).get<Metadata>();
 }
 
 }  // namespace checkpoint

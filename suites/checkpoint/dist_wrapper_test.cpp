@@ -247,6 +247,63 @@ DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllGatherAndBroadcast) {
   EXPECT_EQ(b->failures().at(1).message, "no .metadata file");
 }
 
+// all_gather_unless_quiet (load's step): one all_reduce when every rank is quiet; otherwise the
+// values (or the failures) of every rank reach every rank.
+DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllGatherUnlessQuiet) {
+  const int r = t.rank();
+  auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
+  DistWrapper dist(counting, /*use_dist=*/true, /*coordinator_rank=*/0);
+  auto empty = [](const std::vector<int>& v) { return v.empty(); };
+  int map_calls = 0;
+  auto quiet = dist.all_gather_unless_quiet(
+      "read",
+      [&] {
+        ++map_calls;
+        return std::vector<int>{};
+      },
+      empty);
+  EXPECT_FALSE(quiet.has_value());
+  EXPECT_EQ(map_calls, 1);
+  EXPECT_EQ(counting->counts(), (std::map<std::string, int64_t>{{"all_reduce", 1}}));
+  // One rank with something to say: every rank gets every value.
+  counting->reset();
+  auto loud = dist.all_gather_unless_quiet(
+      "read", [&] { return r == 2 ? std::vector<int>{7} : std::vector<int>{}; }, empty);
+  ASSERT_TRUE(loud.has_value());
+  EXPECT_EQ(*loud, (std::vector<std::vector<int>>{{}, {}, {7}, {}}));
+  EXPECT_EQ(counting->counts()["all_reduce"], 1);
+  EXPECT_GE(counting->counts()["all_gather_into"], 1);
+  // A rank's failure (in map_fun or in quiet) is raised on every rank, naming it.
+  auto e = checkpoint_error_of([&] {
+    dist.all_gather_unless_quiet(
+        "read",
+        [&]() -> std::vector<int> {
+          if (r == 3) throw std::runtime_error("checksum mismatch on 3");
+          return {};
+        },
+        empty);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->step(), "read");
+  EXPECT_EQ(failing_ranks(*e), std::vector<int>{3});
+  EXPECT_EQ(e->failures().at(3).message, "checksum mismatch on 3");
+  auto q = checkpoint_error_of([&] {
+    dist.all_gather_unless_quiet(
+        "read", [&] { return std::vector<int>{r}; },
+        [&](const std::vector<int>& v) -> bool {
+          if (v[0] == 1) throw std::runtime_error("cannot tell");
+          return true;
+        });
+  });
+  ASSERT_TRUE(q);
+  EXPECT_EQ(failing_ranks(*q), std::vector<int>{1});
+  // Without a group: no collective.
+  DistWrapper local(nullptr, /*use_dist=*/false);
+  EXPECT_FALSE(local.all_gather_unless_quiet("read", [] { return std::vector<int>{}; }, empty).has_value());
+  EXPECT_EQ(*local.all_gather_unless_quiet("read", [] { return std::vector<int>{1}; }, empty),
+            (std::vector<std::vector<int>>{{1}}));
+}
+
 DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllGatherKeysIsTheSortedUnion) {
   std::map<std::string, int> local{{"shared", 0}, {"only_" + std::to_string(t.rank()), 1}};
   if (t.rank() == 2) local["a_first"] = 2;

@@ -130,6 +130,86 @@ TEST(CheckpointPlanner, MetadataRoundTripsAndIsValidated) {
   EXPECT_PRED2(contains, error_of([&] { validate_metadata(m); }), "has 1 checksums for 2 blocks");
 }
 
+// metadata_from_json_text reads `.metadata` without a json tree when it is as to_json writes it
+// (any spacing and field order), and falls back to nlohmann::json + from_json otherwise: both
+// give the same Metadata, and the fallback's errors.
+TEST(CheckpointPlanner, MetadataTextIsReadDirectlyOrThroughJson) {
+  Metadata m;
+  m.save_id = 12;
+  m.world_size = 4;
+  m.checksum_block_bytes = 32;
+  Entry e;
+  e.dtype = "bfloat16";
+  e.size = {4, 10};
+  e.chunks.push_back(StoredChunk{ChunkMeta{{0, 0}, {2, 10}}, "__0_12.distcp", 0, 40, {0u, 4294967295u}});
+  e.chunks.push_back(StoredChunk{ChunkMeta{{2, 0}, {2, 10}}, "__1_12.distcp", 128, 40, {17u, 3u}});
+  m.entries["layers.0.w"] = e;
+  Entry scalar;
+  scalar.dtype = "float64";
+  scalar.chunks.push_back(StoredChunk{ChunkMeta{}, "__2_12.distcp", 8, 8, {5u}});
+  m.entries["scale"] = scalar;
+  Entry o;
+  o.kind = ItemKind::Object;
+  o.chunks.push_back(StoredChunk{ChunkMeta{}, "__3_12.distcp", 0, 700, {1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 9u, 10u, 11u, 12u, 13u, 14u, 15u, 16u, 17u, 18u, 19u, 20u, 21u, 22u}});
+  m.entries["step"] = o;
+  const nlohmann::json j = m;
+  for (const std::string& text : {j.dump(), j.dump(2), j.dump(1, '\t')}) {
+    auto fast = detail::parse_metadata_fast(text);
+    ASSERT_TRUE(fast.has_value()) << text;
+    EXPECT_EQ(nlohmann::json(*fast), j);
+    EXPECT_EQ(nlohmann::json(metadata_from_json_text(text)), j);
+  }
+  // Fields in another order (a file written by hand or by another tool).
+  const std::string reordered =
+      R"({"entries": {"b": {"chunks": [{"crc32": [9], "sizes": [3], "offsets": [0], "length": 12, "offset": 0,)"
+      R"( "file": "__0_1.distcp"}], "size": [3], "dtype": "int32", "kind": "tensor"}},)"
+      R"( "world_size": 1, "checksum_block_bytes": 1048576, "save_id": 1, "checksum": "crc32", "version": 1,)"
+      R"( "format": "dtensor-cpp-dcp"})";
+  auto r = detail::parse_metadata_fast(reordered);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(nlohmann::json(*r), nlohmann::json::parse(reordered).get<Metadata>());
+  EXPECT_EQ(r->entries.at("b").chunks.at(0).length, 12);
+
+  // Falls back (same result) for keys with escapes or non-ASCII bytes and unknown fields.
+  Metadata odd = m;
+  odd.entries["quote\"d\\key\n"] = e;
+  odd.entries["\xd0\xb2\xd0\xb5\xd1\x81"] = e;  // UTF-8
+  for (const nlohmann::json& text : {nlohmann::json(odd), [&] {
+                                       nlohmann::json x = m;
+                                       x["comment"] = "written by hand";
+                                       return x;
+                                     }()}) {
+    EXPECT_FALSE(detail::parse_metadata_fast(text.dump()).has_value());
+    EXPECT_EQ(nlohmann::json(metadata_from_json_text(text.dump())), nlohmann::json(text.get<Metadata>()));
+  }
+  EXPECT_EQ(metadata_from_json_text(nlohmann::json(odd).dump()).entries.count("quote\"d\\key\n"), 1u);
+  // Numbers it does not read itself (a fraction, a checksum out of range) go to from_json too.
+  std::string frac = j.dump();
+  frac.replace(frac.find("\"save_id\":12"), 12, "\"save_id\":12.0");
+  EXPECT_FALSE(detail::parse_metadata_fast(frac).has_value());
+  EXPECT_EQ(metadata_from_json_text(frac).save_id, 12);
+
+  // Errors: the fallback's messages.
+  nlohmann::json v2 = m;
+  v2["version"] = 2;
+  EXPECT_FALSE(detail::parse_metadata_fast(v2.dump()).has_value());
+  EXPECT_PRED2(contains, error_of([&] { metadata_from_json_text(v2.dump()); }),
+               "checkpoint format version 2, this build reads version 1");
+  nlohmann::json other = m;
+  other["format"] = "something-else";
+  EXPECT_PRED2(contains, error_of([&] { metadata_from_json_text(other.dump()); }),
+               "not a dtensor-cpp checkpoint metadata file");
+  nlohmann::json no_length = m;
+  no_length["entries"]["scale"]["chunks"][0].erase("length");
+  EXPECT_FALSE(detail::parse_metadata_fast(no_length.dump()).has_value());
+  EXPECT_THROW(metadata_from_json_text(no_length.dump()), nlohmann::json::out_of_range);
+  const std::string cut = j.dump().substr(0, j.dump().size() / 2);
+  EXPECT_FALSE(detail::parse_metadata_fast(cut).has_value());
+  EXPECT_THROW(metadata_from_json_text(cut), nlohmann::json::parse_error);
+  EXPECT_FALSE(detail::parse_metadata_fast(j.dump() + " x").has_value());
+  EXPECT_THROW(metadata_from_json_text(j.dump() + " x"), nlohmann::json::parse_error);
+}
+
 TEST(CheckpointPlanner, Crc32IsZlibs) {
   const std::string s = "123456789";
   EXPECT_EQ(crc32(s.data(), s.size()), 0xCBF43926u);

@@ -10,6 +10,7 @@
 #include "harness/harness.h"
 #include "suites/testing/checkpoint_errors.h"
 #include "suites/testing/child_process.h"
+#include "suites/testing/counting_group.h"
 #include "suites/testing/errors.h"
 #include "suites/testing/rank_modes.h"
 
@@ -160,6 +161,14 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, SavesAndLoadsEveryKindOfVal
   EXPECT_EQ(got.at("lr").toDouble(), 0.1);
   EXPECT_EQ(got.at("betas").toDoubleVector(), (std::vector<double>{0.9, 0.99}));
   EXPECT_EQ(got.at("inner").toGenericDict().at("k").toStringRef(), "v");
+  // A load with nothing to report takes one collective: the all_reduce telling every rank that
+  // no rank failed (the keys, dtypes and shapes matched everywhere).
+  auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
+  LoadOptions counted;
+  counted.process_group = counting;
+  checkpoint::load(dest, dir.sub("ckpt"), counted);
+  EXPECT_EQ(counting->counts(), (std::map<std::string, int64_t>{{"all_reduce", 1}}));
+  expect_holds(dest.at("dt_2d"), m75, "dt_2d (second load)");
 
   // A None placeholder receives the whole tensor, whatever layout saved it.
   StateDict whole{{"dt_2d", c10::IValue()}, {"st", c10::IValue()}};
