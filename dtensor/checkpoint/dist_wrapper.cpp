@@ -10,7 +10,7 @@
 
 #include "dtensor/comm/object_collectives.h"
 
-#include <ATen/ATen.h>
+#include <ATen/ops/full.h>
 #include <c10/util/Exception.h>
 
 namespace dtensor {

@@ -88,12 +88,20 @@ std::vector<DimOption> batched_options(const OpCall& c, int linear_rhs = -1) {
   const auto& first = shape_of(c, 0);
   if (first.size() >= 3) {
     const std::vector<int64_t> batch(first.begin(), first.end() - 2);
+    // An output of shape [0] is a placeholder (U and Vh of _linalg_svd with compute_uv=false,
+    // the path of linalg_svdvals): it has no batch dims and stays replicated.
+    auto placeholder = [&](const TensorMeta& m) { return m.shape == std::vector<int64_t>{0}; };
     bool aligned = true;
     for (size_t i = 0; i < n_in && aligned; ++i) aligned = has_prefix(shape_of(c, i), batch);
-    for (const auto& m : c.output_meta) aligned = aligned && has_prefix(m.shape, batch);
+    for (const auto& m : c.output_meta) aligned = aligned && (placeholder(m) || has_prefix(m.shape, batch));
     if (aligned)
       for (int64_t d = 0; d < static_cast<int64_t>(batch.size()); ++d)
-        if (batch[d] > 1) o.push_back({all(n_out, Shard{d}), all(n_in, Shard{d})});
+        if (batch[d] > 1) {
+          DimOption sharded{all(n_out, Shard{d}), all(n_in, Shard{d})};
+          for (size_t k = 0; k < c.output_meta.size(); ++k)
+            if (placeholder(c.output_meta[k])) sharded.outputs[k] = R;
+          o.push_back(std::move(sharded));
+        }
   }
   if (linear_rhs >= 0 && static_cast<size_t>(linear_rhs) < n_in)
     for (ReduceOp op : {ReduceOp::SUM, ReduceOp::AVG}) {

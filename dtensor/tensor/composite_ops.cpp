@@ -1,4 +1,5 @@
-// dtensor/tensor/composite_ops.cpp: composite ops that reach the DTensor fallback whole.
+// dtensor/tensor/composite_ops.cpp: composite ops that reach the DTensor fallback whole, and
+// svd's decomposition for DTensors (NOTE: [svd without U and V]).
 //
 // NOTE: [Composite ops run whole]
 // A CompositeImplicitAutograd op has no kernel of its own: its autograd kernel runs the
@@ -20,6 +21,8 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/linalg_svd.h>
+#include <ATen/ops/linalg_svdvals.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -52,9 +55,40 @@ void run_below_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, t
   op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
 }
 
+// NOTE: [svd without U and V]
+// libtorch's composite svd with compute_uv=false makes U and V as at::zeros(sizes, A.options()):
+// plain tensors, even when A is a DTensor. With a DTensor A this kernel runs the same
+// decomposition (linalg_svd, or linalg_svdvals and zeros) with A.new_zeros instead, which gives
+// Replicate DTensors of zeros; the ops it calls dispatch afresh and autograd records them as it
+// records the composite's. Plain tensors go below autograd, where the backend's entry of svd is
+// libtorch's decomposition itself (NOTE: [Composite ops run whole]), unchanged.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> svd_autograd(c10::DispatchKeySet ks, const at::Tensor& a, bool some,
+                                                            bool compute_uv) {
+  if (!is_dtensor(a)) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("aten::svd", "")
+                               .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, bool, bool)>();
+    return op.redispatch(ks & c10::after_autograd_keyset, a, some, compute_uv);
+  }
+  if (compute_uv) {
+    auto usvh = at::linalg_svd(a, /*full_matrices=*/!some);
+    return {std::get<0>(usvh), std::get<1>(usvh), std::get<2>(usvh).mH()};
+  }
+  at::Tensor s = at::linalg_svdvals(a);  // refuses fewer than 2 dims, as the composite does
+  std::vector<int64_t> sizes = a.sizes().vec();
+  const int64_t m = sizes.end()[-2], n = sizes.end()[-1];
+  sizes.end()[-1] = m;
+  at::Tensor u = a.new_zeros(sizes);
+  sizes.end()[-2] = n;
+  sizes.end()[-1] = n;
+  at::Tensor vh = a.new_zeros(sizes);
+  return {std::move(u), std::move(s), vh.mH()};
+}
+
 void register_run_whole(torch::Library& m) {
   for (const char* name : kRunWhole)
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&run_below_autograd>());
+  m.impl("svd", TORCH_FN(svd_autograd));
 }
 
 }  // namespace

@@ -275,6 +275,34 @@ DTENSOR_TEST_F(LinalgRules, CholeskyAndItsInverseKeepBatchShards) {
   EXPECT_TRUE(at::allclose(full_tensor(inv), at::cholesky_inverse(at::cholesky(spd))));
 }
 
+// NOTE: [svd without U and V] (composite_ops.cpp): with compute_uv=false, U and V are DTensors
+// of zeros (libtorch's composite made them plain tensors), and S is linalg_svdvals'; with
+// compute_uv, the decomposition's values and shards. Plain tensors are unchanged.
+DTENSOR_TEST_F(LinalgRules, SvdWithoutUAndVGivesDTensorZeros) {
+  auto mesh = build_device_mesh();
+  const at::Tensor a = values({4, 5, 3}, 1);
+  const at::Tensor da = distribute_tensor(a, mesh, {Shard{0}});
+  for (const bool some : {true, false}) {
+    const auto plain = at::svd(a, some, /*compute_uv=*/false);
+    const auto sharded = at::svd(da, some, /*compute_uv=*/false);
+    ASSERT_TRUE(is_dtensor(std::get<0>(sharded)) && is_dtensor(std::get<2>(sharded))) << "some=" << some;
+    EXPECT_EQ(get_spec(std::get<1>(sharded)).placements, std::vector<Placement>{Shard{0}});
+    for (int i = 0; i < 3; ++i) {
+      const at::Tensor got = full_tensor(i == 0 ? std::get<0>(sharded) : i == 1 ? std::get<1>(sharded) : std::get<2>(sharded));
+      const at::Tensor want = i == 0 ? std::get<0>(plain) : i == 1 ? std::get<1>(plain) : std::get<2>(plain);
+      EXPECT_EQ(got.sizes(), want.sizes()) << "output " << i << ", some=" << some;
+      EXPECT_TRUE(at::allclose(got, want)) << "output " << i << ", some=" << some;
+    }
+  }
+  const auto plain = at::svd(a);
+  const auto sharded = at::svd(da);
+  EXPECT_EQ(get_spec(std::get<0>(sharded)).placements, std::vector<Placement>{Shard{0}});
+  EXPECT_TRUE(at::allclose(full_tensor(std::get<0>(sharded)), std::get<0>(plain)));
+  EXPECT_TRUE(at::allclose(full_tensor(std::get<1>(sharded)), std::get<1>(plain)));
+  EXPECT_TRUE(at::allclose(full_tensor(std::get<2>(sharded)), std::get<2>(plain)));
+  EXPECT_FALSE(is_dtensor(std::get<0>(plain)));
+}
+
 // NOTE: [Inf norm of an empty shard] (reduction_rules.cpp): an inf norm over a dim with an
 // empty shard (5 rows on 4 ranks: 2, 2, 1, 0) stays Partial(max); _foreach_norm's does when
 // no shard is empty.
