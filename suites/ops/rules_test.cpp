@@ -3,7 +3,8 @@
 // without communication and gives the data-parallel gradients, channel sharding is taken
 // when it is free; the fused attention's refusal of dropout; and the communication-free layouts
 // the tensor-parallel rules (embedding, layer norm, softmax, views) keep; the masked gather, the
-// Partial mean nll_loss, is_same_size on global shapes, batched linear algebra and _foreach_*.
+// Partial mean nll_loss, is_same_size on global shapes, batched linear algebra and _foreach_*;
+// plain tensors made by backward formulas.
 #include "dtensor/compat.h"
 #include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
@@ -15,7 +16,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <functional>
 #include <limits>
+#include <string>
 
 namespace dtensor {
 namespace {
@@ -422,6 +425,81 @@ DTENSOR_TEST_F(OutVariants, RanksOutsideTheMeshReturnEachOutTensor) {
     EXPECT_TRUE(at::equal(to_local(sorted), std::get<0>(at::sort(a, 1))));
     EXPECT_TRUE(at::equal(to_local(order), std::get<1>(at::sort(a, 1))));
   }
+}
+
+// NOTE: [Plain tensors made by backward formulas] (dispatch.cpp): libtorch's derivative formulas
+// that build plain tensors (mvlgamma's arange, slice_scatter's zeros of src's size,
+// masked_scatter's cat with plain zeros) work on DTensors: there the plain tensors are
+// replicated. Gradients match the plain tensors' on every layout; forward code that mixes a plain
+// tensor in is still refused, also with grad mode on and after a backward pass. Inputs are
+// sharded, replicated and Partial.
+class BackwardFormulas : public testing::DTensorOpTestBase {};
+
+// The gradients of f's inputs for the output gradient `dy`, on plain tensors and on DTensors
+// with the given placements (every input and dy laid out alike), compared.
+void expect_same_gradients(const DeviceMesh& mesh, const std::vector<Placement>& placements,
+                           const std::vector<at::Tensor>& inputs, const at::Tensor& dy,
+                           const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f, const std::string& what) {
+  std::vector<at::Tensor> plain, dist;
+  for (const auto& t : inputs) {
+    plain.push_back(t.detach().clone().requires_grad_());
+    dist.push_back(detail::redistribute_to_any(distribute_tensor(t.detach(), mesh, {Replicate{}}), placements)
+                       .requires_grad_());
+  }
+  f(plain).backward(dy);
+  f(dist).backward(detail::redistribute_to_any(distribute_tensor(dy, mesh, {Replicate{}}), placements));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ASSERT_TRUE(dist[i].grad().defined()) << what << ": input " << i;
+    ASSERT_TRUE(is_dtensor(dist[i].grad())) << what << ": input " << i;
+    EXPECT_TRUE(at::allclose(full_tensor(dist[i].grad()), plain[i].grad())) << what << ": input " << i;
+  }
+}
+
+DTENSOR_TEST_F(BackwardFormulas, PlainTensorsTheyMakeAreReplicated) {
+  auto mesh = build_device_mesh();
+  for (const std::vector<Placement>& pl :
+       {std::vector<Placement>{Shard{0}}, std::vector<Placement>{Shard{1}}, std::vector<Placement>{Replicate{}},
+        std::vector<Placement>{Partial{}}}) {
+    const std::string where = to_string(pl);
+    // mvlgamma_backward: grad * (self.unsqueeze(-1) + plain arange(p)).digamma_().sum(-1); with a
+    // Partial self the sum is Partial, and digamma_ writes it in place (NOTE: [In-place ops of
+    // backward formulas on Partial buffers]).
+    expect_same_gradients(mesh, pl, {values({8, 6}, 1).abs() + 2}, values({8, 6}, 2),
+                          [](const std::vector<at::Tensor>& t) { return at::mvlgamma(t[0], 3); },
+                          "mvlgamma " + where);
+    // slice_scatter's self gradient: slice_scatter(grad, plain zeros of src's size, ...).
+    expect_same_gradients(mesh, pl, {values({8, 6}, 3), values({8, 2}, 4)}, values({8, 6}, 5),
+                          [](const std::vector<at::Tensor>& t) { return at::slice_scatter(t[0], t[1], 1, 1, 5, 2); },
+                          "slice_scatter " + where);
+    // masked_scatter's source gradient: cat({grad.masked_select(mask), plain zeros}) (Tensor[]).
+    const at::Tensor mask = values({8, 6}, 6) > 0.3;
+    expect_same_gradients(
+        mesh, pl, {values({8, 6}, 7), values({8, 6}, 8)}, values({8, 6}, 9),
+        [&](const std::vector<at::Tensor>& t) {
+          if (!is_dtensor(t[0])) return at::masked_scatter(t[0], mask, t[1]);
+          const bool partial = is_partial(get_spec(t[0]).placements[0]);
+          return at::masked_scatter(t[0], distribute_tensor(mask, mesh, partial ? std::vector<Placement>{Replicate{}} : get_spec(t[0]).placements), t[1]);
+        },
+        "masked_scatter " + where);
+  }
+}
+
+DTENSOR_TEST_F(BackwardFormulas, PlainTensorsInForwardCodeAreStillRefused) {
+  auto mesh = build_device_mesh();
+  at::Tensor x = distribute_tensor(values({8, 6}, 1), mesh, {Shard{0}}).requires_grad_();
+  auto refused = [&](const char* after) {
+    EXPECT_TRUE(contains(error_of([&] { (void)(x * values({8, 6}, 2)); }), "aten::mul.Tensor got a plain tensor of shape [8, 6]"))
+        << after;
+    EXPECT_TRUE(contains(error_of([&] { (void)at::cat({x, values({2, 6}, 2)}); }), "got a list mixing DTensors and plain tensors"))
+        << after;
+  };
+  refused("before backward");
+  at::mvlgamma(x.abs() + 2, 3).sum().backward();
+  ASSERT_TRUE(x.grad().defined());
+  refused("after backward");
+  // The guard still lets both through (a Tensor[] element too).
+  ImplicitReplicationGuard implicit;
+  EXPECT_TRUE(at::allclose(full_tensor(at::cat({x, values({2, 6}, 2)})), at::cat({values({8, 6}, 1), values({2, 6}, 2)})));
 }
 
 }  // namespace
