@@ -228,6 +228,45 @@ DTENSOR_TEST_F(LossAndIndexRules, MeanNllLossOnBatchShardsStaysPartial) {
   EXPECT_TRUE(at::allclose(full_tensor(x.grad()), xs.grad()));
 }
 
+// nll_loss_forward.output / nll_loss2d_forward.output have rules (the functional's kernel rule
+// does not serve them): out= tensors laid out as the functional's outputs (Partial loss,
+// replicated total weight) are written without communicating the scores; replicated ones too.
+DTENSOR_TEST_F(LossAndIndexRules, NllLossForwardOutWritesBothOutTensors) {
+  auto mesh = build_device_mesh();
+  const at::Tensor scores = values({6, 5, 3, 2}, 2).log_softmax(1), weight = values({5}, 3).abs() + 0.5;
+  const at::Tensor target = (at::arange(36, at::kLong) * 3).remainder(5).reshape({6, 3, 2});
+  at::Tensor x = distribute_tensor(scores, mesh, {Shard{0}});
+  at::Tensor t = distribute_tensor(target, mesh, {Shard{0}});
+  at::Tensor w = distribute_tensor(weight, mesh, {Replicate{}});
+  const std::vector<Placement> rep{Replicate{}}, partial{Partial{}};
+  for (const int64_t reduction : {1, 2}) {
+    auto [ref, ref_total] = at::nll_loss2d_forward(scores, target, weight, reduction, /*ignore_index*/ 2);
+    for (const bool keep_partial : {true, false}) {
+      const std::vector<Placement>& loss_placement = keep_partial ? partial : rep;
+      const std::vector<Placement>& total_placement = keep_partial && reduction == 2 ? partial : rep;
+      at::Tensor loss = detail::redistribute_to_any(distribute_tensor(at::zeros({}, at::kDouble), mesh, rep), loss_placement);
+      at::Tensor total =
+          detail::redistribute_to_any(distribute_tensor(at::zeros({}, at::kDouble), mesh, rep), total_placement);
+      auto [rl, rt] = at::nll_loss2d_forward_out(loss, total, x, t, w, reduction, 2);
+      const std::string what = "reduction " + std::to_string(reduction) + (keep_partial ? ", Partial" : ", replicated");
+      EXPECT_TRUE(rl.is_same(loss) && rt.is_same(total)) << what;
+      EXPECT_EQ(get_spec(loss).placements, loss_placement) << what;
+      EXPECT_EQ(get_spec(total).placements, total_placement) << what;
+      EXPECT_TRUE(at::allclose(full_tensor(loss), ref)) << what;
+      EXPECT_TRUE(at::allclose(full_tensor(total), ref_total)) << what;
+    }
+  }
+  // The 1-D form, mean reduction on batch shards.
+  const at::Tensor s1 = values({7, 5}, 4).log_softmax(1), t1 = (at::arange(7, at::kLong) * 3).remainder(5);
+  at::Tensor loss = detail::redistribute_to_any(distribute_tensor(at::zeros({}, at::kDouble), mesh, rep), partial);
+  at::Tensor total = distribute_tensor(at::zeros({}, at::kDouble), mesh, rep);
+  at::nll_loss_forward_out(loss, total, distribute_tensor(s1, mesh, {Shard{0}}), distribute_tensor(t1, mesh, {Shard{0}}),
+                           w, 1, 2);
+  auto [ref, ref_total] = at::nll_loss_forward(s1, t1, weight, 1, 2);
+  EXPECT_TRUE(at::allclose(full_tensor(loss), ref));
+  EXPECT_TRUE(at::allclose(full_tensor(total), ref_total));
+}
+
 // is_same_size compares the global shapes: [7, 4] and [6, 4] shard to the same local shapes on
 // the first ranks, and equal tensors on different placements have different local shapes.
 DTENSOR_TEST_F(LossAndIndexRules, IsSameSizeComparesGlobalShapes) {
@@ -500,6 +539,43 @@ DTENSOR_TEST_F(BackwardFormulas, PlainTensorsInForwardCodeAreStillRefused) {
   // The guard still lets both through (a Tensor[] element too).
   ImplicitReplicationGuard implicit;
   EXPECT_TRUE(at::allclose(full_tensor(at::cat({x, values({2, 6}, 2)})), at::cat({values({8, 6}, 1), values({2, 6}, 2)})));
+}
+
+// median / nanmedian / mode / kthvalue along a dim keep the other dims' shards (values and
+// indices, .values out= tensors too) and replicate the reduced dim; without a dim, replicated.
+class OrderStatistics : public testing::DTensorOpTestBase {};
+
+DTENSOR_TEST_F(OrderStatistics, KeepTheOtherDimsShardsAndReplicateTheReducedDim) {
+  auto mesh = build_device_mesh();
+  const at::Tensor a = (at::arange(48, at::kDouble) * 7).remainder(48).reshape({8, 6}) / 5;  // distinct values
+  const std::vector<Placement> s0{Shard{0}}, rep{Replicate{}};
+  const at::Tensor rows = distribute_tensor(a, mesh, s0);
+  auto expect = [&](const std::tuple<at::Tensor, at::Tensor>& got, const std::tuple<at::Tensor, at::Tensor>& want,
+                    const std::vector<Placement>& placements, const std::string& what) {
+    EXPECT_EQ(get_spec(std::get<0>(got)).placements, placements) << what;
+    EXPECT_EQ(get_spec(std::get<1>(got)).placements, placements) << what;
+    EXPECT_TRUE(at::equal(full_tensor(std::get<0>(got)), std::get<0>(want))) << what;
+    EXPECT_TRUE(at::equal(full_tensor(std::get<1>(got)), std::get<1>(want))) << what;
+  };
+  expect(at::median(rows, 1), at::median(a, 1), s0, "median dim 1");
+  expect(at::nanmedian(rows, 1, true), at::nanmedian(a, 1, true), s0, "nanmedian dim 1 keepdim");
+  expect(at::kthvalue(rows, 2, 1), at::kthvalue(a, 2, 1), s0, "kthvalue dim 1");
+  // Along the sharded dim: replicated first.
+  expect(at::kthvalue(rows, 3, 0), at::kthvalue(a, 3, 0), rep, "kthvalue dim 0");
+  const at::Tensor few = (at::arange(48, at::kDouble) * 5).remainder(3).reshape({8, 6});
+  expect(at::mode(distribute_tensor(few, mesh, s0), 1), at::mode(few, 1), s0, "mode dim 1");
+  // The whole tensor.
+  const at::Tensor m = at::median(rows);
+  EXPECT_EQ(get_spec(m).placements, rep);
+  EXPECT_TRUE(at::equal(full_tensor(m), at::median(a)));
+  // .values out= overloads write their out= DTensors.
+  at::Tensor values = distribute_tensor(at::zeros({8}, at::kDouble), mesh, s0);
+  at::Tensor indices = distribute_tensor(at::zeros({8}, at::kLong), mesh, s0);
+  auto [rv, ri] = at::kthvalue_out(values, indices, rows, 2, 1);
+  EXPECT_TRUE(rv.is_same(values) && ri.is_same(indices));
+  expect({values, indices}, at::kthvalue(a, 2, 1), s0, "kthvalue.values");
+  at::mode_out(values, indices, distribute_tensor(few, mesh, s0), 1);
+  expect({values, indices}, at::mode(few, 1), s0, "mode.values");
 }
 
 }  // namespace
