@@ -541,6 +541,39 @@ DTENSOR_TEST_F(BackwardFormulas, PlainTensorsInForwardCodeAreStillRefused) {
   EXPECT_TRUE(at::allclose(full_tensor(at::cat({x, values({2, 6}, 2)})), at::cat({values({8, 6}, 1), values({2, 6}, 2)})));
 }
 
+// NOTE: [In-place ops of backward formulas on Partial buffers] (dispatch.cpp): inside a backward
+// pass (here a tensor hook, which runs in the engine's graph task), a non-linear in-place op on
+// a Partial buffer nothing else aliases reduces it to Replicate first; an aliased one (a view of
+// it is alive) and any outside backward are still refused.
+DTENSOR_TEST_F(BackwardFormulas, InPlaceOnAPartialBufferReducesItOnlyWhenUnaliased) {
+  auto mesh = build_device_mesh();
+  const at::Tensor a = values({8, 6}, 1).abs() + 1;
+  auto partial_buffer = [&] {
+    return detail::redistribute_to_any(distribute_tensor(a, mesh, {Replicate{}}), {Partial{}});
+  };
+  const char* refusal = "no valid sharding for aten::digamma_";
+  EXPECT_TRUE(contains(error_of([&] { (void)partial_buffer().digamma_(); }), refusal)) << "outside backward";
+  std::string in_hook_error, aliased_error;
+  at::Tensor reduced;
+  at::Tensor x = distribute_tensor(values({8, 6}, 2), mesh, {Shard{0}}).requires_grad_();
+  at::Tensor y = x * 2;
+  y.register_hook([&](const at::Tensor& grad) {
+    in_hook_error = error_of([&] { reduced = partial_buffer().digamma_(); });
+    aliased_error = error_of([&] {
+      at::Tensor buffer = partial_buffer();
+      at::Tensor view = buffer.view({48});
+      (void)buffer.digamma_();
+    });
+    return grad;
+  });
+  y.sum().backward();
+  EXPECT_EQ(in_hook_error, "<no error>");
+  ASSERT_TRUE(reduced.defined());
+  EXPECT_EQ(get_spec(reduced).placements, std::vector<Placement>{Replicate{}});
+  EXPECT_TRUE(at::allclose(full_tensor(reduced), a.digamma()));
+  EXPECT_TRUE(contains(aliased_error, refusal)) << aliased_error;
+}
+
 // median / nanmedian / mode / kthvalue along a dim keep the other dims' shards (values and
 // indices, .values out= tensors too) and replicate the reduced dim; without a dim, replicated.
 class OrderStatistics : public testing::DTensorOpTestBase {};
