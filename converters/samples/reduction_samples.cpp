@@ -1,12 +1,12 @@
-// converters/samples/reduction_samples.cpp: samples of the reductions (sum, nansum,
-// count_nonzero, mean, prod, amax/amin, max/min, argmax/argmin, all/any, std/var, norms,
-// logsumexp), the scans (cumsum, cumprod, logcumsumexp) and the ops their backward formulas
-// call (flip, value_selecting_reduction_backward). Each op gets: the whole tensor or one dim
-// of an even shape ([8, 4]: both dims divide 4 and 2x2), keepdim, a negative dim, several dims
-// of a 3-D tensor, an uneven shape ([5, 6] in float64: 4 ranks leave one shard of each dim
-// empty), and integer / bool inputs where the op takes them. Overloads that decompose into
-// another one before they reach the DTensor key (std.dim -> std.correction, ...) have samples
-// too: they check the decomposition on DTensors.
+// converters/samples/reduction_samples.cpp: samples of the reductions (sum, nansum, count_nonzero,
+// mean, prod, amax/amin, max/min, argmax/argmin, median/nanmedian/mode/kthvalue, all/any, std/var,
+// norms, logsumexp), the scans (cumsum, cumprod, logcumsumexp) and the ops their backward formulas
+// call (flip, value_selecting_reduction_backward). Each op gets: the whole tensor or one dim of an
+// even shape ([8, 4]: both dims divide 4 and 2x2), keepdim, a negative dim, several dims of a 3-D
+// tensor, an uneven shape ([5, 6] in float64: 4 ranks leave one shard of each dim empty), and
+// integer / bool inputs where the op takes them. Overloads that decompose into another one before
+// they reach the DTensor key (std.dim -> std.correction, ...) have samples too: they check the
+// decomposition on DTensors.
 #include "converters/samples/samples.h"
 
 #include <ATen/ATen.h>
@@ -338,6 +338,32 @@ void add_scans(OpDb& db) {
     return Samples{OpSample("k2_dim1", {distinct(g, {8, 4}), 2, 1}), OpSample("k3_dim0_smallest", {distinct(g, {8, 4}), 3, 0, false}),
                    OpSample("last_3d", {distinct(g, {2, 4, 6}), 4}),
                    OpSample("uneven_f64", {distinct(g, {5, 6}).to(at::kDouble), 2, 0})};
+  });
+  // Order statistics: distinct values (unique medians and k-th values, and their indices);
+  // mode gets few distinct values, so that the most frequent one is not just the smallest.
+  for (const char* op : {"aten::median.dim", "aten::nanmedian.dim"})
+    add(db, op, [distinct](SampleGen& g) {
+      return Samples{OpSample("dim1", {distinct(g, {8, 5}), 1}), OpSample("dim0_keepdim", {distinct(g, {7, 4}), 0, true}),
+                     OpSample("neg_3d", {distinct(g, {2, 4, 6}), -1}),
+                     OpSample("uneven_f64", {distinct(g, {5, 6}).to(at::kDouble), 0})};
+    });
+  for (const char* op : {"aten::median", "aten::nanmedian"})
+    add(db, op, [distinct](SampleGen& g) {
+      return Samples{OpSample("even", {distinct(g, {8, 5})}), OpSample("3d", {distinct(g, {2, 4, 6})}),
+                     OpSample("uneven_f64", {distinct(g, {5, 7}).to(at::kDouble)})};
+    });
+  add(db, "aten::kthvalue", [distinct](SampleGen& g) {
+    return Samples{OpSample("k2_dim1", {distinct(g, {8, 5}), 2, 1}), OpSample("k3_dim0_keepdim", {distinct(g, {8, 4}), 3, 0, true}),
+                   OpSample("last_3d", {distinct(g, {2, 4, 6}), 4}),
+                   OpSample("uneven_f64", {distinct(g, {5, 6}).to(at::kDouble), 1, 0})};
+  });
+  add(db, "aten::mode", [](SampleGen& g) {
+    auto repeats = [&](std::vector<int64_t> shape, at::ScalarType dtype) {
+      return g.index(std::move(shape), 3).to(dtype) * 0.5 - 0.25;
+    };
+    return Samples{OpSample("dim1", {repeats({8, 6}, at::kFloat), 1}), OpSample("dim0_keepdim", {repeats({8, 4}, at::kFloat), 0, true}),
+                   OpSample("last_3d", {repeats({2, 4, 6}, at::kFloat)}),
+                   OpSample("uneven_f64", {repeats({5, 6}, at::kDouble), 0})};
   });
   add(db, "aten::flip", [](SampleGen& g) {
     return Samples{OpSample("dim0", {g.tensor({8, 4}), IL{0}}), OpSample("neg", {g.tensor({8, 4}), IL{-1}}),

@@ -4,6 +4,7 @@
 #include "converters/samples/samples.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 namespace dtensor {
 namespace testing {
@@ -99,6 +100,13 @@ void add_tensor_samples(OpDb& db) {
     db.add(op, "tensor", [](SampleGen& g) {
       return Samples{OpSample("even", {g.tensor({8, 4}), g.boolean({8, 4}), g.tensor({8, 4})}),
                      OpSample("broadcast_mask", {g.tensor({8, 4}), g.boolean({4}), g.tensor({40})})};
+    });
+  // libtorch 2.x only: masked_scatter's gradient of source, of source's sizes (numel >= the
+  // mask's count).
+  if (c10::Dispatcher::singleton().findSchema({"aten::masked_scatter_backward", ""}).has_value())
+    db.add("aten::masked_scatter_backward", "tensor", [](SampleGen& g) {
+      return Samples{OpSample("even", {g.tensor({8, 4}), g.boolean({8, 4}), IL{8, 4}}),
+                     OpSample("broadcast_mask", {g.tensor({8, 4}), g.boolean({4}), IL{40}})};
     });
   db.add("aten::nonzero", "tensor", [](SampleGen& g) {
     return Samples{OpSample("even", {g.boolean({8, 4})}), OpSample("int", {g.index({5, 6}, 3)})};

@@ -229,6 +229,14 @@ const bool registered = [] {
   // With indices: the reduced dim is replicated (indices are positions in the whole dim).
   for (const char* n : {"aten::max.dim", "aten::min.dim", "aten::argmax", "aten::argmin"})
     register_rule(n, reduction(1, replicate_reduced()));
+  // Order statistics along a dim (values and indices): the reduced dim is replicated (the k-th
+  // smallest, the median, the most frequent value need the whole dim), the others keep their
+  // shards; their .values out= overloads take these rules (NOTE: [Rules of functional ops serve
+  // their out= overloads] in registry.cpp). Without a dim, the median of every element.
+  for (const char* n : {"aten::median.dim", "aten::nanmedian.dim", "aten::mode"})
+    register_rule(n, reduction(1, replicate_reduced()));
+  register_rule("aten::kthvalue", reduction(2, replicate_reduced()));
+  for (const char* n : {"aten::median", "aten::nanmedian"}) register_rule(n, reduction(kAll, replicate_reduced()));
   register_rule("aten::all", reduction(kAll, replicate_reduced()));
   register_rule("aten::any", reduction(kAll, replicate_reduced()));
   for (const char* n : {"aten::all.dim", "aten::any.dim", "aten::all.out", "aten::any.out"})

@@ -62,17 +62,23 @@ std::vector<std::pair<int64_t, int64_t>> loss_dims(int64_t self_nd, int64_t targ
 }
 
 // nll_loss_forward / nll_loss2d_forward(self, target, weight?, reduction, ignore_index)
-//   -> (output, total_weight)
+//   -> (output, total_weight); their .output overloads take the two as out= tensors (arguments
+//   5 and 6), which receive the outputs' placements.
 std::vector<DimOption> nll_loss_options(const OpCall& c) {
   std::vector<DimOption> o{{{R, R}, std::vector<Placement>(c.inputs.size(), R)}};
   const int64_t reduction = arg_int(c, 3, kMean);
   for (const auto& [t, s] : loss_dims(c.inputs[0]->ndim(), c.inputs[1]->ndim())) {
-    auto ins = inputs_by_arg(c, [t = t, s = s](size_t i) {
-      return i == 0 ? Placement(Shard{s}) : i == 1 ? Placement(Shard{t}) : R;
-    });
-    if (reduction == kNone) o.push_back({{Shard{t}, R}, ins});
-    if (reduction == kSum) o.push_back({{Partial{}, Partial{}}, ins});
-    if (reduction == kMean) o.push_back({{Partial{}, R}, ins});  // NOTE: [Mean nll_loss stays Partial]
+    auto option = [&, t = t, s = s](Placement output, Placement total_weight) {
+      return DimOption{{output, total_weight}, inputs_by_arg(c, [&](size_t i) {
+                         if (i == 0) return Placement(Shard{s});
+                         if (i == 1) return Placement(Shard{t});
+                         if (i == 5) return output;
+                         return i == 6 ? total_weight : R;
+                       })};
+    };
+    if (reduction == kNone) o.push_back(option(Shard{t}, R));
+    if (reduction == kSum) o.push_back(option(Partial{}, Partial{}));
+    if (reduction == kMean) o.push_back(option(Partial{}, R));  // NOTE: [Mean nll_loss stays Partial]
   }
   return o;
 }
@@ -86,11 +92,16 @@ std::vector<c10::IValue> nll_loss_kernel(const c10::OperatorHandle& op, std::vec
     op.callBoxed(&args);
     return std::move(args);
   }
+  const bool out = args.size() > 5;  // the .output overload: the returns are its out= tensors
   args[3] = static_cast<int64_t>(kSum);
   op.callBoxed(&args);
   const at::Tensor local_sum = args[0].toTensor();
-  at::Tensor total_weight = args[1].toTensor().clone();
+  at::Tensor total_weight = out ? args[1].toTensor() : args[1].toTensor().clone();
   for (int64_t m : sharded_mesh_dims) call.mesh->get_group(m)->all_reduce(total_weight, comm::ReduceOp::SUM);
+  if (out) {
+    local_sum.div_(total_weight);
+    return std::move(args);
+  }
   return {local_sum / total_weight, total_weight};
 }
 
@@ -126,7 +137,10 @@ const bool registered = [] {
   register_rule("aten::_log_softmax_backward_data", softmax_backward_options);
   RuleOptions mean_stays_partial;  // NOTE: [Mean nll_loss stays Partial]
   mean_stays_partial.kernel = nll_loss_kernel;
-  for (const char* n : {"aten::nll_loss_forward", "aten::nll_loss2d_forward"})
+  // The .output overloads have rules of their own: a rule with a local kernel does not serve
+  // out= overloads (NOTE: [Rules of functional ops serve their out= overloads]).
+  for (const char* n : {"aten::nll_loss_forward", "aten::nll_loss2d_forward", "aten::nll_loss_forward.output",
+                        "aten::nll_loss2d_forward.output"})
     register_rule(n, nll_loss_options, nullptr, mean_stays_partial);
   for (const char* n : {"aten::nll_loss_backward", "aten::nll_loss2d_backward"})
     register_rule(n, nll_loss_backward_options);

@@ -159,6 +159,8 @@ const bool registered = [] {
   from_local.output_shape_from_local = true;
   for (const char* n : {"aten::masked_select", "aten::nonzero"}) register_rule(n, all_replicated, nullptr, from_local);
   register_rule("aten::masked_scatter", all_replicated);
+  // libtorch 2.x: masked_scatter's gradient of source (grad.masked_select(mask), zeros after it).
+  register_rule("aten::masked_scatter_backward", all_replicated);
   RuleOptions relayout;  // NOTE: [In-place indexing may re-lay out what it writes]
   relayout.relayout_written = true;
   register_rule("aten::masked_scatter_", all_replicated, nullptr, relayout);

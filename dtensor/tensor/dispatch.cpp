@@ -4,7 +4,8 @@
 // Autograd has already recorded the op when we get here (the key is below it). Steps:
 //   1. Read the schema's arguments off the stack; DTensors give specs, plain 0-dim tensors are
 //      scalars, any other plain tensor is an error naming the op (or Replicate inside an
-//      ImplicitReplicationGuard). Lists: a Tensor[] holds DTensors only; the indices of a
+//      ImplicitReplicationGuard or a backward pass: NOTE: [Plain tensors made by backward
+//      formulas]). Lists: a Tensor[] holds DTensors only (but see that NOTE); the indices of a
 //      Tensor?[] (index, index_put) are arguments like any other (None entries stay None, and
 //      a plain index tensor is replicated only inside the guard).
 //   2. Propagate sharding (dtensor/ops): the cheapest strategy and the outputs' global metadata
@@ -40,6 +41,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -87,6 +89,43 @@ at::Tensor stand_in_for(const DTensorSpec& s, StandIn kind) {
 
 // Tensor[] or Tensor?[].
 bool is_tensor_list(const c10::IValue& v) { return v.isTensorList() || v.isOptionalTensorList(); }
+
+// NOTE: [Plain tensors made by backward formulas]
+// Some of libtorch's derivative formulas build a plain tensor from a DTensor's sizes and options
+// and mix it with the DTensor gradient: mvlgamma_backward adds at::arange(p, options),
+// slice_scatter's backward scatters zeros of src's saved TypeAndSize into the gradient,
+// index_put's uses zeros_like(values), masked_scatter's and prod's (with a zero) cat a plain
+// zeros / ones tensor with DTensors, as_strided_backward indexes with a plain arange. Those
+// formulas are libtorch's, not ours, so the fallback decides instead: while the autograd engine
+// runs a graph task on this thread, a plain tensor mixed with DTensors is treated as Replicate,
+// exactly as inside an ImplicitReplicationGuard (Tensor[] elements included).
+//   Why Replicate is exact there: a formula takes its sizes from the saved tensors and the
+// gradient, or from constants (mvlgamma's arange has p elements and broadcasts), and a
+// DTensor's sizes are its GLOBAL sizes (the wrapper's; autograd never sees a local shard), so
+// the plain tensor is a whole global operand, never a piece of one; and the factories formulas
+// use (zeros, ones, arange, zeros_like, new_zeros) are deterministic, so every rank builds the
+// same value. Replicate with the tensor's own shape is then its exact placement, and the meta
+// run of shape inference checks that shape against the DTensors' global ones. A plain tensor
+// holding a LOCAL piece (which user code could pass) would be misread as global, and would
+// slip through when its shape broadcasts: that is why the rule is scoped to backward, where
+// the plain tensors are the formulas' own, and why outside backward the refusal is unchanged
+// (forward code mixing plain tensors in still raises, under grad mode too).
+//   Scope: the engine sets the thread's current graph task around each node it evaluates and
+// around its final callbacks, so tensor hooks and custom Functions' backward bodies run inside
+// it too and get the same treatment. Detection: torch::autograd::
+// get_current_graph_task_exec_info() is non-null exactly then; it is exported with the same
+// signature by libtorch 1.13 and 2.x (torch::autograd::get_current_node(), the anomaly-mode
+// NodeGuard's node, is exported by 2.x only), so no compat shim is needed.
+//   PyTorch's DTensor differs: its dispatcher replicates a plain tensor only when it has one
+// element or inside implicit_replication() (_dispatch.py, _try_replicate_spec_for_scalar_tensor;
+// else "got mixed torch.Tensor and DTensor"), and releases after 2.6 set a C++
+// at::DTensorAllowImplicitReplication guard at individual ATen sites (one_hot, the embedding
+// batch rule), not around backward; so there these formulas meet a plain tensor of more than
+// one element and raise. We cannot patch libtorch's formulas site by site, and the engine tells
+// us when we are in them.
+bool in_autograd_backward() { return torch::autograd::get_current_graph_task_exec_info() != nullptr; }
+
+bool implicit_replication() { return ImplicitReplicationGuard::enabled() || in_autograd_backward(); }
 
 // A copy of the list `v` (same element type) with element `pos` replaced: the caller's list
 // must not change (it still holds the DTensors).
@@ -189,8 +228,10 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         if (!is_dtensor(t)) {
           // Indices of a Tensor?[] are arguments like any other: plain ones are replicated
           // inside an ImplicitReplicationGuard (the check is below, once the mesh is known).
-          TORCH_CHECK(optional_list, "DTensor: ", call.name, " got a list mixing DTensors and plain tensors (element ",
-                      p, "); distribute every tensor first");
+          // Elements of a Tensor[] (cat, stack) only where implicit replication is on.
+          TORCH_CHECK(optional_list || implicit_replication(), "DTensor: ", call.name,
+                      " got a list mixing DTensors and plain tensors (element ", p,
+                      "); distribute every tensor first, or run inside a dtensor::ImplicitReplicationGuard");
           plain_list_elements.push_back({i, p});
           continue;
         }
@@ -213,7 +254,7 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // has the same value on every rank by construction of any sane program, so it is treated as
   // Replicate without a guard, as PyTorch's dispatcher does (numel() == 1).
   auto replicated = [&](const at::Tensor& t, size_t arg_index) {
-    TORCH_CHECK(ImplicitReplicationGuard::enabled() || t.numel() == 1, "DTensor: ", call.name, " got a plain tensor of shape ",
+    TORCH_CHECK(implicit_replication() || t.numel() == 1, "DTensor: ", call.name, " got a plain tensor of shape ",
                 t.sizes(), " as argument '", schema.arguments()[arg_index].name(), "' mixed with DTensors on ",
                 mesh->to_string(),
                 ". Distribute it (distribute_tensor / from_local) or run inside a "
@@ -355,7 +396,43 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                                   : TensorMeta{});
     return metas;
   };
-  ops::OutputSharding sharding = ops::propagate(call, infer_meta);
+  // NOTE: [In-place ops of backward formulas on Partial buffers]
+  // An in-place op keeps the placements of the tensor it writes, and a non-linear one (digamma_,
+  // ...) has no strategy for a Partial target, so it raises (as PyTorch's DTensor does). Backward
+  // formulas do write in place into buffers they just made: mvlgamma_backward computes
+  // (self.unsqueeze(-1) + arange).digamma_(), and with a Partial self (the saved input) the sum
+  // is Partial. So inside a backward pass (NOTE: [Plain tensors made by backward formulas]),
+  // when propagation refuses an in-place op (not out=) whose target is Partial and nothing else
+  // aliases it (its shard's storage is its own: no view of it, not a view of anything), the
+  // target is reduced in place to Replicate on those mesh dims (the DTensor takes the new shard
+  // and spec: same global value, every handle of it sees it) and propagation runs again. A
+  // target that is aliased keeps the refusal: a view would no longer see the write.
+  auto reduce_partial_target = [&]() -> bool {
+    if (call.written_input < 0 || is_out_argument[static_cast<size_t>(written_arg)] || !in_autograd_backward())
+      return false;
+    auto* impl = unsafe_get_dtensor_impl(dargs[static_cast<size_t>(call.written_input)].dtensor);
+    const DTensorSpec& from = impl->spec();
+    std::vector<Placement> to = from.placements;
+    bool partial = false;
+    for (auto& p : to)
+      if (is_partial(p)) {
+        p = Replicate{};
+        partial = true;
+      }
+    if (!partial || impl->is_detached_view() || !impl->local().has_storage() ||
+        impl->local().storage().use_count() != 1)
+      return false;
+    at::Tensor local = detail::redistribute_local(impl->local(), from, to);
+    impl->set_local_and_spec(std::move(local), DTensorSpec(from.mesh, to, from.tensor_meta));
+    return true;
+  };
+  ops::OutputSharding sharding;
+  try {
+    sharding = ops::propagate(call, infer_meta);
+  } catch (const c10::Error&) {
+    if (!reduce_partial_target()) throw;
+    sharding = ops::propagate(call, infer_meta);
+  }
   call.output_meta = sharding.output_meta;  // on a cache hit, propagate did not infer them
   if (sharding.replicate_fallback) ops::note_replicate_fallback_use();
 

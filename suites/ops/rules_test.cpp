@@ -3,7 +3,8 @@
 // without communication and gives the data-parallel gradients, channel sharding is taken
 // when it is free; the fused attention's refusal of dropout; and the communication-free layouts
 // the tensor-parallel rules (embedding, layer norm, softmax, views) keep; the masked gather, the
-// Partial mean nll_loss, is_same_size on global shapes, batched linear algebra and _foreach_*.
+// Partial mean nll_loss, is_same_size on global shapes, batched linear algebra and _foreach_*;
+// plain tensors made by backward formulas.
 #include "dtensor/compat.h"
 #include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
@@ -15,7 +16,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <functional>
 #include <limits>
+#include <string>
 
 namespace dtensor {
 namespace {
@@ -225,6 +228,45 @@ DTENSOR_TEST_F(LossAndIndexRules, MeanNllLossOnBatchShardsStaysPartial) {
   EXPECT_TRUE(at::allclose(full_tensor(x.grad()), xs.grad()));
 }
 
+// nll_loss_forward.output / nll_loss2d_forward.output have rules (the functional's kernel rule
+// does not serve them): out= tensors laid out as the functional's outputs (Partial loss,
+// replicated total weight) are written without communicating the scores; replicated ones too.
+DTENSOR_TEST_F(LossAndIndexRules, NllLossForwardOutWritesBothOutTensors) {
+  auto mesh = build_device_mesh();
+  const at::Tensor scores = values({6, 5, 3, 2}, 2).log_softmax(1), weight = values({5}, 3).abs() + 0.5;
+  const at::Tensor target = (at::arange(36, at::kLong) * 3).remainder(5).reshape({6, 3, 2});
+  at::Tensor x = distribute_tensor(scores, mesh, {Shard{0}});
+  at::Tensor t = distribute_tensor(target, mesh, {Shard{0}});
+  at::Tensor w = distribute_tensor(weight, mesh, {Replicate{}});
+  const std::vector<Placement> rep{Replicate{}}, partial{Partial{}};
+  for (const int64_t reduction : {1, 2}) {
+    auto [ref, ref_total] = at::nll_loss2d_forward(scores, target, weight, reduction, /*ignore_index*/ 2);
+    for (const bool keep_partial : {true, false}) {
+      const std::vector<Placement>& loss_placement = keep_partial ? partial : rep;
+      const std::vector<Placement>& total_placement = keep_partial && reduction == 2 ? partial : rep;
+      at::Tensor loss = detail::redistribute_to_any(distribute_tensor(at::zeros({}, at::kDouble), mesh, rep), loss_placement);
+      at::Tensor total =
+          detail::redistribute_to_any(distribute_tensor(at::zeros({}, at::kDouble), mesh, rep), total_placement);
+      auto [rl, rt] = at::nll_loss2d_forward_out(loss, total, x, t, w, reduction, 2);
+      const std::string what = "reduction " + std::to_string(reduction) + (keep_partial ? ", Partial" : ", replicated");
+      EXPECT_TRUE(rl.is_same(loss) && rt.is_same(total)) << what;
+      EXPECT_EQ(get_spec(loss).placements, loss_placement) << what;
+      EXPECT_EQ(get_spec(total).placements, total_placement) << what;
+      EXPECT_TRUE(at::allclose(full_tensor(loss), ref)) << what;
+      EXPECT_TRUE(at::allclose(full_tensor(total), ref_total)) << what;
+    }
+  }
+  // The 1-D form, mean reduction on batch shards.
+  const at::Tensor s1 = values({7, 5}, 4).log_softmax(1), t1 = (at::arange(7, at::kLong) * 3).remainder(5);
+  at::Tensor loss = detail::redistribute_to_any(distribute_tensor(at::zeros({}, at::kDouble), mesh, rep), partial);
+  at::Tensor total = distribute_tensor(at::zeros({}, at::kDouble), mesh, rep);
+  at::nll_loss_forward_out(loss, total, distribute_tensor(s1, mesh, {Shard{0}}), distribute_tensor(t1, mesh, {Shard{0}}),
+                           w, 1, 2);
+  auto [ref, ref_total] = at::nll_loss_forward(s1, t1, weight, 1, 2);
+  EXPECT_TRUE(at::allclose(full_tensor(loss), ref));
+  EXPECT_TRUE(at::allclose(full_tensor(total), ref_total));
+}
+
 // is_same_size compares the global shapes: [7, 4] and [6, 4] shard to the same local shapes on
 // the first ranks, and equal tensors on different placements have different local shapes.
 DTENSOR_TEST_F(LossAndIndexRules, IsSameSizeComparesGlobalShapes) {
@@ -422,6 +464,151 @@ DTENSOR_TEST_F(OutVariants, RanksOutsideTheMeshReturnEachOutTensor) {
     EXPECT_TRUE(at::equal(to_local(sorted), std::get<0>(at::sort(a, 1))));
     EXPECT_TRUE(at::equal(to_local(order), std::get<1>(at::sort(a, 1))));
   }
+}
+
+// NOTE: [Plain tensors made by backward formulas] (dispatch.cpp): libtorch's derivative formulas
+// that build plain tensors (mvlgamma's arange, slice_scatter's zeros of src's size,
+// masked_scatter's cat with plain zeros) work on DTensors: there the plain tensors are
+// replicated. Gradients match the plain tensors' on every layout; forward code that mixes a plain
+// tensor in is still refused, also with grad mode on and after a backward pass. Inputs are
+// sharded, replicated and Partial.
+class BackwardFormulas : public testing::DTensorOpTestBase {};
+
+// The gradients of f's inputs for the output gradient `dy`, on plain tensors and on DTensors
+// with the given placements (every input and dy laid out alike), compared.
+void expect_same_gradients(const DeviceMesh& mesh, const std::vector<Placement>& placements,
+                           const std::vector<at::Tensor>& inputs, const at::Tensor& dy,
+                           const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f, const std::string& what) {
+  std::vector<at::Tensor> plain, dist;
+  for (const auto& t : inputs) {
+    plain.push_back(t.detach().clone().requires_grad_());
+    dist.push_back(detail::redistribute_to_any(distribute_tensor(t.detach(), mesh, {Replicate{}}), placements)
+                       .requires_grad_());
+  }
+  f(plain).backward(dy);
+  f(dist).backward(detail::redistribute_to_any(distribute_tensor(dy, mesh, {Replicate{}}), placements));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ASSERT_TRUE(dist[i].grad().defined()) << what << ": input " << i;
+    ASSERT_TRUE(is_dtensor(dist[i].grad())) << what << ": input " << i;
+    EXPECT_TRUE(at::allclose(full_tensor(dist[i].grad()), plain[i].grad())) << what << ": input " << i;
+  }
+}
+
+DTENSOR_TEST_F(BackwardFormulas, PlainTensorsTheyMakeAreReplicated) {
+  auto mesh = build_device_mesh();
+  for (const std::vector<Placement>& pl :
+       {std::vector<Placement>{Shard{0}}, std::vector<Placement>{Shard{1}}, std::vector<Placement>{Replicate{}},
+        std::vector<Placement>{Partial{}}}) {
+    const std::string where = to_string(pl);
+    // mvlgamma_backward: grad * (self.unsqueeze(-1) + plain arange(p)).digamma_().sum(-1); with a
+    // Partial self the sum is Partial, and digamma_ writes it in place (NOTE: [In-place ops of
+    // backward formulas on Partial buffers]).
+    expect_same_gradients(mesh, pl, {values({8, 6}, 1).abs() + 2}, values({8, 6}, 2),
+                          [](const std::vector<at::Tensor>& t) { return at::mvlgamma(t[0], 3); },
+                          "mvlgamma " + where);
+    // slice_scatter's self gradient: slice_scatter(grad, plain zeros of src's size, ...).
+    expect_same_gradients(mesh, pl, {values({8, 6}, 3), values({8, 2}, 4)}, values({8, 6}, 5),
+                          [](const std::vector<at::Tensor>& t) { return at::slice_scatter(t[0], t[1], 1, 1, 5, 2); },
+                          "slice_scatter " + where);
+    // masked_scatter's source gradient: cat({grad.masked_select(mask), plain zeros}) (Tensor[]).
+    const at::Tensor mask = values({8, 6}, 6) > 0.3;
+    expect_same_gradients(
+        mesh, pl, {values({8, 6}, 7), values({8, 6}, 8)}, values({8, 6}, 9),
+        [&](const std::vector<at::Tensor>& t) {
+          if (!is_dtensor(t[0])) return at::masked_scatter(t[0], mask, t[1]);
+          const bool partial = is_partial(get_spec(t[0]).placements[0]);
+          return at::masked_scatter(t[0], distribute_tensor(mask, mesh, partial ? std::vector<Placement>{Replicate{}} : get_spec(t[0]).placements), t[1]);
+        },
+        "masked_scatter " + where);
+  }
+}
+
+DTENSOR_TEST_F(BackwardFormulas, PlainTensorsInForwardCodeAreStillRefused) {
+  auto mesh = build_device_mesh();
+  at::Tensor x = distribute_tensor(values({8, 6}, 1), mesh, {Shard{0}}).requires_grad_();
+  auto refused = [&](const char* after) {
+    EXPECT_TRUE(contains(error_of([&] { (void)(x * values({8, 6}, 2)); }), "aten::mul.Tensor got a plain tensor of shape [8, 6]"))
+        << after;
+    EXPECT_TRUE(contains(error_of([&] { (void)at::cat({x, values({2, 6}, 2)}); }), "got a list mixing DTensors and plain tensors"))
+        << after;
+  };
+  refused("before backward");
+  at::mvlgamma(x.abs() + 2, 3).sum().backward();
+  ASSERT_TRUE(x.grad().defined());
+  refused("after backward");
+  // The guard still lets both through (a Tensor[] element too).
+  ImplicitReplicationGuard implicit;
+  EXPECT_TRUE(at::allclose(full_tensor(at::cat({x, values({2, 6}, 2)})), at::cat({values({8, 6}, 1), values({2, 6}, 2)})));
+}
+
+// NOTE: [In-place ops of backward formulas on Partial buffers] (dispatch.cpp): inside a backward
+// pass (here a tensor hook, which runs in the engine's graph task), a non-linear in-place op on
+// a Partial buffer nothing else aliases reduces it to Replicate first; an aliased one (a view of
+// it is alive) and any outside backward are still refused.
+DTENSOR_TEST_F(BackwardFormulas, InPlaceOnAPartialBufferReducesItOnlyWhenUnaliased) {
+  auto mesh = build_device_mesh();
+  const at::Tensor a = values({8, 6}, 1).abs() + 1;
+  auto partial_buffer = [&] {
+    return detail::redistribute_to_any(distribute_tensor(a, mesh, {Replicate{}}), {Partial{}});
+  };
+  const char* refusal = "no valid sharding for aten::digamma_";
+  EXPECT_TRUE(contains(error_of([&] { (void)partial_buffer().digamma_(); }), refusal)) << "outside backward";
+  std::string in_hook_error, aliased_error;
+  at::Tensor reduced;
+  at::Tensor x = distribute_tensor(values({8, 6}, 2), mesh, {Shard{0}}).requires_grad_();
+  at::Tensor y = x * 2;
+  y.register_hook([&](const at::Tensor& grad) {
+    in_hook_error = error_of([&] { reduced = partial_buffer().digamma_(); });
+    aliased_error = error_of([&] {
+      at::Tensor buffer = partial_buffer();
+      at::Tensor view = buffer.view({48});
+      (void)buffer.digamma_();
+    });
+    return grad;
+  });
+  y.sum().backward();
+  EXPECT_EQ(in_hook_error, "<no error>");
+  ASSERT_TRUE(reduced.defined());
+  EXPECT_EQ(get_spec(reduced).placements, std::vector<Placement>{Replicate{}});
+  EXPECT_TRUE(at::allclose(full_tensor(reduced), a.digamma()));
+  EXPECT_TRUE(contains(aliased_error, refusal)) << aliased_error;
+}
+
+// median / nanmedian / mode / kthvalue along a dim keep the other dims' shards (values and
+// indices, .values out= tensors too) and replicate the reduced dim; without a dim, replicated.
+class OrderStatistics : public testing::DTensorOpTestBase {};
+
+DTENSOR_TEST_F(OrderStatistics, KeepTheOtherDimsShardsAndReplicateTheReducedDim) {
+  auto mesh = build_device_mesh();
+  const at::Tensor a = (at::arange(48, at::kDouble) * 7).remainder(48).reshape({8, 6}) / 5;  // distinct values
+  const std::vector<Placement> s0{Shard{0}}, rep{Replicate{}};
+  const at::Tensor rows = distribute_tensor(a, mesh, s0);
+  auto expect = [&](const std::tuple<at::Tensor, at::Tensor>& got, const std::tuple<at::Tensor, at::Tensor>& want,
+                    const std::vector<Placement>& placements, const std::string& what) {
+    EXPECT_EQ(get_spec(std::get<0>(got)).placements, placements) << what;
+    EXPECT_EQ(get_spec(std::get<1>(got)).placements, placements) << what;
+    EXPECT_TRUE(at::equal(full_tensor(std::get<0>(got)), std::get<0>(want))) << what;
+    EXPECT_TRUE(at::equal(full_tensor(std::get<1>(got)), std::get<1>(want))) << what;
+  };
+  expect(at::median(rows, 1), at::median(a, 1), s0, "median dim 1");
+  expect(at::nanmedian(rows, 1, true), at::nanmedian(a, 1, true), s0, "nanmedian dim 1 keepdim");
+  expect(at::kthvalue(rows, 2, 1), at::kthvalue(a, 2, 1), s0, "kthvalue dim 1");
+  // Along the sharded dim: replicated first.
+  expect(at::kthvalue(rows, 3, 0), at::kthvalue(a, 3, 0), rep, "kthvalue dim 0");
+  const at::Tensor few = (at::arange(48, at::kDouble) * 5).remainder(3).reshape({8, 6});
+  expect(at::mode(distribute_tensor(few, mesh, s0), 1), at::mode(few, 1), s0, "mode dim 1");
+  // The whole tensor.
+  const at::Tensor m = at::median(rows);
+  EXPECT_EQ(get_spec(m).placements, rep);
+  EXPECT_TRUE(at::equal(full_tensor(m), at::median(a)));
+  // .values out= overloads write their out= DTensors.
+  at::Tensor values = distribute_tensor(at::zeros({8}, at::kDouble), mesh, s0);
+  at::Tensor indices = distribute_tensor(at::zeros({8}, at::kLong), mesh, s0);
+  auto [rv, ri] = at::kthvalue_out(values, indices, rows, 2, 1);
+  EXPECT_TRUE(rv.is_same(values) && ri.is_same(indices));
+  expect({values, indices}, at::kthvalue(a, 2, 1), s0, "kthvalue.values");
+  at::mode_out(values, indices, distribute_tensor(few, mesh, s0), 1);
+  expect({values, indices}, at::mode(few, 1), s0, "mode.values");
 }
 
 }  // namespace
