@@ -15,7 +15,9 @@
 //     (async_blocked_reused);
 //  5. load with resharding: saved Shard(0) on 4 ranks, loaded as (Shard(1), Shard(0)) on 2x2;
 //  6. load without checking the checksums (load_unverified), and read_metadata alone (every
-//     rank parses `.metadata`, the first step of each load).
+//     rank parses `.metadata`, the first step of each load);
+//  7. a second, literal baseline for load: ONE process (rank 0) preads all 256 MiB, the four
+//     ranks' files one after the other, while the other ranks wait (raw_read_one_process).
 //
 //   build/benchmarks/checkpoint_benchmark --benchmark_repetitions=3 --benchmark_report_aggregates_only
 #include "benchmarks/process_bench.h"
@@ -53,12 +55,13 @@ enum Case {
   kAsyncBlockedFresh,
   kLoadUnverified,
   kReadMetadata,
+  kRawReadOneProcess,
   kNumCases
 };
 const char* kCaseNames[] = {"save",          "raw_write",    "load",
                             "raw_read",      "torch_save_rank0", "async_blocked",
                             "load_reshard",  "async_blocked_reused", "async_blocked_fresh",
-                            "load_unverified", "read_metadata"};
+                            "load_unverified", "read_metadata", "raw_read_one_process"};
 
 // A directory all ranks share, removed at the end.
 std::string shared_dir(comm::Group& g) {
@@ -203,6 +206,22 @@ void run_case(testing::MultiRankTest& t, Case c) {
       dcp::save(sd, ckpt, so);
       bench::report_median_ms(t, kIters, [&] { dcp::read_metadata(ckpt); });
       break;
+    case kRawReadOneProcess: {
+      auto ts = locals(sd);
+      raw_write(ts, raw);
+      std::vector<std::vector<at::Tensor>> dests;  // rank 0: one set per rank's file
+      if (t.rank() == 0) {
+        for (int r = 0; r < kWorld; ++r) {
+          dests.emplace_back();
+          for (const auto& x : ts) dests.back().push_back(at::full_like(x, 0));
+        }
+      }
+      t.group().barrier();  // every file written
+      bench::report_median_ms(t, kIters, [&] {
+        for (int r = 0; r < int(dests.size()); ++r) raw_read(dests[size_t(r)], dir + "/raw_" + std::to_string(r));
+      });
+      break;
+    }
     case kLoadResharded: {
       dcp::save(sd, ckpt, so);
       auto mesh2 = init_device_mesh("cpu", {2, 2});
@@ -230,12 +249,13 @@ CASE_TEST(kAsyncBlockedReused)
 CASE_TEST(kAsyncBlockedFresh)
 CASE_TEST(kLoadUnverified)
 CASE_TEST(kReadMetadata)
+CASE_TEST(kRawReadOneProcess)
 
 const char* kTestIds[] = {"CheckpointBench.kSave",      "CheckpointBench.kRawWrite",     "CheckpointBench.kLoad",
                           "CheckpointBench.kRawRead",   "CheckpointBench.kTorchSave",    "CheckpointBench.kAsyncBlocked",
                           "CheckpointBench.kLoadResharded", "CheckpointBench.kAsyncBlockedReused",
                           "CheckpointBench.kAsyncBlockedFresh", "CheckpointBench.kLoadUnverified",
-                          "CheckpointBench.kReadMetadata"};
+                          "CheckpointBench.kReadMetadata", "CheckpointBench.kRawReadOneProcess"};
 
 void BM_Checkpoint(benchmark::State& state) {
   const int c = int(state.range(0));

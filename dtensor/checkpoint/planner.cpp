@@ -2,10 +2,12 @@
 #include "dtensor/checkpoint/planner.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <set>
@@ -45,33 +47,44 @@ int64_t numel_of(const std::vector<int64_t>& sizes) {
   return std::accumulate(sizes.begin(), sizes.end(), int64_t(1), std::multiplies<int64_t>());
 }
 
-// Chunks of one tensor of `size`: each in bounds, none overlapping, all covering it. `what`
-// names the tensor in errors.
-void validate_chunks(const std::string& what, const std::vector<int64_t>& size, const std::vector<ChunkMeta>& chunks) {
+// Whether boxes `a` and `b` (of the same tensor: as many dims) share an element.
+bool boxes_overlap(const ChunkMeta& a, const ChunkMeta& b) {
+  for (size_t d = 0; d < a.offsets.size(); ++d) {
+    if (std::min(a.offsets[d] + a.sizes[d], b.offsets[d] + b.sizes[d]) <= std::max(a.offsets[d], b.offsets[d]))
+      return false;
+  }
+  return true;
+}
+
+// Chunks of one tensor of `size`: each in bounds, none overlapping, all covering it. `what()`
+// names the tensor in errors (built only for one: this runs for every key of every load).
+template <class What>
+void validate_chunks(const What& what, const std::vector<int64_t>& size, const std::vector<const ChunkMeta*>& chunks) {
   int64_t covered = 0;
-  std::vector<const ChunkMeta*> nonempty;
-  for (const auto& c : chunks) {
-    TORCH_CHECK(c.offsets.size() == size.size() && c.sizes.size() == size.size(), what, ": chunk ", c.to_string(),
+  c10::SmallVector<const ChunkMeta*, 8> nonempty;
+  for (const ChunkMeta* cp : chunks) {
+    const ChunkMeta& c = *cp;
+    TORCH_CHECK(c.offsets.size() == size.size() && c.sizes.size() == size.size(), what(), ": chunk ", c.to_string(),
                 " has ", c.sizes.size(), " dims, the tensor ", size.size(), " (size ", join(size), ")");
     for (size_t d = 0; d < size.size(); ++d) {
-      TORCH_CHECK(c.offsets[d] >= 0 && c.sizes[d] >= 0 && c.offsets[d] + c.sizes[d] <= size[d], what, ": chunk ",
+      TORCH_CHECK(c.offsets[d] >= 0 && c.sizes[d] >= 0 && c.offsets[d] + c.sizes[d] <= size[d], what(), ": chunk ",
                   c.to_string(), " is out of bounds of size ", join(size));
     }
-    if (c.numel() > 0) {
-      covered += c.numel();
+    const int64_t n = c.numel();
+    if (n > 0) {
+      covered += n;
       nonempty.push_back(&c);
     }
   }
   for (size_t i = 0; i < nonempty.size(); ++i) {
     for (size_t j = i + 1; j < nonempty.size(); ++j) {
-      TORCH_CHECK(!chunk_overlap(*nonempty[i], *nonempty[j]), what, ": chunks ", nonempty[i]->to_string(), " and ",
+      TORCH_CHECK(!boxes_overlap(*nonempty[i], *nonempty[j]), what(), ": chunks ", nonempty[i]->to_string(), " and ",
                   nonempty[j]->to_string(), " overlap");
     }
   }
-  TORCH_CHECK(covered == numel_of(size), what, ": the chunks cover ", covered, " of the ", numel_of(size),
+  TORCH_CHECK(covered == numel_of(size), what(), ": the chunks cover ", covered, " of the ", numel_of(size),
               " elements of size ", join(size));
 }
-
 
 }  // namespace
 
@@ -199,8 +212,10 @@ std::vector<SavePlan> create_global_save_plan(const std::vector<SavePlan>& local
         }
       }
     }
+    std::vector<const ChunkMeta*> ptrs;
+    for (const auto& c : cs) ptrs.push_back(&c);
     try {
-      validate_chunks("key '" + fqn + "'", k.size, cs);
+      validate_chunks([&] { return "key '" + fqn + "'"; }, k.size, ptrs);
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, e.msg(), " (chunks offered by ranks ", join_ranks(ranks), ")");
     }
@@ -229,6 +244,7 @@ int64_t Metadata::total_bytes() const {
 void validate_metadata(const Metadata& m) {
   TORCH_CHECK(m.checksum_block_bytes > 0 && m.checksum_block_bytes % 16 == 0,
               "checkpoint metadata: checksum_block_bytes ", m.checksum_block_bytes, " is not a positive multiple of 16");
+  std::vector<const ChunkMeta*> cs;
   for (const auto& [fqn, e] : m.entries) {
     for (const auto& c : e.chunks) {
       TORCH_CHECK(c.offset >= 0 && c.length >= 0, "checkpoint metadata: key '", fqn, "' has a negative byte range");
@@ -242,13 +258,13 @@ void validate_metadata(const Metadata& m) {
       continue;
     }
     int64_t esize = element_size(e.dtype);
-    std::vector<ChunkMeta> cs;
+    cs.clear();
     for (const auto& c : e.chunks) {
       TORCH_CHECK(c.length == c.chunk.numel() * esize, "checkpoint metadata: key '", fqn, "' chunk ",
                   c.chunk.to_string(), " has ", c.length, " bytes, expected ", c.chunk.numel() * esize);
-      cs.push_back(c.chunk);
+      cs.push_back(&c.chunk);
     }
-    validate_chunks("checkpoint metadata: key '" + fqn + "'", e.size, cs);
+    validate_chunks([&] { return "checkpoint metadata: key '" + fqn + "'"; }, e.size, cs);
   }
 }
 
@@ -353,16 +369,16 @@ class FastMetadataReader {
     Metadata m;
     bool format = false, version = false, checksum = false, save_id = false, world = false, block = false,
          entries = false;
-    object([&](const std::string& key) {
+    object([&](std::string_view key) {
       if (key == "format") {
-        if (str() != kFormatName) throw GiveUp{};
+        if (str_view() != kFormatName) throw GiveUp{};
         format = true;
       } else if (key == "version") {
         m.version = int(integer(std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
         if (m.version != kFormatVersion) throw GiveUp{};
         version = true;
       } else if (key == "checksum") {
-        if (str() != "crc32") throw GiveUp{};
+        if (str_view() != "crc32") throw GiveUp{};
         checksum = true;
       } else if (key == "save_id") {
         m.save_id = integer();
@@ -375,7 +391,15 @@ class FastMetadataReader {
         block = true;
       } else if (key == "entries") {
         m.entries.clear();
-        object([&](const std::string& fqn) { m.entries[fqn] = entry(); });
+        // to_json writes the keys sorted (a std::map): each goes at the end, without a search.
+        object([&](std::string_view fqn) {
+          Entry e = entry();
+          if (m.entries.empty() || std::prev(m.entries.end())->first < fqn) {
+            m.entries.emplace_hint(m.entries.end(), std::string(fqn), std::move(e));
+          } else {
+            m.entries[std::string(fqn)] = std::move(e);  // out of order, or repeated: the last one wins
+          }
+        });
         entries = true;
       } else {
         throw GiveUp{};
@@ -404,8 +428,8 @@ class FastMetadataReader {
     }
     return false;
   }
-  // Plain ASCII strings only (no escapes, no control or non-ASCII bytes).
-  std::string str() {
+  // Plain ASCII strings only (no escapes, no control or non-ASCII bytes); a view of the text.
+  std::string_view str_view() {
     expect('"');
     const char* s = p_;
     while (p_ < end_ && *p_ != '"') {
@@ -414,8 +438,9 @@ class FastMetadataReader {
       ++p_;
     }
     if (p_ >= end_) throw GiveUp{};
-    return std::string(s, p_++);
+    return std::string_view(s, size_t(p_++ - s));
   }
+  std::string str() { return std::string(str_view()); }
   int64_t integer(int64_t lo = std::numeric_limits<int64_t>::min(), int64_t hi = std::numeric_limits<int64_t>::max()) {
     ws();
     bool neg = p_ < end_ && *p_ == '-';
@@ -431,15 +456,18 @@ class FastMetadataReader {
     if (x < lo || x > hi) throw GiveUp{};
     return x;
   }
+  // Parsed into scratch_ first, so that `out` is allocated once, at its size.
   template <class T>
   void int_array(std::vector<T>& out, int64_t lo, int64_t hi) {
-    out.clear();
+    scratch_.clear();
     expect('[');
-    if (accept(']')) return;
-    do {
-      out.push_back(T(integer(lo, hi)));
-    } while (accept(','));
-    expect(']');
+    if (!accept(']')) {
+      do {
+        scratch_.push_back(integer(lo, hi));
+      } while (accept(','));
+      expect(']');
+    }
+    out.assign(scratch_.begin(), scratch_.end());
   }
   std::vector<int64_t> dims() {
     std::vector<int64_t> v;
@@ -452,7 +480,7 @@ class FastMetadataReader {
     expect('{');
     if (accept('}')) return;
     do {
-      const std::string key = str();
+      const std::string_view key = str_view();
       expect(':');
       on_key(key);
     } while (accept(','));
@@ -470,7 +498,7 @@ class FastMetadataReader {
   StoredChunk chunk() {
     StoredChunk c;
     int seen = 0;
-    object([&](const std::string& key) {
+    object([&](std::string_view key) {
       if (key == "offsets") {
         c.chunk.offsets = dims();
         seen |= 1;
@@ -499,9 +527,9 @@ class FastMetadataReader {
   Entry entry() {
     Entry e;
     bool kind = false, dtype = false, size = false, chunks = false;
-    object([&](const std::string& key) {
+    object([&](std::string_view key) {
       if (key == "kind") {
-        const std::string k = str();
+        const std::string_view k = str_view();
         if (k != "tensor" && k != "object") throw GiveUp{};
         e.kind = k == "tensor" ? ItemKind::Tensor : ItemKind::Object;
         kind = true;
@@ -532,6 +560,7 @@ class FastMetadataReader {
 
   const char* p_;
   const char* end_;
+  std::vector<int64_t> scratch_;
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <fcntl.h>
@@ -591,35 +592,44 @@ class Reader {
 // Copies the part of the saved entry `e` that overlaps `box` into `target` (which holds box).
 // An overlap that is one run of bytes in the stored chunk and in a contiguous CPU target (the
 // same layout, or row blocks of it) is read straight into the target's memory; others are
-// read into a buffer and copied with strides.
+// read into a buffer and copied with strides. (The overlap is computed in place, as
+// chunk_overlap does, without allocating: this runs for every stored chunk of every key.)
 void read_into(Reader& reader, const std::string& fqn, const Entry& e, const ChunkMeta& box, const at::Tensor& target) {
   const at::ScalarType dtype = dtype_from_name(e.dtype);
   const int64_t esize = int64_t(c10::elementSize(dtype));
+  const size_t nd = box.offsets.size();
+  c10::SmallVector<int64_t, 8> lo(nd), len(nd), strides(nd);
   for (const auto& sc : e.chunks) {
-    auto ov = chunk_overlap(sc.chunk, box);
-    if (!ov) continue;
-    const size_t nd = ov->sizes.size();
-    std::vector<int64_t> strides(nd, 1);
-    for (int64_t d = int64_t(nd) - 2; d >= 0; --d) strides[d] = strides[d + 1] * sc.chunk.sizes[d + 1];
-    int64_t first = 0, last = 0;
-    for (size_t d = 0; d < nd; ++d) {
-      int64_t lo = ov->offsets[d] - sc.chunk.offsets[d];
-      first += lo * strides[d];
-      last += (lo + ov->sizes[d] - 1) * strides[d];
+    if (sc.chunk.offsets.size() != nd) continue;
+    bool overlaps = true, whole_box = true;
+    for (size_t d = 0; d < nd && overlaps; ++d) {
+      lo[d] = std::max(sc.chunk.offsets[d], box.offsets[d]);
+      const int64_t hi = std::min(sc.chunk.offsets[d] + sc.chunk.sizes[d], box.offsets[d] + box.sizes[d]);
+      overlaps = hi > lo[d];
+      len[d] = hi - lo[d];
+      whole_box = whole_box && lo[d] == box.offsets[d] && len[d] == box.sizes[d];
+    }
+    if (!overlaps) continue;
+    int64_t numel = 1, first = 0, last = 0;
+    for (size_t i = nd; i-- > 0;) {
+      strides[i] = (i + 1 < nd) ? strides[i + 1] * sc.chunk.sizes[i + 1] : 1;
+      const int64_t in_chunk = lo[i] - sc.chunk.offsets[i];
+      first += in_chunk * strides[i];
+      last += (in_chunk + len[i] - 1) * strides[i];
+      numel *= len[i];
     }
     at::Tensor dst = target;
-    if (!(*ov == box)) {  // a part of the target (no views when it is the whole: the same layout)
-      for (size_t d = 0; d < nd; ++d) dst = dst.narrow(int64_t(d), ov->offsets[d] - box.offsets[d], ov->sizes[d]);
+    if (!whole_box) {  // a part of the target (no views when it is the whole: the same layout)
+      for (size_t d = 0; d < nd; ++d) dst = dst.narrow(int64_t(d), lo[d] - box.offsets[d], len[d]);
     }
-    if (last - first + 1 == ov->numel() && dst.device().is_cpu() && dst.scalar_type() == dtype &&
-        dst.is_contiguous()) {
+    if (last - first + 1 == numel && dst.device().is_cpu() && dst.scalar_type() == dtype && dst.is_contiguous()) {
       reader.read(fqn, sc, first * esize, (last + 1) * esize, static_cast<char*>(dst.data_ptr()));
       if (!dst.is_inference()) dst.unsafeGetTensorImpl()->bump_version();
       continue;
     }
     at::Tensor buf = at::empty({last - first + 1}, at::TensorOptions().dtype(dtype));
     reader.read(fqn, sc, first * esize, (last + 1) * esize, static_cast<char*>(buf.data_ptr()));
-    dst.copy_(buf.as_strided(ov->sizes, strides, 0));
+    dst.copy_(buf.as_strided(c10::IntArrayRef(len.data(), nd), c10::IntArrayRef(strides.data(), nd), 0));
   }
 }
 
@@ -636,11 +646,29 @@ c10::IValue read_object(Reader& reader, const detail::ReadSource& src, const std
 LoadResult detail::load_local(StateDict& state_dict, const ReadSource& src, const LoadOptions& opts) {
   const Metadata& m = *src.metadata;
   LoadResult res;
-  for (const auto& [fqn, v] : state_dict) {
-    if (!m.entries.count(fqn)) res.missing_keys.push_back(fqn);
-  }
-  for (const auto& [fqn, e] : m.entries) {
-    if (!state_dict.count(fqn)) res.unexpected_keys.push_back(fqn);
+  // The keys of both sides in one walk (both maps are sorted by key): the matched ones, the
+  // missing and the unexpected ones.
+  struct Match {
+    const std::string* fqn;
+    StateDictValue* value;
+    const Entry* entry;
+  };
+  std::vector<Match> matched;
+  matched.reserve(std::min(state_dict.size(), m.entries.size()));
+  {
+    auto s = state_dict.begin();
+    auto e = m.entries.begin();
+    while (s != state_dict.end() || e != m.entries.end()) {
+      if (e == m.entries.end() || (s != state_dict.end() && s->first < e->first)) {
+        res.missing_keys.push_back((s++)->first);
+      } else if (s == state_dict.end() || e->first < s->first) {
+        res.unexpected_keys.push_back((e++)->first);
+      } else {
+        matched.push_back({&s->first, &s->second, &e->second});
+        ++s;
+        ++e;
+      }
+    }
   }
   if (opts.strict && (!res.missing_keys.empty() || !res.unexpected_keys.empty())) {
     std::ostringstream os;
@@ -652,15 +680,16 @@ LoadResult detail::load_local(StateDict& state_dict, const ReadSource& src, cons
 
   // Check every key first, then read.
   struct Dest {
-    std::string fqn;
+    const std::string* fqn;
+    const Entry* entry;
     ChunkMeta box;
     at::Tensor target;
   };
   std::vector<Dest> dests;
-  std::vector<std::string> objects;
+  dests.reserve(matched.size());
+  std::vector<const Match*> objects;
   std::vector<std::string> errors;
-  auto check_tensor = [&](const std::string& fqn, const Entry& e, at::ScalarType dtype,
-                          const std::vector<int64_t>& size) {
+  auto check_tensor = [&](const std::string& fqn, const Entry& e, at::ScalarType dtype, c10::IntArrayRef size) {
     if (e.kind != ItemKind::Tensor) {
       errors.push_back("key '" + fqn + "' is an object in the checkpoint but a tensor in the state dict");
       return false;
@@ -670,17 +699,17 @@ LoadResult detail::load_local(StateDict& state_dict, const ReadSource& src, cons
                        " in the checkpoint");
       return false;
     }
-    if (size != e.size) {
-      errors.push_back("key '" + fqn + "' has shape " + sizes_str(size) + " in the state dict but " +
+    if (size != c10::IntArrayRef(e.size)) {
+      errors.push_back("key '" + fqn + "' has shape " + sizes_str(size.vec()) + " in the state dict but " +
                        sizes_str(e.size) + " in the checkpoint");
       return false;
     }
     return true;
   };
-  for (auto& [fqn, v] : state_dict) {
-    auto eit = m.entries.find(fqn);
-    if (eit == m.entries.end()) continue;
-    const Entry& e = eit->second;
+  for (const Match& mt : matched) {
+    const std::string& fqn = *mt.fqn;
+    StateDictValue& v = *mt.value;
+    const Entry& e = *mt.entry;
     if (auto* iv = std::get_if<c10::IValue>(&v)) {
       if (iv->isTensor()) {
         v = iv->toTensor();
@@ -692,15 +721,14 @@ LoadResult detail::load_local(StateDict& state_dict, const ReadSource& src, cons
           errors.push_back("key '" + fqn + "' is a tensor in the checkpoint but a " + iv->tagKind() +
                            " in the state dict");
         } else {
-          objects.push_back(fqn);
+          objects.push_back(&mt);
         }
         continue;
       }
     }
     if (auto* t = std::get_if<at::Tensor>(&v)) {
       TORCH_CHECK(t->defined(), "checkpoint: key '", fqn, "' is an undefined tensor");
-      std::vector<int64_t> size(t->sizes().begin(), t->sizes().end());
-      if (!check_tensor(fqn, e, t->scalar_type(), size)) continue;
+      if (!check_tensor(fqn, e, t->scalar_type(), t->sizes())) continue;
       if (is_dtensor(*t)) {
         const DTensorSpec& spec = get_spec(*t);
         if (spec.has_partial()) {
@@ -709,15 +737,15 @@ LoadResult detail::load_local(StateDict& state_dict, const ReadSource& src, cons
           continue;
         }
         auto c = dtensor_chunk(*t);
-        if (c && c->box.numel() > 0) dests.push_back({fqn, c->box, c->local});
+        if (c && c->box.numel() > 0) dests.push_back({&fqn, &e, std::move(c->box), std::move(c->local)});
       } else {
-        dests.push_back({fqn, ChunkMeta{zeros_like_dims(size.size()), size}, *t});
+        dests.push_back({&fqn, &e, ChunkMeta{zeros_like_dims(size_t(t->dim())), t->sizes().vec()}, *t});
       }
     } else if (auto* st = std::get_if<sharded::ShardedTensor>(&v)) {
       if (!check_tensor(fqn, e, st->dtype(), st->size())) continue;
       for (const auto& shard : st->local_shards()) {
         ChunkMeta box{shard.metadata.shard_offsets(), shard.metadata.shard_sizes()};
-        if (box.numel() > 0) dests.push_back({fqn, box, shard.tensor});
+        if (box.numel() > 0) dests.push_back({&fqn, &e, std::move(box), shard.tensor});
       }
     }
   }
@@ -729,8 +757,8 @@ LoadResult detail::load_local(StateDict& state_dict, const ReadSource& src, cons
 
   Reader reader(src.dir, m.checksum_block_bytes, src.verify_checksums && opts.verify_checksums);
   c10::AutoGradMode no_grad(false);
-  for (const auto& d : dests) read_into(reader, d.fqn, m.entries.at(d.fqn), d.box, d.target);
-  for (const auto& fqn : objects) state_dict[fqn] = read_object(reader, src, fqn, m.entries.at(fqn));
+  for (const auto& d : dests) read_into(reader, *d.fqn, *d.entry, d.box, d.target);
+  for (const Match* o : objects) *o->value = read_object(reader, src, *o->fqn, *o->entry);
   return res;
 }
 

@@ -244,25 +244,27 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> compute_local_shape_and_gl
     const std::vector<Placement>& placements,
     const std::optional<std::vector<int64_t>>& coordinate) {
   const int64_t ndim = static_cast<int64_t>(global_shape.size());
-  const std::string where = "compute_local_shape_and_global_offset(shape=" +
-                            list_of_ints(global_shape) + ", mesh shape " +
-                            list_of_ints(mesh_shape) + ", placements=" +
-                            to_string(placements) + ")";
-  TORCH_CHECK(placements.size() == mesh_shape.size(), where, ": ", placements.size(),
+  // Built only for an error message (TORCH_CHECK evaluates its message on failure only): this
+  // runs for every DTensor a checkpoint saves or loads.
+  auto where = [&] {
+    return "compute_local_shape_and_global_offset(shape=" + list_of_ints(global_shape) + ", mesh shape " +
+           list_of_ints(mesh_shape) + ", placements=" + to_string(placements) + ")";
+  };
+  TORCH_CHECK(placements.size() == mesh_shape.size(), where(), ": ", placements.size(),
               " placements for a ", mesh_shape.size(), "-D mesh; pass one per mesh dim");
   std::vector<int64_t> shape = global_shape.vec();
   std::vector<int64_t> offset(static_cast<size_t>(ndim), 0);
   if (!coordinate) return {std::vector<int64_t>(static_cast<size_t>(ndim), 0), offset};
-  TORCH_CHECK(coordinate->size() == mesh_shape.size(), where, ": coordinate ",
+  TORCH_CHECK(coordinate->size() == mesh_shape.size(), where(), ": coordinate ",
               list_of_ints(*coordinate), " has ", coordinate->size(), " entries; pass one per mesh dim");
   for (size_t i = 0; i < placements.size(); ++i)
-    TORCH_CHECK((*coordinate)[i] >= 0 && (*coordinate)[i] < mesh_shape[i], where,
+    TORCH_CHECK((*coordinate)[i] >= 0 && (*coordinate)[i] < mesh_shape[i], where(),
                 ": coordinate ", list_of_ints(*coordinate), " is outside the mesh");
   std::vector<std::vector<int64_t>> order;
   try {
     order = shard_order(mesh_shape, placements, ndim);
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, where, ": ", e.what_without_backtrace());
+    TORCH_CHECK(false, where(), ": ", e.what_without_backtrace());
   }
   // NOTE: [Uneven shards]: mesh dims apply in order (NOTE: [Strided shards]), each
   // splitting what the previous left.

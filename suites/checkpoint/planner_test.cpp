@@ -169,6 +169,23 @@ TEST(CheckpointPlanner, MetadataTextIsReadDirectlyOrThroughJson) {
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(nlohmann::json(*r), nlohmann::json::parse(reordered).get<Metadata>());
   EXPECT_EQ(r->entries.at("b").chunks.at(0).length, 12);
+  // Entries out of key order and a repeated key (save writes them sorted, once; the reader
+  // appends in order and must still give what nlohmann::json gives: the last value wins).
+  auto tensor_entry = [](int n) {
+    return R"({"kind": "tensor", "dtype": "int32", "size": [)" + std::to_string(n) +
+           R"(], "chunks": [{"offsets": [0], "sizes": [)" + std::to_string(n) + R"(], "file": "f", "offset": 0,)" +
+           R"( "length": )" + std::to_string(4 * n) + R"(, "crc32": [1]}]})";
+  };
+  const std::string unsorted = R"({"format": "dtensor-cpp-dcp", "version": 1, "checksum": "crc32", "save_id": 1,)"
+                               R"( "world_size": 1, "checksum_block_bytes": 1048576, "entries": {"c": )" +
+                               tensor_entry(1) + R"(, "a": )" + tensor_entry(2) + R"(, "d": )" + tensor_entry(3) +
+                               R"(, "c": )" + tensor_entry(4) + R"(, "b": )" + tensor_entry(5) + "}}";
+  auto u = detail::parse_metadata_fast(unsorted);
+  ASSERT_TRUE(u.has_value());
+  EXPECT_EQ(nlohmann::json(*u), nlohmann::json(nlohmann::json::parse(unsorted).get<Metadata>()));
+  ASSERT_EQ(u->entries.size(), 4u);
+  EXPECT_EQ(u->entries.at("c").size, std::vector<int64_t>{4});
+  EXPECT_EQ(u->entries.at("b").size, std::vector<int64_t>{5});
 
   // Falls back (same result) for keys with escapes or non-ASCII bytes and unknown fields.
   Metadata odd = m;
