@@ -98,7 +98,7 @@ class DTensorTestMixin : public RankTest {
   // Collective (every rank, in the body): a 1-D mesh over all ranks of the test's group, on
   // device_type() (PyTorch: DeviceMesh(device_type, list(range(world_size)))).
   DeviceMesh build_device_mesh() const {
-    return init_device_mesh(mesh_device_type(), {this->group().size()}, {}, this->group_ptr());
+    return init_device_mesh(this->device_type(), {this->group().size()}, {}, this->group_ptr());
   }
 
   void test_op(const DeviceMesh& mesh, const c10::OperatorHandle& op,
@@ -113,27 +113,15 @@ class DTensorTestMixin : public RankTest {
                const std::vector<c10::IValue>& args, const TestOpOptions& options = {}) const {
     ::dtensor::testing::test_op(mesh, name, overload, args, options);
   }
-
- protected:
-  virtual std::string mesh_device_type() const = 0;
 };
 }  // namespace internal
 
 // Ranks as processes over gloo (nccl with enough GPUs); see MultiProcessTest.
-class DTensorTestBase : public internal::DTensorTestMixin<MultiProcessTest> {
- protected:
-  std::string mesh_device_type() const override { return device_type(); }
-};
+class DTensorTestBase : public internal::DTensorTestMixin<MultiProcessTest> {};
 
 // Ranks as threads over a ThreadGroup; see MultiThreadedTest.
-class DTensorOpTestBase : public internal::DTensorTestMixin<MultiThreadedTest> {
- public:
-  // Always "cpu": the threaded group works on host memory.
-  std::string device_type() const { return "cpu"; }
-
- protected:
-  std::string mesh_device_type() const override { return device_type(); }
-};
+// device_type() is "cpu": the threaded group works on host memory.
+class DTensorOpTestBase : public internal::DTensorTestMixin<MultiThreadedTest> {};
 
 }  // namespace testing
 }  // namespace dtensor

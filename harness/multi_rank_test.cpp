@@ -81,6 +81,37 @@ comm::Group& MultiRankTest::group() const {
   return *group_;
 }
 
+int MultiRankTest::ranks() const { return group().size(); }
+
+std::vector<int64_t> MultiRankTest::mesh_shape_2d() const {
+  const int n = ranks();
+  TORCH_CHECK(n % 2 == 0, "mesh_shape_2d: a 2-D mesh {n / 2, 2} needs an even number of ranks, "
+              "this test has ", n, " (skip first with DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2))");
+  return {n / 2, 2};
+}
+
+// NOTE: [Tests at any world size]
+// The suites run at DTENSOR_WORLD_SIZE 2, 4 and 8 (CI runs the thread suites at 2 and 8 as
+// well as 4), on "cpu" or "cuda" (process ranks over nccl, or over gloo on one GPU). Meshes
+// are built from the fixture (ranks(), mesh_shape_2d(), device_type()) and expected values
+// are computed from the rank count. A test that truly needs a count (a 2x2x2 mesh, a value
+// written down for 4 ranks) declares it with DTENSOR_REQUIRE_WORLD_SIZE*, and is skipped
+// with that reason elsewhere: a skip names what it needs, where a literal mesh of the wrong
+// size would fail (or, in a rank outside the mesh, error) for a reason that is not the
+// library's.
+std::string world_size_skip_reason(int world_size, int n, const std::string& relation) {
+  bool ok = true;
+  if (relation == "exactly") ok = world_size == n;
+  else if (relation == "at least") ok = world_size >= n;
+  else if (relation == "a multiple of") ok = n > 0 && world_size % n == 0;
+  else TORCH_CHECK(false, "world_size_skip_reason: unknown relation '", relation, "'");
+  if (ok) return "";
+  std::ostringstream why;
+  why << "needs " << relation << " " << n << " ranks; this run has " << world_size
+      << " (DTENSOR_WORLD_SIZE)";
+  return why.str();
+}
+
 void MultiRankTest::RankBody() {
   ADD_FAILURE() << "RankBody() of a dtensor fixture was not overridden: define the test with "
                    "DTENSOR_TEST_F, not TEST_F";

@@ -44,6 +44,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace dtensor {
 namespace testing {
@@ -73,8 +74,19 @@ class MultiRankTest : public ::testing::Test {
   // (seconds) overrides.
   virtual std::chrono::milliseconds timeout() const { return kDefaultTestTimeout; }
 
+  // The device the test's meshes and tensors live on: "cpu" for thread ranks; for process
+  // ranks the backend's device (MultiProcessTest::device_type). Build meshes on this, never
+  // on a literal "cpu" (PyTorch: self.device_type).
+  virtual std::string device_type() const { return "cpu"; }
+
   // Inside the body: this rank, and the group of all ranks (also the default group).
   int rank() const { return rank_; }
+  // Inside the body: the number of ranks this test runs with (DTENSOR_WORLD_SIZE applied),
+  // i.e. group().size() (PyTorch: self.world_size). Build meshes from it, never from a literal.
+  int ranks() const;
+  // Inside the body: a 2-D mesh shape over all ranks, {ranks() / 2, 2} ({1, 2} with 2 ranks).
+  // Skip first with DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2) where an odd count is possible.
+  std::vector<int64_t> mesh_shape_2d() const;
   comm::Group& group() const;
   const comm::GroupPtr& group_ptr() const { return group_; }
 
@@ -117,7 +129,7 @@ class MultiProcessTest : public MultiRankTest {
 
   // device_type_for_backend(effective_backend()): "cuda" when the backend moves CUDA tensors
   // with nccl, else "cpu". DTensorTestBase builds its meshes on it.
-  std::string device_type() const;
+  std::string device_type() const override;
   std::string effective_backend() const;
   LaunchMode effective_launch_mode() const;
 
@@ -147,6 +159,10 @@ std::string device_type_for_backend(const std::string& backend);
 std::string gpu_skip_reason(const std::string& backend, int world_size, int gpu_count,
                             int required_gpus);
 
+// Why a test that needs `relation` ("exactly", "at least", "a multiple of") `n` ranks cannot
+// run with `world_size` ranks, or "" when it can. The DTENSOR_REQUIRE_WORLD_SIZE* macros.
+std::string world_size_skip_reason(int world_size, int n, const std::string& relation);
+
 namespace internal {
 using RankTestFactory = std::function<std::unique_ptr<MultiRankTest>()>;
 struct RankTestRegistrar {
@@ -162,6 +178,27 @@ struct RankTestRegistrar {
   if (::dtensor::testing::gpu_count() < (n))                                           \
   GTEST_SKIP() << "Need at least " << (n) << " CUDA devices, found "                   \
                << ::dtensor::testing::gpu_count()
+
+// World-size requirements of a test body (NOTE: [Tests at any world size]): at the top of a
+// DTENSOR_TEST_F body, skip the test in every rank with the reason unless the world has the
+// ranks the test needs. A test whose meshes or expected values need a particular count says
+// so here; every other test builds its meshes from ranks() / mesh_shape_2d() and runs at any
+// DTENSOR_WORLD_SIZE.
+#define DTENSOR_REQUIRE_WORLD_SIZE(n)                                                      \
+  if (const std::string dtensor_ws_why_ =                                                  \
+          ::dtensor::testing::world_size_skip_reason(this->ranks(), (n), "exactly");       \
+      !dtensor_ws_why_.empty())                                                           \
+  GTEST_SKIP() << dtensor_ws_why_
+#define DTENSOR_REQUIRE_WORLD_SIZE_AT_LEAST(n)                                             \
+  if (const std::string dtensor_ws_why_ =                                                  \
+          ::dtensor::testing::world_size_skip_reason(this->ranks(), (n), "at least");      \
+      !dtensor_ws_why_.empty())                                                           \
+  GTEST_SKIP() << dtensor_ws_why_
+#define DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(n)                                         \
+  if (const std::string dtensor_ws_why_ =                                                  \
+          ::dtensor::testing::world_size_skip_reason(this->ranks(), (n), "a multiple of"); \
+      !dtensor_ws_why_.empty())                                                           \
+  GTEST_SKIP() << dtensor_ws_why_
 
 #define DTENSOR_RANK_CLASS_(fixture, name) fixture##_##name##_DTensorRank
 
