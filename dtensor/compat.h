@@ -25,6 +25,11 @@
 //     libuv backend; disable_libuv(opts) turns it off (a no-op on 1.13, which has no such field).
 //   - c10::Allocator: allocate() is const in 1.13 and not in 2.x, and 2.x adds the pure virtual
 //     copy_data(). Derive from compat::Allocator and implement do_allocate() instead.
+//   - Autograd nodes: libtorch up to 2.1x holds a torch::autograd::Node in a std::shared_ptr
+//     (made with the deleter torch::autograd::deleteNode); newer ones (PyTorch's "Convert
+//     shared_ptr<Node> to intrusive_ptr<Node>", in the 2.15 wheel) in a c10::intrusive_ptr, and
+//     deleteNode is gone. make_node<N>() makes a node in whichever the libtorch uses, told
+//     apart by the type of Edge::function, so no version number is guessed.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -34,7 +39,11 @@
 #include <c10/util/Optional.h>
 #include <torch/version.h>
 
+#include <c10/util/intrusive_ptr.h>
+
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -141,6 +150,29 @@ class Allocator : public c10::Allocator {
   c10::DataPtr allocate(size_t n) const override { return do_allocate(n); }
 #endif
 };
+
+namespace detail {
+template <class P>
+struct IsSharedPtr : std::false_type {};
+template <class T>
+struct IsSharedPtr<std::shared_ptr<T>> : std::true_type {};
+}  // namespace detail
+
+// A new autograd node N (a subclass of torch::autograd::Node, default-constructed), held as
+// this libtorch holds nodes: std::shared_ptr<N> or c10::intrusive_ptr<N>. Either converts to
+// what torch::autograd::set_history and Edge take. Include <torch/csrc/autograd/function.h>
+// before calling it.
+template <class N>
+auto make_node() {
+  using NodeRef = decltype(std::declval<N&>().next_edge(0).function);
+  if constexpr (detail::IsSharedPtr<NodeRef>::value) {
+    // deleteNode (found by argument-dependent lookup in torch::autograd) frees long chains of
+    // nodes without deep recursion, as libtorch's own nodes are freed.
+    return std::shared_ptr<N>(new N(), [](N* node) { deleteNode(node); });
+  } else {
+    return c10::make_intrusive<N>();
+  }
+}
 
 }  // namespace compat
 }  // namespace dtensor

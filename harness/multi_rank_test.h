@@ -29,6 +29,9 @@
 //   timeout()      DTENSOR_TEST_TIMEOUT  seconds, default 300 (PyTorch's TIMEOUT)
 //   backend()      DTENSOR_BACKEND       gloo | nccl | mpi | cpu:gloo,cuda:nccl
 //   launch_mode()  DTENSOR_LAUNCH_MODE   fork (default) | spawn | pool
+//   (a pass)       DTENSOR_RANK_KIND     all (default) | threads | processes: run only the
+//                                        tests of that rank kind, the others skip (CI's passes
+//                                        at world sizes 2 and 8 run the thread suites)
 //
 // GPUs (NOTE: [Rank devices] in dtensor/comm/device.h): with a backend that uses nccl, every
 // rank makes its own CUDA device current (rank modulo the GPU count) before the group is

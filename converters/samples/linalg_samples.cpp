@@ -19,6 +19,10 @@ namespace samples {
 
 namespace {
 
+bool op_in_dispatcher(const char* name) {
+  return c10::Dispatcher::singleton().findSchema({name, ""}).has_value();
+}
+
 using IL = std::vector<int64_t>;
 
 // [*batch, n, n] matrices far from singular: random + n * I.
@@ -67,10 +71,13 @@ void add_decompositions(OpDb& db) {
                    OpSample("uneven_batch_f64_full", {g.tensor({3, 4, 4}, at::kDouble), true}),
                    OpSample("matrix", {g.tensor({6, 4}), false})};
   });
-  db.add("aten::qr", "linalg", [](SampleGen& g) {
-    return Samples{OpSample("batch_reduced", {g.tensor({4, 5, 3})}),
-                   OpSample("uneven_batch_f64_complete", {g.tensor({3, 4, 4}, at::kDouble), false})};
-  });
+  // aten::qr and aten::cholesky (deprecated for linalg_qr / linalg_cholesky) are gone from
+  // today's libtorch: their samples exist where the ops do.
+  if (op_in_dispatcher("aten::qr"))
+    db.add("aten::qr", "linalg", [](SampleGen& g) {
+      return Samples{OpSample("batch_reduced", {g.tensor({4, 5, 3})}),
+                     OpSample("uneven_batch_f64_complete", {g.tensor({3, 4, 4}, at::kDouble), false})};
+    });
   db.add("aten::linalg_eigh", "linalg", [](SampleGen& g) {
     return Samples{OpSample("batch", {spd(g, {4}, 4)}),
                    OpSample("uneven_batch_f64_upper", {spd(g, {3}, 3, at::kDouble), std::string("U")})};
@@ -80,9 +87,10 @@ void add_decompositions(OpDb& db) {
       return Samples{OpSample("batch", {square(g, {4}, 3)}), OpSample("uneven_batch_f64", {square(g, {3}, 4, at::kDouble)}),
                      OpSample("batch_2d", {square(g, {2, 4}, 2)})};
     });
-  db.add("aten::cholesky", "linalg", [](SampleGen& g) {
-    return Samples{OpSample("batch", {spd(g, {4}, 3)}), OpSample("uneven_batch_f64_upper", {spd(g, {3}, 4, at::kDouble), true})};
-  });
+  if (op_in_dispatcher("aten::cholesky"))
+    db.add("aten::cholesky", "linalg", [](SampleGen& g) {
+      return Samples{OpSample("batch", {spd(g, {4}, 3)}), OpSample("uneven_batch_f64_upper", {spd(g, {3}, 4, at::kDouble), true})};
+    });
   db.add("aten::cholesky_inverse", "linalg", [](SampleGen& g) {
     return Samples{OpSample("batch", {at::linalg_cholesky(spd(g, {4}, 3))}),
                    OpSample("uneven_batch_f64_upper", {at::linalg_cholesky(spd(g, {3}, 4, at::kDouble), true), true}),

@@ -2,6 +2,8 @@
 // saved function is not an IValue, so torch::autograd::Function's saved_data does not fit).
 #include "dtensor/nn/checkpoint.h"
 
+#include "dtensor/compat.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
@@ -82,7 +84,7 @@ at::Tensor checkpoint(std::function<at::Tensor(const at::Tensor&)> fn, const at:
     out = fn(input);
   }
   TORCH_CHECK(out.defined(), "checkpoint: the function returned an undefined tensor");
-  auto node = std::shared_ptr<CheckpointBackward>(new CheckpointBackward(), torch::autograd::deleteNode);
+  auto node = compat::make_node<CheckpointBackward>();
   node->fn = std::move(fn);
   node->input = input.detach();
   node->input_requires_grad = input.requires_grad();

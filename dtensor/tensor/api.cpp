@@ -4,6 +4,7 @@
 #include "dtensor/comm/async_work.h"
 #include "dtensor/comm/c10d_guard.h"
 #include "dtensor/comm/object_collectives.h"
+#include "dtensor/compat.h"
 #include "dtensor/mesh/mesh_collectives.h"
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/tensor/dtensor_impl.h"
@@ -35,16 +36,16 @@ using torch::autograd::Node;
 using torch::autograd::variable_list;
 
 // Attaches `node` as the grad_fn of `out` when `input` needs a gradient.
-template <class N>
-void connect(const at::Tensor& input, at::Tensor& out, std::shared_ptr<N> node) {
+template <class NodePtr>
+void connect(const at::Tensor& input, at::Tensor& out, NodePtr node) {
   if (!at::GradMode::is_enabled() || !input.requires_grad()) return;
   node->set_next_edges(torch::autograd::collect_next_edges(input));
   torch::autograd::set_history(out, node);
 }
 
 template <class N>
-std::shared_ptr<N> new_node() {
-  return std::shared_ptr<N>(new N(), torch::autograd::deleteNode);
+auto new_node() {
+  return compat::make_node<N>();
 }
 
 // NOTE: [Gradients of Partial inputs]

@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -30,11 +31,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <set>
+#include <sstream>
 #include <thread>
 
 namespace bp = boost::process;
@@ -613,6 +617,10 @@ struct RankSet::Impl {
 // timeout, Ctrl-C), a handler removes the directories of the live rank sets (async-signal-safe:
 // their file names are known) and then dies of the signal as it would have. After a SIGKILL,
 // the next rank set started in the same TMPDIR removes the directories of dead orchestrators.
+// "Dead" includes a zombie: a killed orchestrator stays one until its parent waits for it
+// (Boost.Process's terminate does not wait; some containers' init never does), and kill(pid, 0)
+// succeeds on a zombie, which left such directories behind on some machines. It also includes
+// a process that started after the directory was last written: the pid was reused.
 namespace {
 constexpr int kMaxLiveDirs = 8;
 struct LiveDir {
@@ -668,6 +676,40 @@ void unregister_live_dir(int slot) {
   if (slot >= 0) g_live_dirs[slot].used = false;
 }
 
+// True when no live process can own a rank-set directory named after `pid` and last written
+// at `dir_mtime` (NOTE: [Nothing left in TMPDIR]): no such process, a zombie, or a process that
+// started after that time (the pid was reused). Where /proc cannot tell, only ESRCH counts.
+bool orchestrator_gone(pid_t pid, std::time_t dir_mtime) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto paren = stat.rfind(')');  // the command name may hold spaces and parentheses
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
+  std::istringstream fields(stat.substr(paren + 2));
+  std::string state;
+  fields >> state;  // field 3
+  if (state == "Z" || state == "X") return true;
+  std::string field;
+  for (int i = 4; i < 22 && (fields >> field); ++i) {
+  }
+  unsigned long long start_ticks = 0;
+  if (!(fields >> start_ticks)) return false;  // field 22: start time, clock ticks after boot
+  std::ifstream proc_stat("/proc/stat");
+  std::string key;
+  long long boot = -1;
+  while (proc_stat >> key) {
+    if (key == "btime") {
+      proc_stat >> boot;
+      break;
+    }
+  }
+  const long ticks = ::sysconf(_SC_CLK_TCK);
+  if (boot < 0 || ticks <= 0) return false;
+  const long long started = boot + static_cast<long long>(start_ticks / static_cast<unsigned long long>(ticks));
+  // A second of slack: btime and the tick count are whole seconds apart from the mtime.
+  return started > static_cast<long long>(dir_mtime) + 1;
+}
+
 // Directories of orchestrators that no longer exist (killed by SIGKILL).
 void remove_stale_dirs(const std::string& tmpdir) {
   std::error_code ec;
@@ -683,10 +725,11 @@ void remove_stale_dirs(const std::string& tmpdir) {
     } catch (const std::exception&) {
       continue;
     }
-    if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
-      std::error_code rm;
-      fs::remove_all(it->path(), rm);
-    }
+    struct stat st {};
+    if (pid <= 0 || ::lstat(it->path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+    if (pid == ::getpid() || !orchestrator_gone(pid, st.st_mtime)) continue;
+    std::error_code rm;
+    fs::remove_all(it->path(), rm);
   }
 }
 }  // namespace
