@@ -6,6 +6,11 @@
 //     ranks as threads (ThreadGroup) and as processes (Gloo, forked by the harness).
 //
 //   build/benchmarks/dtensor_benchmark --benchmark_repetitions=5 --benchmark_report_aggregates_only
+//
+// On a GPU machine (ci/nightly-gpu): DTENSOR_BENCH_DEVICE=cuda puts the dispatch cases'
+// tensors and mesh on the GPU; DTENSOR_BACKEND (nccl, or cpu:gloo,cuda:gloo on one GPU) and
+// DTENSOR_WORLD_SIZE choose the process cases' backend and ranks, whose meshes are then on
+// "cuda". Thread ranks stay on the CPU (ThreadGroup moves host memory).
 #include "benchmarks/process_bench.h"
 #include "dtensor/comm/comm.h"
 #include "dtensor/tensor/dtensor.h"
@@ -13,11 +18,25 @@
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
 
 namespace dtensor {
 namespace {
 
-constexpr int kWorld = 4;
+int world_from_env() {
+  const char* v = std::getenv("DTENSOR_WORLD_SIZE");
+  return v && *v ? std::max(1, std::atoi(v)) : 4;
+}
+const int kWorld = world_from_env();
+const std::string kDispatchDevice = [] {
+  const char* v = std::getenv("DTENSOR_BENCH_DEVICE");
+  return std::string(v && *v ? v : "cpu");
+}();
+
+at::Tensor ones16() { return at::ones({16, 16}, at::TensorOptions().device(kDispatchDevice)); }
 
 // ---- 1. dispatch overhead -------------------------------------------------------------------
 // A 4-rank mesh built by 4 threads; rank 0's mesh is kept for single-thread op loops (the ops
@@ -31,7 +50,7 @@ DeviceMesh rank0_mesh() {
     for (int r = 0; r < kWorld; ++r)
       ts.emplace_back([&, r] {
         auto g = std::make_shared<comm::ThreadGroup>(world, r);
-        auto m = init_device_mesh("cpu", {kWorld}, {}, g);
+        auto m = init_device_mesh(kDispatchDevice, {kWorld}, {}, g);
         std::lock_guard<std::mutex> lk(mu);
         if (r == 0) mesh = m;
       });
@@ -42,27 +61,27 @@ DeviceMesh rank0_mesh() {
 
 void BM_DispatchAdd(benchmark::State& state) {
   auto mesh = rank0_mesh();
-  at::Tensor a = from_local(at::ones({16, 16}), mesh, {Shard{0}});
-  at::Tensor b = from_local(at::ones({16, 16}), mesh, {Shard{0}});
+  at::Tensor a = from_local(ones16(), mesh, {Shard{0}});
+  at::Tensor b = from_local(ones16(), mesh, {Shard{0}});
   for (auto _ : state) benchmark::DoNotOptimize(at::add(a, b));
 }
 void BM_LocalAdd(benchmark::State& state) {
-  at::Tensor a = at::ones({16, 16}), b = at::ones({16, 16});
+  at::Tensor a = ones16(), b = ones16();
   for (auto _ : state) benchmark::DoNotOptimize(at::add(a, b));
 }
 void BM_DispatchMm(benchmark::State& state) {
   auto mesh = rank0_mesh();
-  at::Tensor a = from_local(at::ones({16, 16}), mesh, {Shard{0}});
-  at::Tensor b = from_local(at::ones({16, 16}), mesh, {Replicate{}});
+  at::Tensor a = from_local(ones16(), mesh, {Shard{0}});
+  at::Tensor b = from_local(ones16(), mesh, {Replicate{}});
   for (auto _ : state) benchmark::DoNotOptimize(at::mm(a, b));
 }
 void BM_LocalMm(benchmark::State& state) {
-  at::Tensor a = at::ones({16, 16}), b = at::ones({16, 16});
+  at::Tensor a = ones16(), b = ones16();
   for (auto _ : state) benchmark::DoNotOptimize(at::mm(a, b));
 }
 void BM_DispatchDetach(benchmark::State& state) {
   auto mesh = rank0_mesh();
-  at::Tensor a = from_local(at::ones({16, 16}), mesh, {Shard{0}});
+  at::Tensor a = from_local(ones16(), mesh, {Shard{0}});
   for (auto _ : state) benchmark::DoNotOptimize(a.detach());
 }
 BENCHMARK(BM_DispatchAdd);
@@ -83,8 +102,9 @@ struct Inputs {
 Inputs make_inputs(const DeviceMesh& mesh, int64_t bytes) {
   const int64_t rows = bytes / sizeof(float) / 256;
   Inputs in;
-  in.shard = at::ones({rows / kWorld, 256});
-  in.partial_local = at::ones({rows, 256});
+  const auto on_mesh = at::TensorOptions().device(mesh.device_type());
+  in.shard = at::ones({rows / mesh.size(), 256}, on_mesh);
+  in.partial_local = at::ones({rows, 256}, on_mesh);
   in.dshard = from_local(in.shard, mesh, {Shard{0}});
   in.dpartial = from_local(in.partial_local, mesh, {Partial{}});
   return in;
@@ -93,7 +113,7 @@ Inputs make_inputs(const DeviceMesh& mesh, int64_t bytes) {
 void run_case(Case c, comm::Group& g, const Inputs& in) {
   switch (c) {
     case kRawAllGather: {
-      at::Tensor out = at::empty({in.shard.size(0) * kWorld, 256});
+      at::Tensor out = at::empty({in.shard.size(0) * g.size(), 256}, in.shard.options());
       g.all_gather_into(out, in.shard);
       break;
     }
@@ -127,7 +147,7 @@ void BM_Threads(benchmark::State& state) {
 constexpr int kProcessIters = 7;
 class BenchProcess : public testing::MultiProcessTest {};
 void process_body(testing::MultiRankTest& t, Case c, int64_t bytes) {
-  auto mesh = init_device_mesh("cpu", {kWorld});
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
   Inputs in = make_inputs(mesh, bytes);
   bench::report_median_ms(t, kProcessIters, [&] { run_case(c, t.group(), in); });
 }

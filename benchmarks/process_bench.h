@@ -25,6 +25,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <regex>
@@ -62,10 +63,14 @@ inline void report_median_ms(testing::MultiRankTest& t, int iters, const std::fu
 // Runs harness test `test_id` (a body calling report_median_ms) on the worker pool for each
 // benchmark iteration and records rank 0's median as the iteration time (UseManualTime) and
 // its counters as the benchmark's.
+// The backend is DTENSOR_BACKEND's (default gloo): the nightly GPU run sets nccl, or
+// cpu:gloo,cuda:gloo on one GPU, and the bodies build their meshes on t.device_type().
 inline void run_in_worker_pool(benchmark::State& state, int world_size, const std::string& test_id) {
+  const char* env_backend = std::getenv("DTENSOR_BACKEND");
+  const std::string backend = env_backend && *env_backend ? env_backend : "gloo";
   for (auto _ : state) {
     std::string stacks;
-    auto outs = testing::internal::worker_pool(world_size, "gloo", kProcessBenchTimeout)
+    auto outs = testing::internal::worker_pool(world_size, backend, kProcessBenchTimeout)
                     .run(test_id, kProcessBenchTimeout, &stacks);
     std::smatch m;
     if (!outs[0].result || outs[0].result->failed() ||

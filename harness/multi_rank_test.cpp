@@ -60,7 +60,7 @@ std::string default_backend(int gpu_count, int world_size, bool nccl_built) {
 }
 
 std::string device_type_for_backend(const std::string& backend) {
-  return comm::detail::backend_uses_nccl(backend) ? "cuda" : "cpu";
+  return comm::detail::backend_uses_cuda(backend) ? "cuda" : "cpu";
 }
 
 std::string gpu_skip_reason(const std::string& backend, int world_size, int gpu_count,
@@ -70,6 +70,8 @@ std::string gpu_skip_reason(const std::string& backend, int world_size, int gpu_
     why << "backend " << backend << " runs one rank per GPU: " << world_size << " ranks need "
         << world_size << " CUDA devices, this machine has " << gpu_count;
     if (gpu_count > 0) why << " (set DTENSOR_WORLD_SIZE=" << gpu_count << ", or DTENSOR_BACKEND=gloo)";
+  } else if (comm::detail::backend_uses_cuda(backend) && gpu_count < 1) {
+    why << "backend " << backend << " moves CUDA tensors: it needs a CUDA device, this machine has none";
   } else if (required_gpus > gpu_count) {
     why << "Need at least " << required_gpus << " CUDA devices, found " << gpu_count;
   }

@@ -33,10 +33,12 @@
 //                                        tests of that rank kind, the others skip (CI's passes
 //                                        at world sizes 2 and 8 run the thread suites)
 //
-// GPUs (NOTE: [Rank devices] in dtensor/comm/device.h): with a backend that uses nccl, every
-// rank makes its own CUDA device current (rank modulo the GPU count) before the group is
-// created; a test whose nccl backend needs more GPUs than the machine has is skipped with the
-// reason (gpu_skip_reason).
+// GPUs (NOTE: [Rank devices] in dtensor/comm/device.h): with a backend for CUDA tensors (nccl,
+// or cpu:gloo,cuda:gloo), every rank makes its own CUDA device current (rank modulo the GPU
+// count) before the group is created; a test whose nccl backend needs more GPUs than the
+// machine has (or a cuda backend on a machine without one) is skipped with the reason
+// (gpu_skip_reason). One GPU runs the multi-rank suites on "cuda" meshes with
+// DTENSOR_BACKEND=cpu:gloo,cuda:gloo: every rank on that GPU, Gloo moving host copies.
 #pragma once
 
 #include "dtensor/comm/group.h"
@@ -130,8 +132,8 @@ class MultiProcessTest : public MultiRankTest {
   // Skip (with the reason) unless the machine has this many CUDA devices.
   virtual int required_gpus() const { return 0; }
 
-  // device_type_for_backend(effective_backend()): "cuda" when the backend moves CUDA tensors
-  // with nccl, else "cpu". DTensorTestBase builds its meshes on it.
+  // device_type_for_backend(effective_backend()): "cuda" when the backend is meant for CUDA
+  // tensors (nccl, or a cuda:gloo entry), else "cpu". DTensorTestBase builds its meshes on it.
   std::string device_type() const override;
   std::string effective_backend() const;
   LaunchMode effective_launch_mode() const;
@@ -155,10 +157,12 @@ int default_world_size(int gpu_count);
 // "nccl" when this build has NCCL and the machine a GPU for each of `world_size` ranks,
 // else "gloo".
 std::string default_backend(int gpu_count, int world_size, bool nccl_built);
-// "cuda" when `backend` moves CUDA tensors with nccl ("nccl", "cpu:gloo,cuda:nccl"), else "cpu".
+// "cuda" when `backend` is meant for CUDA tensors ("nccl", "cpu:gloo,cuda:nccl", and
+// "cpu:gloo,cuda:gloo": every rank on GPU rank % gpu_count(), Gloo moving host copies), else "cpu".
 std::string device_type_for_backend(const std::string& backend);
 // Why a test of `world_size` ranks over `backend` cannot run on a machine with `gpu_count`
-// GPUs (nccl needs one per rank; the fixture may require more), or "" when it can.
+// GPUs (nccl needs one per rank, a cuda:gloo entry one in all; the fixture may require
+// more), or "" when it can.
 std::string gpu_skip_reason(const std::string& backend, int world_size, int gpu_count,
                             int required_gpus);
 

@@ -134,10 +134,16 @@ BackendRoute route_tensor(const std::string& spec, const std::vector<BackendEntr
   if (entries.size() == 1 && entries[0].device.empty()) {
     BackendRoute r;
     r.stage_through_cuda = entries[0].backend == "nccl" && device_type != "cuda";
+    r.stage_through_host = entries[0].backend != "nccl" && device_type == "cuda";
     return r;
   }
   for (size_t i = 0; i < entries.size(); ++i)
-    if (entries[i].device == device_type) return {i, false};
+    if (entries[i].device == device_type) {
+      BackendRoute r;
+      r.entry = i;
+      r.stage_through_host = entries[i].backend != "nccl" && device_type == "cuda";
+      return r;
+    }
   TORCH_CHECK(device_type == "cpu" || device_type == "cuda", "backend '", spec, "' has no process group for ",
               device_type, " tensors; collectives take cpu or cuda tensors");
   const char* suggestion = device_type == "cuda" ? "nccl" : "gloo";
@@ -149,6 +155,18 @@ NativeCollectives native_collectives(const std::string& backend) {
   NativeCollectives n;
   if (backend == "nccl") n.all_gather_base = n.reduce_scatter_base = n.avg = true;
   return n;
+}
+
+bool backend_uses_cuda(const std::string& spec) {
+  std::vector<BackendEntry> entries;
+  try {
+    entries = parse_backend(spec);
+  } catch (const c10::Error&) {
+    return false;
+  }
+  for (const auto& e : entries)
+    if (e.backend == "nccl" || e.device == "cuda") return true;
+  return false;
 }
 
 bool backend_uses_nccl(const std::string& spec) {
@@ -283,6 +301,7 @@ struct C10dGroup::Impl {
     tg.pg = pgs[r.entry].get();
     tg.native = detail::native_collectives(entries[r.entry].backend);
     if (r.stage_through_cuda) tg.stage = rank_device("cuda", "backend " + options.backend);
+    if (r.stage_through_host) tg.stage = at::Device(at::kCPU);
     return tg;
   }
   BackendPg& default_pg() { return *pgs[0]; }

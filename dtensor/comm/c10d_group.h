@@ -17,6 +17,10 @@
 // staged through the rank's current CUDA device and copied back. A per-device list sends
 // each tensor to the entry of its device type; a device without an entry is an error naming
 // the list and what to add (e.g. "cpu:gloo" given a CUDA tensor: add ",cuda:nccl").
+// Gloo (and MPI) given a CUDA tensor ("gloo", or "cuda:gloo" in a list: every rank's CUDA
+// tensors on one GPU, as a one-GPU machine runs its multi-rank suites) get a host copy and the
+// result is copied back: Gloo's CUDA support differs by collective and by how libtorch built
+// it, and the host copy is right for every collective.
 // Barriers go to the first entry.
 //
 // What a backend lacks is emulated here (native_collectives says which): Gloo in libtorch
@@ -61,11 +65,12 @@ struct BackendEntry {
 std::vector<BackendEntry> parse_backend(const std::string& spec);
 
 // Where a tensor of `device_type` ("cpu", "cuda") goes: entries[entry], staged through the
-// rank's CUDA device when `stage_through_cuda`. NOTE: [Backend routing]; throws for a
-// device with no entry.
+// rank's CUDA device when `stage_through_cuda`, through host memory when
+// `stage_through_host`. NOTE: [Backend routing]; throws for a device with no entry.
 struct BackendRoute {
   size_t entry = 0;
   bool stage_through_cuda = false;
+  bool stage_through_host = false;
 };
 BackendRoute route_tensor(const std::string& spec, const std::vector<BackendEntry>& entries,
                           const std::string& device_type);
@@ -80,6 +85,9 @@ NativeCollectives native_collectives(const std::string& backend);
 
 // True when `spec` sends CUDA tensors to nccl (the ranks then need one GPU each).
 bool backend_uses_nccl(const std::string& spec);
+// True when `spec` is meant for CUDA tensors: it uses nccl or names a cuda: entry
+// ("cpu:gloo,cuda:gloo"). The ranks then make a GPU current (rank modulo the GPU count).
+bool backend_uses_cuda(const std::string& spec);
 }  // namespace detail
 
 class C10dGroup final : public Group {

@@ -197,7 +197,7 @@ GroupPtr init_process_group(const InitOptions& options) {
   }
   if (m != "env://" && !m.empty()) local_rank = local_rank_from_env();
   // NOTE: [Rank devices]: one GPU per rank, current before NCCL creates its communicators.
-  if (detail::backend_uses_nccl(options.backend)) use_rank_cuda_device(rank, local_rank);
+  if (detail::backend_uses_cuda(options.backend)) use_rank_cuda_device(rank, local_rank);
   C10dGroupOptions go;
   go.backend = options.backend;
   go.timeout = options.timeout;

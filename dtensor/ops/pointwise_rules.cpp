@@ -106,7 +106,10 @@ const bool registered = [] {
                      "i0", "special_i0e", "special_i1", "special_i1e", "special_erfcx", "special_ndtr",
                      "special_ndtri", "special_log_ndtr", "special_entr", "special_xlog1py", "xlogy", "nextafter",
                      "logaddexp", "logaddexp2", "heaviside", "igamma", "igammac", "gcd", "lcm",
-                     "log_sigmoid_forward", "relu6", "celu", "selu", "rrelu", "rrelu_with_noise", "threshold"}),
+                     "log_sigmoid_forward", "relu6", "celu", "selu", "rrelu", "rrelu_with_noise", "threshold",
+                     // ldexp_ decomposes above DTensor in libtorch 1.13 / 2.6; today's libtorch
+                     // gives it a kernel of its own (CompositeExplicitAutograd), so it needs a rule.
+                     "ldexp"}),
       Linear::kNone);
   // The special polynomial and Bessel families (libtorch 2.x; absent names are never called).
   reg({"aten::special_chebyshev_polynomial_t", "aten::special_chebyshev_polynomial_u",

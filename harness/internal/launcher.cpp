@@ -466,7 +466,7 @@ void stop_fork_server() {
     comm::trace_event("rank.store", req.rank);
     auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
     // NOTE: [Rank devices]: this rank's GPU is current before NCCL builds its communicators.
-    if (comm::detail::backend_uses_nccl(req.backend)) comm::use_rank_cuda_device(req.rank);
+    if (comm::detail::backend_uses_cuda(req.backend)) comm::use_rank_cuda_device(req.rank);
     comm::C10dGroupOptions go;
     go.backend = req.backend;
     go.timeout = std::chrono::milliseconds(req.timeout_ms);
