@@ -8,7 +8,7 @@
 //   DTENSOR_TEST_F(AllReduceTest, SumsRanks) {          // the body runs in every rank
 //     at::Tensor t = at::full({2}, rank());
 //     group().all_reduce(t);
-//     EXPECT_EQ(t[0].item<int64_t>(), 6);
+//     EXPECT_EQ(t[0].item<int64_t>(), ranks() * (ranks() - 1) / 2);
 //   }
 //
 // The gtest process itself only orchestrates: it starts the ranks, waits for them, and turns
@@ -191,20 +191,14 @@ struct RankTestRegistrar {
 // ranks the test needs. A test whose meshes or expected values need a particular count says
 // so here; every other test builds its meshes from ranks() / mesh_shape_2d() and runs at any
 // DTENSOR_WORLD_SIZE.
-#define DTENSOR_REQUIRE_WORLD_SIZE(n)                                                      \
-  if (const std::string dtensor_ws_why_ =                                                  \
-          ::dtensor::testing::world_size_skip_reason(this->ranks(), (n), "exactly");       \
-      !dtensor_ws_why_.empty())                                                           \
-  GTEST_SKIP() << dtensor_ws_why_
-#define DTENSOR_REQUIRE_WORLD_SIZE_AT_LEAST(n)                                             \
-  if (const std::string dtensor_ws_why_ =                                                  \
-          ::dtensor::testing::world_size_skip_reason(this->ranks(), (n), "at least");      \
-      !dtensor_ws_why_.empty())                                                           \
-  GTEST_SKIP() << dtensor_ws_why_
-#define DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(n)                                         \
-  if (const std::string dtensor_ws_why_ =                                                  \
-          ::dtensor::testing::world_size_skip_reason(this->ranks(), (n), "a multiple of"); \
-      !dtensor_ws_why_.empty())                                                           \
+#define DTENSOR_REQUIRE_WORLD_SIZE(n) DTENSOR_REQUIRE_RANKS_(this->ranks(), (n), "exactly")
+#define DTENSOR_REQUIRE_WORLD_SIZE_AT_LEAST(n) DTENSOR_REQUIRE_RANKS_(this->ranks(), (n), "at least")
+#define DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(n) DTENSOR_REQUIRE_RANKS_(this->ranks(), (n), "a multiple of")
+// The macros above, given the rank count (for bodies whose fixture is not `this`, such as
+// DTENSOR_TEST_BOTH's in suites/testing/rank_modes.h).
+#define DTENSOR_REQUIRE_RANKS_(ranks, n, relation)                                                \
+  if (const std::string dtensor_ws_why_ = ::dtensor::testing::world_size_skip_reason((ranks), (n), relation); \
+      !dtensor_ws_why_.empty())                                                                   \
   GTEST_SKIP() << dtensor_ws_why_
 
 #define DTENSOR_RANK_CLASS_(fixture, name) fixture##_##name##_DTensorRank

@@ -10,6 +10,15 @@
 //      (in-place all_reduce reads and writes the same tensor).
 //   4. Each rank copies its result into its output.
 // Barriers are generation-counted; a timeout or abort() wakes everybody with an error.
+//
+// NOTE: [Calls outlive an aborted round]
+// Between barriers A and B a rank reads the other ranks' Calls (their op names, signatures
+// and input tensors). After abort() a rank may leave the round early, throwing at barrier B
+// (or at the mismatch barrier) while its peers are still in step 2; a Call on the caller's
+// stack would then be freed under the peers, which read freed memory (a SIGSEGV while
+// formatting the mismatch message, when 8 thread ranks ran a test whose mesh held only 4 of
+// them and the 4 outside threw). So the world holds each rank's Call by shared_ptr, and every
+// rank keeps the Calls it reads alive until it leaves the round.
 #include "dtensor/comm/thread_group.h"
 
 #include "dtensor/comm/async_work.h"
@@ -54,7 +63,7 @@ struct ThreadWorld::State {
   uint64_t generation = 0;
   int arrived = 0;
   std::vector<bool> present;
-  std::vector<const Call*> calls;
+  std::vector<std::shared_ptr<const Call>> calls;  // NOTE: [Calls outlive an aborted round]
   bool aborted = false;
   std::string reason;
   std::map<std::tuple<int, int, int>, std::deque<at::Tensor>> mail;  // (src, dst, tag)
@@ -155,9 +164,13 @@ void run_round(ThreadWorld& world, int rank, const std::string& group_desc, cons
                Compute compute, Finish finish) {
   wait_launched_work();  // NOTE: [Async collectives]
   auto& s = world.state();
+  auto mine = std::make_shared<const Call>(call);  // NOTE: [Calls outlive an aborted round]
   std::unique_lock<std::mutex> lk(s.mu);
-  s.calls[rank] = &call;
+  s.calls[rank] = mine;
   s.arrive_and_wait(lk, rank, call.op, group_desc);
+  // A peer that left an aborted round early may already have published its next Call: report
+  // the abort, not a mismatch with that Call (barrier B would throw anyway).
+  if (s.aborted) throw CollectiveError(call.op + " on " + group_desc + ": aborted: " + s.reason);
   // Step 2: all Calls are published and stay alive until barrier B.
   bool same = true;
   for (int r = 0; r < s.size; ++r) {
@@ -175,11 +188,14 @@ void run_round(ThreadWorld& world, int rank, const std::string& group_desc, cons
     s.arrive_and_wait(lk, rank, call.op, group_desc);
     throw CollectiveError(msg);
   }
-  std::vector<const Call*> calls = s.calls;
+  const std::vector<std::shared_ptr<const Call>> held = s.calls;  // alive until we leave
+  std::vector<const Call*> calls;
+  for (const auto& k : held) calls.push_back(k.get());
   lk.unlock();
   auto result = compute(calls);
   lk.lock();
   s.arrive_and_wait(lk, rank, call.op, group_desc);  // barrier B
+  s.calls[rank].reset();  // everybody has read it; do not hold the caller's tensors longer
   lk.unlock();
   finish(result);
 }

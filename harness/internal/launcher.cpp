@@ -15,6 +15,8 @@
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -44,6 +46,36 @@
 namespace bp = boost::process;
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+// NOTE: [Loopback peers without DNS]
+// libtorch 2.x names the address of every TCPStore connection with getnameinfo (c10d's
+// socket.cpp, formatSockAddr, flags NI_NUMERICSERV only), eagerly: each client when it
+// connects (the orchestrator's and every rank's), and the server, on its one thread, for
+// every connection it accepts. Both sockets are IPv6 (dual-stack), so 127.0.0.1 is seen as
+// ::ffff:127.0.0.1, which glibc looks up in /etc/hosts as an IPv6 address (no entry), then
+// asks DNS for (PTR 1.0.0.127.in-addr.arpa). A query that goes unanswered costs the
+// resolver's 5 s timeout (then it asks again), and queries sent by the 4 ranks of a test at
+// once were lost together: 1 test in 6 to 10 took 5 s to create its group (libtorch 1.13
+// formats addresses only when debug logging is on: no queries). This program's
+// getnameinfo (it precedes libc's in symbol lookup) names an IPv4-mapped loopback address as
+// its IPv4 form, 127.x.y.z, which /etc/hosts names; every other call goes to libc unchanged.
+extern "C" int getnameinfo(const struct sockaddr* sa, socklen_t salen, char* host, socklen_t hostlen,
+                           char* serv, socklen_t servlen, int flags) {
+  using Fn = int (*)(const struct sockaddr*, socklen_t, char*, socklen_t, char*, socklen_t, int);
+  static const Fn libc = reinterpret_cast<Fn>(::dlsym(RTLD_NEXT, "getnameinfo"));
+  if (!libc) return EAI_SYSTEM;
+  if (sa && sa->sa_family == AF_INET6 && salen >= sizeof(sockaddr_in6) && host && hostlen > 0) {
+    const auto* s6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    if (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr) && s6->sin6_addr.s6_addr[12] == 127) {
+      sockaddr_in s4{};
+      s4.sin_family = AF_INET;
+      s4.sin_port = s6->sin6_port;
+      std::memcpy(&s4.sin_addr, &s6->sin6_addr.s6_addr[12], 4);
+      return libc(reinterpret_cast<const sockaddr*>(&s4), sizeof s4, host, hostlen, serv, servlen, flags);
+    }
+  }
+  return libc(sa, salen, host, hostlen, serv, servlen, flags);
+}
 
 namespace dtensor {
 namespace testing {

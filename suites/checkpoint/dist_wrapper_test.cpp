@@ -1,6 +1,6 @@
 // dtensor/checkpoint (torch.distributed.checkpoint.utils): DistWrapper's object collectives and
-// exception-robust steps, without a group and as 4 ranks (gloo processes and threads), the
-// MetadataIndex and the file view.
+// exception-robust steps, without a group and as ranks (gloo processes and threads; tests whose
+// ranks 1 to 3 play distinct roles need 4 or more), the MetadataIndex and the file view.
 #include "dtensor/checkpoint/checkpoint.h"
 #include "dtensor/comm/comm.h"
 #include "harness/harness.h"
@@ -9,6 +9,7 @@
 #include "suites/testing/errors.h"
 #include "suites/testing/rank_modes.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <numeric>
@@ -65,7 +66,14 @@ TEST(DistWrapper, WithoutDistStillReportsFailures) {
                "DistWrapper.broadcast_object: the coordinator (rank 0) passed no object");
 }
 
-// ---- 4 ranks ---------------------------------------------------------------------------------------
+// ---- across ranks ----------------------------------------------------------------------------------
+
+// 0, 1, ..., n - 1.
+std::vector<int> iota(int n) {
+  std::vector<int> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
 
 DTENSOR_RANK_FIXTURES(DistWrapperGloo, DistWrapperThreads);
 
@@ -83,39 +91,49 @@ DTENSOR_TEST_F(DistWrapperThreads, Barrier) {
 }
 
 DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, ObjectCollectives) {
-  const int r = t.rank();
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_AT_LEAST(2);  // coordinator rank 1
+  const int r = t.rank(), n = t.ranks();
   DistWrapper dist(t.group_ptr(), /*use_dist=*/true, /*coordinator_rank=*/1);
   EXPECT_EQ(dist.get_rank(), r);
-  EXPECT_EQ(dist.get_world_size(), 4);
+  EXPECT_EQ(dist.get_world_size(), n);
   EXPECT_EQ(dist.is_coordinator(), r == 1);
   // Only the coordinator's object counts.
   EXPECT_EQ(dist.broadcast_object(std::optional<int>(100 + r)), 101);
   auto gathered = dist.gather_object(std::string(r + 1, 'a'));
   EXPECT_EQ(gathered.has_value(), r == 1);
-  if (gathered) EXPECT_EQ(*gathered, (std::vector<std::string>{"a", "aa", "aaa", "aaaa"}));
-  EXPECT_EQ(dist.all_gather_object(r * r), (std::vector<int>{0, 1, 4, 9}));
+  std::vector<std::string> strings;  // "a", "aa", ...
+  std::vector<int> squares, list_of_n;
+  for (int i : iota(n)) {
+    strings.push_back(std::string(i + 1, 'a'));
+    squares.push_back(i * i);
+    list_of_n.push_back(10 + i);
+  }
+  if (gathered) EXPECT_EQ(*gathered, strings);
+  EXPECT_EQ(dist.all_gather_object(r * r), squares);
   std::optional<std::vector<int>> list;
-  if (r == 1) list = std::vector<int>{10, 11, 12, 13};
+  if (r == 1) list = list_of_n;
   EXPECT_EQ(dist.scatter_object(list), 10 + r);
   // A group of nullptr is the default group.
-  EXPECT_EQ(DistWrapper(nullptr, true, 0).all_gather_object(r).size(), 4u);
+  EXPECT_EQ(DistWrapper(nullptr, true, 0).all_gather_object(r).size(), static_cast<size_t>(n));
 }
 
 DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, CoordinatorMistakesRaiseOnEveryRank) {
-  const int r = t.rank();
-  DistWrapper dist(t.group_ptr(), true, 2);
-  std::optional<std::vector<int>> three;
-  if (r == 2) three = std::vector<int>{1, 2, 3};
-  EXPECT_PRED2(contains, error_of([&] { dist.scatter_object(three); }),
-               "DistWrapper.scatter_object: the coordinator (rank 2) passed 3 objects for 4 ranks");
-  EXPECT_PRED2(contains, error_of([&] { dist.scatter_object<int>(std::nullopt); }),
-               "the coordinator (rank 2) passed no object list");
+  const int r = t.rank(), n = t.ranks();
+  const int coordinator = n - 1;  // the last rank
+  const std::string who = "the coordinator (rank " + std::to_string(coordinator) + ")";
+  DistWrapper dist(t.group_ptr(), true, coordinator);
+  std::optional<std::vector<int>> one_short;
+  if (r == coordinator) one_short = std::vector<int>(static_cast<size_t>(n - 1), 1);
+  EXPECT_PRED2(contains, error_of([&] { dist.scatter_object(one_short); }),
+               "DistWrapper.scatter_object: " + who + " passed " + std::to_string(n - 1) + " objects for " +
+                   std::to_string(n) + " ranks");
+  EXPECT_PRED2(contains, error_of([&] { dist.scatter_object<int>(std::nullopt); }), who + " passed no object list");
   EXPECT_PRED2(contains, error_of([&] { dist.broadcast_object<int>(std::nullopt); }),
-               "DistWrapper.broadcast_object: the coordinator (rank 2) passed no object");
-  EXPECT_PRED2(contains, error_of([&] { DistWrapper(t.group_ptr(), true, 4); }),
-               "DistWrapper: coordinator_rank=4 is not a rank of the");
+               "DistWrapper.broadcast_object: " + who + " passed no object");
+  EXPECT_PRED2(contains, error_of([&] { DistWrapper(t.group_ptr(), true, n); }),
+               "DistWrapper: coordinator_rank=" + std::to_string(n) + " is not a rank of the");
   // The group is still usable.
-  EXPECT_EQ(dist.all_gather_object(1).size(), 4u);
+  EXPECT_EQ(dist.all_gather_object(1).size(), static_cast<size_t>(n));
 }
 
 DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, ReduceScatterGivesEachRankItsResult) {
@@ -126,16 +144,17 @@ DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, ReduceScatterGivesEachRan
       "plan", [&] { return r * 10; },
       [&](std::vector<int> all) {
         ++calls;
-        const int total = std::accumulate(all.begin(), all.end(), 0);  // 60
+        const int total = std::accumulate(all.begin(), all.end(), 0);  // 10 * (0 + ... + n - 1)
         std::vector<int> out;
         for (size_t i = 0; i < all.size(); ++i) out.push_back(total + static_cast<int>(i));
         return out;
       });
-  EXPECT_EQ(mine, 60 + r);
+  EXPECT_EQ(mine, 10 * (t.ranks() * (t.ranks() - 1) / 2) + r);
   EXPECT_EQ(calls, r == 0 ? 1 : 0);  // reduce runs on the coordinator only
 }
 
 DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, ReduceScatterMapFailuresReachEveryRank) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_AT_LEAST(4);  // ranks 1 and 3 fail differently
   const int r = t.rank();
   DistWrapper dist(t.group_ptr(), true, 0);
   bool reduced = false;
@@ -162,10 +181,11 @@ DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, ReduceScatterMapFailuresR
   EXPECT_PRED2(contains, e->what_without_backtrace(), "CheckpointException ranks:[1, 3] step: 'plan'");
   EXPECT_PRED2(contains, e->what_without_backtrace(), "(RANK 3) std::runtime_error: bad plan on rank 3");
   // The next step works: no rank was left behind in a collective.
-  EXPECT_EQ(dist.all_gather("after", [&] { return r; }), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(dist.all_gather("after", [&] { return r; }), iota(t.ranks()));
 }
 
 DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, ReduceScatterReduceFailuresReachEveryRank) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_AT_LEAST(3);  // coordinator rank 2
   DistWrapper dist(t.group_ptr(), true, 2);
   auto thrown = checkpoint_error_of([&] {
     dist.reduce_scatter(
@@ -182,12 +202,14 @@ DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, ReduceScatterReduceFailur
   });
   ASSERT_TRUE(short_result);
   EXPECT_PRED2(contains, short_result->failures().at(2).message,
-               "reduce_fun of step 'plan' returned 3 results for 4 ranks");
+               "reduce_fun of step 'plan' returned " + std::to_string(t.ranks() - 1) + " results for " +
+                   std::to_string(t.ranks()) + " ranks");
 }
 
 DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllReduce) {
   const int r = t.rank();
-  DistWrapper dist(t.group_ptr(), true, 3);
+  const int coordinator = t.ranks() - 1;  // the last rank
+  DistWrapper dist(t.group_ptr(), true, coordinator);
   auto joined = dist.all_reduce(
       "metadata", [&] { return std::to_string(r); },
       [](std::vector<std::string> all) {
@@ -195,7 +217,9 @@ DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllReduce) {
         for (auto& a : all) s += a;
         return s;
       });
-  EXPECT_EQ(joined, "0123");
+  std::string digits;
+  for (int i : iota(t.ranks())) digits += std::to_string(i);
+  EXPECT_EQ(joined, digits);  // "0123" on 4 ranks
   auto map_failed = checkpoint_error_of([&] {
     dist.all_reduce(
         "metadata",
@@ -214,14 +238,20 @@ DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllReduce) {
   });
   ASSERT_TRUE(reduce_failed);
   EXPECT_EQ(reduce_failed->step(), "finish");
-  EXPECT_EQ(failing_ranks(*reduce_failed), std::vector<int>{3});
+  EXPECT_EQ(failing_ranks(*reduce_failed), std::vector<int>{coordinator});
 }
 
 DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllGatherAndBroadcast) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_AT_LEAST(3);  // coordinator 1, and even ranks 0 and 2 fail
   const int r = t.rank();
   DistWrapper dist(t.group_ptr(), true, 1);
-  EXPECT_EQ(dist.all_gather("sizes", [&] { return std::vector<int>(r, r); }),
-            (std::vector<std::vector<int>>{{}, {1}, {2, 2}, {3, 3, 3}}));
+  std::vector<std::vector<int>> sizes;  // {}, {1}, {2, 2}, {3, 3, 3}, ...
+  std::vector<int> even;
+  for (int i : iota(t.ranks())) {
+    sizes.push_back(std::vector<int>(static_cast<size_t>(i), i));
+    if (i % 2 == 0) even.push_back(i);
+  }
+  EXPECT_EQ(dist.all_gather("sizes", [&] { return std::vector<int>(r, r); }), sizes);
   auto e = checkpoint_error_of([&] {
     dist.all_gather("write", [&]() -> int {
       if (r % 2 == 0) throw std::runtime_error("write failed on " + std::to_string(r));
@@ -229,7 +259,7 @@ DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllGatherAndBroadcast) {
     });
   });
   ASSERT_TRUE(e);
-  EXPECT_EQ(failing_ranks(*e), (std::vector<int>{0, 2}));
+  EXPECT_EQ(failing_ranks(*e), even);
   EXPECT_EQ(e->failures().at(2).message, "write failed on 2");
   int map_calls = 0;
   EXPECT_EQ(dist.broadcast("read_metadata",
@@ -250,6 +280,7 @@ DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllGatherAndBroadcast) {
 // all_gather_unless_quiet (load's step): one all_reduce when every rank is quiet; otherwise the
 // values (or the failures) of every rank reach every rank.
 DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllGatherUnlessQuiet) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_AT_LEAST(4);  // ranks 1, 2 and 3 play parts
   const int r = t.rank();
   auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
   DistWrapper dist(counting, /*use_dist=*/true, /*coordinator_rank=*/0);
@@ -270,7 +301,9 @@ DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllGatherUnlessQuiet) {
   auto loud = dist.all_gather_unless_quiet(
       "read", [&] { return r == 2 ? std::vector<int>{7} : std::vector<int>{}; }, empty);
   ASSERT_TRUE(loud.has_value());
-  EXPECT_EQ(*loud, (std::vector<std::vector<int>>{{}, {}, {7}, {}}));
+  std::vector<std::vector<int>> only_rank_2(static_cast<size_t>(t.ranks()));
+  only_rank_2[2] = {7};
+  EXPECT_EQ(*loud, only_rank_2);
   EXPECT_EQ(counting->counts()["all_reduce"], 1);
   EXPECT_GE(counting->counts()["all_gather_into"], 1);
   // A rank's failure (in map_fun or in quiet) is raised on every rank, naming it.
@@ -306,9 +339,12 @@ DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllGatherUnlessQuiet) {
 
 DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllGatherKeysIsTheSortedUnion) {
   std::map<std::string, int> local{{"shared", 0}, {"only_" + std::to_string(t.rank()), 1}};
-  if (t.rank() == 2) local["a_first"] = 2;
-  EXPECT_EQ(checkpoint::all_gather_keys(local, t.group_ptr()),
-            (std::vector<std::string>{"a_first", "only_0", "only_1", "only_2", "only_3", "shared"}));
+  if (t.rank() == t.ranks() - 1) local["a_first"] = 2;
+  std::vector<std::string> expected{"a_first"};
+  for (int i : iota(t.ranks())) expected.push_back("only_" + std::to_string(i));
+  std::sort(expected.begin() + 1, expected.end());  // "only_10" sorts before "only_2"
+  expected.push_back("shared");
+  EXPECT_EQ(checkpoint::all_gather_keys(local, t.group_ptr()), expected);
 }
 
 // ---- MetadataIndex, file view, device info -------------------------------------------------------

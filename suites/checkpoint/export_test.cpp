@@ -1,4 +1,4 @@
-// dtensor/checkpoint/export.h and tools/dcp: a checkpoint saved by 4 ranks exported to a
+// dtensor/checkpoint/export.h and tools/dcp: a checkpoint saved by the ranks exported to a
 // torch.save file (read back with libtorch's pickle_load, and with Python's torch.load in its
 // weights_only mode when python3-torch is installed) and to safetensors, one file and split
 // with a .index.json (parsed here byte by byte, and read with Python's safetensors when
@@ -23,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 
 namespace dtensor {
 namespace {
@@ -33,7 +34,8 @@ using testing::contains;
 
 class CheckpointExport : public testing::MultiProcessTest {};
 
-// The checkpoint of these tests, saved by 4 ranks into `dir`; the expected whole values.
+// The checkpoint of these tests, saved by every rank of the test into `dir` (on a (n / 2)x2 mesh:
+// the world size must be even); the expected whole values.
 std::map<std::string, at::Tensor> expected_tensors() {
   return {{"w", at::arange(35, at::kFloat).view({7, 5})},
           {"bf", at::arange(6, at::kBFloat16)},
@@ -41,8 +43,8 @@ std::map<std::string, at::Tensor> expected_tensors() {
           {"mask", at::arange(4, at::kLong).remainder(2).to(at::kBool)}};
 }
 
-void save_example(const std::string& dir) {
-  auto mesh = init_device_mesh("cpu", {2, 2});
+void save_example(const testing::MultiRankTest& t, const std::string& dir) {
+  auto mesh = init_device_mesh(t.device_type(), t.mesh_shape_2d());
   auto e = expected_tensors();
   dcp::StateDict sd{{"w", distribute_tensor(e["w"], mesh, {Shard{0}, Shard{1}})},
                     {"bf", e["bf"]},
@@ -102,12 +104,13 @@ void expect_safetensors_tensor(const Safetensors& f, const std::string& k, const
 }
 
 DTENSOR_TEST_F(CheckpointExport, TorchSaveAndSafetensorsFiles) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // save_example's mesh
   std::string base;
   std::unique_ptr<testing::TempDir> tmp;
   if (rank() == 0) tmp = std::make_unique<testing::TempDir>();
   base = comm::all_gather_object(group(), tmp ? tmp->path() : std::string())[0];
   const std::string ckpt = base + "/ckpt";
-  save_example(ckpt);
+  save_example(*this, ckpt);
   group().barrier();
   if (rank() == 0) {
     auto expected = expected_tensors();
@@ -196,8 +199,13 @@ DTENSOR_TEST_F(CheckpointExport, TorchSaveAndSafetensorsFiles) {
     // tools/dcp.
     auto ls = testing::run_program(DTENSOR_DCP_TOOL_PATH, {"list", ckpt});
     EXPECT_EQ(ls.exit_code, 0) << ls.output;
-    EXPECT_PRED2(contains, ls.output, "format version 1, save 1, written by 4 ranks");
-    EXPECT_PRED2(contains, ls.output, "w                                        tensor   float32    [7, 5]                   4          140");
+    EXPECT_PRED2(contains, ls.output, "format version 1, save 1, written by " + std::to_string(ranks()) + " ranks");
+    // w's chunks: its non-empty boxes, 7 rows over ranks / 2 times 5 columns over 2.
+    const int64_t rows = static_cast<int64_t>(at::arange(7).chunk(ranks() / 2).size());
+    std::string chunks = std::to_string(rows * 2);
+    chunks.resize(11, ' ');
+    EXPECT_PRED2(contains, ls.output, "w                                        tensor   float32    [7, 5]                   " +
+                                          chunks + "140");
     EXPECT_PRED2(contains, ls.output, "step                                     object");
     auto conv = testing::run_program(DTENSOR_DCP_TOOL_PATH, {"convert", ckpt, "--to", "torch", base + "/tool.pt"});
     EXPECT_EQ(conv.exit_code, 0) << conv.output;
@@ -248,17 +256,20 @@ void expect_import_fails_everywhere(dcp::StateDict& sd, const std::string& path,
   lax.strict = false;
   auto err = testing::checkpoint_error_of([&] { dcp::load_safetensors(sd, path, lax); });
   ASSERT_TRUE(err);
-  EXPECT_EQ(testing::failing_ranks(*err), (std::vector<int>{0, 1, 2, 3}));
+  std::vector<int> everyone(static_cast<size_t>(comm::default_group()->size()));  // every rank
+  std::iota(everyone.begin(), everyone.end(), 0);
+  EXPECT_EQ(testing::failing_ranks(*err), everyone);
   EXPECT_PRED2(contains, err->what_without_backtrace(), text);
 }
 
-// A checkpoint exported to safetensors (one file; split with an index) and read by 4 ranks into
-// other layouts: each rank reads its own shards' bytes.
+// A checkpoint exported to safetensors (one file; split with an index) and read by every rank
+// into other layouts: each rank reads its own shards' bytes.
 DTENSOR_TEST_BOTH(SafetensorsGloo, SafetensorsThreads, ImportsIntoShardedStateDicts) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
   std::unique_ptr<testing::TempDir> tmp;
   if (t.rank() == 0) tmp = std::make_unique<testing::TempDir>();
   const std::string base = comm::all_gather_object(t.group(), tmp ? tmp->path() : std::string())[0];
-  save_example(base + "/ckpt");
+  save_example(t, base + "/ckpt");
   const std::string single = base + "/model.safetensors", index = base + "/split/model.safetensors.index.json";
   if (t.rank() == 0) {
     dcp::export_safetensors(base + "/ckpt", single);
@@ -268,15 +279,15 @@ DTENSOR_TEST_BOTH(SafetensorsGloo, SafetensorsThreads, ImportsIntoShardedStateDi
     dcp::export_safetensors(base + "/ckpt", base + "/split/model.safetensors", split);
   }
   t.group().barrier();
-  auto mesh1 = init_device_mesh("cpu", {4});
-  auto mesh2 = init_device_mesh("cpu", {2, 2});
+  auto mesh1 = init_device_mesh(t.device_type(), {t.ranks()});
+  auto mesh2 = init_device_mesh(t.device_type(), t.mesh_shape_2d());
   auto e = expected_tensors();
   for (const std::string& path : {single, index}) {
     dcp::StateDict sd{// 7 rows over (tp, dp) as FSDP x TP lays them out: uneven, strided
                       {"w", distribute_tensor(at::zeros({7, 5}), mesh2, {StridedShard(0, 2), Shard{0}})},
                       {"ids", dtensor::zeros({5}, mesh1, {Shard{0}}, at::kLong)},
                       {"bf", sharded::shard_tensor(at::zeros({6}, at::kBFloat16),
-                                                   sharded::ChunkShardingSpec(0, cpu_ranks(4)))},
+                                                   sharded::ChunkShardingSpec(0, cpu_ranks(t.ranks())))},
                       {"mask", c10::IValue()},  // None: the whole tensor
                       {"step", c10::IValue()},  // an object, from the file's metadata
                       {"sizes", c10::IValue()}};
@@ -292,7 +303,9 @@ DTENSOR_TEST_BOTH(SafetensorsGloo, SafetensorsThreads, ImportsIntoShardedStateDi
     dcp::StateDict sd{{"w", dtensor::zeros({7, 5}, mesh1, {Shard{1}})}};
     auto err = testing::checkpoint_error_of([&] { dcp::load_safetensors(sd, index); });
     ASSERT_TRUE(err);
-    EXPECT_EQ(testing::failing_ranks(*err), (std::vector<int>{0, 1, 2, 3}));
+    std::vector<int> everyone(static_cast<size_t>(t.ranks()));
+    std::iota(everyone.begin(), everyone.end(), 0);
+    EXPECT_EQ(testing::failing_ranks(*err), everyone);
     EXPECT_PRED2(contains, err->what_without_backtrace(),
                  "the state dict and the safetensors index '" + index +
                      "' have different keys (strict load): not in the state dict: ['bf', 'ids', 'mask'];");

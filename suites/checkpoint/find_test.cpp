@@ -45,27 +45,28 @@ TEST(FindStateDictObject, ObjectsAndMissingNames) {
 DTENSOR_RANK_FIXTURES(FindGloo, FindThreads);
 
 DTENSOR_TEST_BOTH(FindGloo, FindThreads, ShardsOfShardedTensorsAndDTensors) {
-  const int r = t.rank();
-  std::vector<sharded::RemoteDevice> placements;
-  for (int i = 0; i < 8; ++i) placements.emplace_back("rank:" + std::to_string(i % 4) + "/cpu");
-  const at::Tensor full = at::arange(16, at::kFloat).view({8, 2});
-  // Two shards per rank: rows r and r + 4.
-  sharded::ShardedTensor st = sharded::shard_tensor(
-      full, sharded::ChunkShardingSpec(0, {"rank:0/cpu", "rank:1/cpu", "rank:2/cpu", "rank:3/cpu"}));
-  st.reshard(sharded::ChunkShardingSpec(0, placements));
-  const std::vector<int64_t> second{r + 4, 0};
-  EXPECT_TRUE(at::equal(checkpoint::find_tensor_shard(st, MetadataIndex("w", second)), full[r + 4].unsqueeze(0)));
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_AT_LEAST(2);  // another rank's shard
+  const int r = t.rank(), n = t.ranks();
+  std::vector<sharded::RemoteDevice> one_each, two_each;  // the ShardedTensor lives on the CPU
+  for (int i = 0; i < n; ++i) one_each.emplace_back("rank:" + std::to_string(i) + "/cpu");
+  for (int i = 0; i < 2 * n; ++i) two_each.emplace_back("rank:" + std::to_string(i % n) + "/cpu");
+  const at::Tensor full = at::arange(4 * n, at::kFloat).view({2 * n, 2});
+  // Two shards per rank: rows r and r + n.
+  sharded::ShardedTensor st = sharded::shard_tensor(full, sharded::ChunkShardingSpec(0, one_each));
+  st.reshard(sharded::ChunkShardingSpec(0, two_each));
+  const std::vector<int64_t> second{r + n, 0};
+  EXPECT_TRUE(at::equal(checkpoint::find_tensor_shard(st, MetadataIndex("w", second)), full[r + n].unsqueeze(0)));
   // The index hint: right, wrong, out of range: the result is the same.
   for (int64_t hint : {1, 0, 5, -1})
     EXPECT_EQ(checkpoint::find_shard(st, MetadataIndex("w", second, hint)).metadata.shard_offsets(), second);
   EXPECT_PRED2(contains, error_of([&] { checkpoint::find_shard(st, MetadataIndex("w")); }),
                "Cannot lookup w since its a ShardedTensor and no offset was provided");
-  const int other = (r + 1) % 4;
+  const int other = (r + 1) % n;
   EXPECT_PRED2(contains, error_of([&] { checkpoint::find_tensor_shard(st, MetadataIndex("w", {{other, 0}})); }),
                "Could not find shard at '[" + std::to_string(other) + ", 0]' for FQN: 'w'");
   // A DTensor gives its local tensor (PyTorch's DTensor.__get_tensor_shard__).
-  auto mesh = init_device_mesh("cpu", {4});
-  at::Tensor dt = distribute_tensor(full, mesh, {Shard{0}});
+  auto mesh = init_device_mesh(t.device_type(), {n});
+  at::Tensor dt = distribute_tensor(full.to(c10::Device(t.device_type())), mesh, {Shard{0}});
   EXPECT_TRUE(checkpoint::find_tensor_shard(dt, MetadataIndex("d", {{2 * r, 0}})).is_same(local_tensor(dt)));
   // Through a state dict.
   checkpoint::StateDict sd{{"w", st}, {"d", dt}};

@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <numeric>
 
 namespace dtensor {
 namespace {
@@ -64,6 +65,16 @@ std::vector<RemoteDevice> cpu_ranks(int n) {
 
 at::Tensor& tensor_at(StateDict& sd, const std::string& key) { return std::get<at::Tensor>(sd.at(key)); }
 
+// 0, 1, ..., n - 1 (every rank).
+std::vector<int> all_ranks(int n) {
+  std::vector<int> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+// How many non-empty pieces Shard splits `size` into over `n` ranks (torch.chunk's count).
+int64_t pieces(int64_t size, int64_t n) { return static_cast<int64_t>(at::arange(size).chunk(n).size()); }
+
 // Every element of a DTensor's, ShardedTensor's or plain tensor's local data equals `full`'s.
 void expect_holds(const checkpoint::StateDictValue& v, const at::Tensor& full, const std::string& what) {
   if (const auto* t = std::get_if<at::Tensor>(&v)) {
@@ -92,9 +103,11 @@ void expect_holds(const checkpoint::StateDictValue& v, const at::Tensor& full, c
 // ---- every kind of value ------------------------------------------------------------------------
 
 DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, SavesAndLoadsEveryKindOfValue) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
   SharedDir dir(t.group());
-  auto mesh1 = init_device_mesh("cpu", {4});
-  auto mesh2 = init_device_mesh("cpu", {2, 2});
+  const int n = t.ranks();
+  auto mesh1 = init_device_mesh(t.device_type(), {n});
+  auto mesh2 = init_device_mesh(t.device_type(), t.mesh_shape_2d());
   at::Tensor m75 = at::arange(35, at::kFloat).view({7, 5});
   at::Tensor m102 = at::arange(20, at::kDouble).view({10, 2});
   c10::impl::GenericDict inner(c10::StringType::get(), c10::AnyType::get());
@@ -110,7 +123,7 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, SavesAndLoadsEveryKindOfVal
       {"dt_rows", distribute_tensor(m75, mesh1, {Shard{0}})},
       {"dt_2d", distribute_tensor(m75, mesh2, {Shard{1}, Shard{0}})},
       {"dt_partial", from_local(at::full({3}, float(t.rank() + 1)), mesh1, {Partial{}})},
-      {"st", sharded::shard_tensor(m102, ChunkShardingSpec(0, cpu_ranks(4)))},
+      {"st", sharded::shard_tensor(m102, ChunkShardingSpec(0, cpu_ranks(n)))},
       {"scalar", at::scalar_tensor(3.5, at::kDouble)},
       {"bf16", at::arange(8, at::kBFloat16)},
       {"empty", at::empty({0, 3})},
@@ -121,12 +134,13 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, SavesAndLoadsEveryKindOfVal
   };
   auto meta = checkpoint::save(sd, dir.sub("ckpt"));
   EXPECT_EQ(meta.entries.size(), sd.size());
-  EXPECT_EQ(meta.entries.at("dt_rows").chunks.size(), 4u);
-  EXPECT_EQ(meta.entries.at("dt_2d").chunks.size(), 4u);
+  // One chunk per non-empty box (7 rows over n; 5 columns over n / 2 times 7 rows over 2).
+  EXPECT_EQ(int64_t(meta.entries.at("dt_rows").chunks.size()), pieces(7, n));
+  EXPECT_EQ(int64_t(meta.entries.at("dt_2d").chunks.size()), pieces(5, n / 2) * pieces(7, 2));
   EXPECT_EQ(meta.entries.at("plain").chunks.size(), 1u);  // replicated: written once
   EXPECT_EQ(meta.entries.at("dt_partial").chunks.size(), 1u);
   EXPECT_EQ(meta.entries.at("empty").chunks.size(), 1u);
-  EXPECT_EQ(meta.world_size, 4);
+  EXPECT_EQ(meta.world_size, n);
   EXPECT_EQ(meta.save_id, 1);
   EXPECT_EQ(checkpoint::read_metadata(dir.sub("ckpt")).total_bytes(), meta.total_bytes());
 
@@ -135,7 +149,7 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, SavesAndLoadsEveryKindOfVal
       {"dt_rows", dtensor::zeros({7, 5}, mesh1, {Shard{0}})},
       {"dt_2d", dtensor::zeros({7, 5}, mesh2, {Shard{1}, Shard{0}})},
       {"dt_partial", dtensor::zeros({3}, mesh1, {Replicate{}})},
-      {"st", sharded::shard_tensor(at::zeros({10, 2}, at::kDouble), ChunkShardingSpec(0, cpu_ranks(4)))},
+      {"st", sharded::shard_tensor(at::zeros({10, 2}, at::kDouble), ChunkShardingSpec(0, cpu_ranks(n)))},
       {"scalar", at::scalar_tensor(0.0, at::kDouble)},
       {"bf16", at::zeros({8}, at::kBFloat16)},
       {"empty", at::empty({0, 3})},
@@ -150,7 +164,7 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, SavesAndLoadsEveryKindOfVal
   expect_holds(dest.at("plain"), at::arange(6, at::kFloat).view({2, 3}), "plain");
   expect_holds(dest.at("dt_rows"), m75, "dt_rows");
   expect_holds(dest.at("dt_2d"), m75, "dt_2d");
-  expect_holds(dest.at("dt_partial"), at::full({3}, 10.0f), "dt_partial");
+  expect_holds(dest.at("dt_partial"), at::full({3}, float(n * (n + 1) / 2)), "dt_partial");  // 1 + ... + n
   expect_holds(dest.at("st"), m102, "st");
   EXPECT_EQ(tensor_at(dest, "scalar").item<double>(), 3.5);
   EXPECT_TRUE(at::equal(tensor_at(dest, "bf16"), at::arange(8, at::kBFloat16)));
@@ -193,7 +207,7 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, SavesAndLoadsEveryKindOfVal
 // How a tensor is laid out: a DTensor on the 1-D or the 2-D mesh, or a ShardedTensor.
 struct Layout {
   std::string name;
-  int mesh = 1;  // 1: mesh of 4, 2: mesh of 2x2, 0: ShardedTensor chunked on `st_dim`
+  int mesh = 1;  // 1: mesh of n, 2: mesh of (n / 2)x2, 0: ShardedTensor chunked on `st_dim`
   std::vector<Placement> placements;
   int64_t st_dim = 0;
 };
@@ -215,14 +229,15 @@ std::vector<Layout> all_layouts() {
 
 checkpoint::StateDictValue make(const Layout& l, const at::Tensor& full, const DeviceMesh& mesh1,
                                 const DeviceMesh& mesh2) {
-  if (l.mesh == 0) return sharded::shard_tensor(full, ChunkShardingSpec(l.st_dim, cpu_ranks(4)));
+  if (l.mesh == 0) return sharded::shard_tensor(full, ChunkShardingSpec(l.st_dim, cpu_ranks(int(mesh1.size()))));
   return distribute_tensor(full, l.mesh == 1 ? mesh1 : mesh2, l.placements);
 }
 
 DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, ReshardsEveryLayoutIntoEveryOther) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
   SharedDir dir(t.group());
-  auto mesh1 = init_device_mesh("cpu", {4});
-  auto mesh2 = init_device_mesh("cpu", {2, 2});
+  auto mesh1 = init_device_mesh(t.device_type(), {t.ranks()});
+  auto mesh2 = init_device_mesh(t.device_type(), t.mesh_shape_2d());
   const auto layouts = all_layouts();
   for (const auto& shape : std::vector<std::vector<int64_t>>{{4, 4}, {7, 5}}) {
     const std::string tag = std::to_string(shape[0]) + "x" + std::to_string(shape[1]);
@@ -242,12 +257,13 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, ReshardsEveryLayoutIntoEver
 }
 
 DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, LoadsIntoOtherWorldSizes) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
   SharedDir dir(t.group());
   at::Tensor a = at::arange(35, at::kFloat).view({7, 5});
   at::Tensor b = at::arange(12, at::kLong);
   {
-    // Saved at 4 ranks on a 2x2 mesh...
-    auto mesh2 = init_device_mesh("cpu", {2, 2});
+    // Saved at n ranks on a (n / 2)x2 mesh...
+    auto mesh2 = init_device_mesh(t.device_type(), t.mesh_shape_2d());
     StateDict sd{{"a", distribute_tensor(a, mesh2, {Shard{0}, Shard{1}})},
                  {"b", distribute_tensor(b, mesh2, {Replicate{}, Shard{0}})},
                  {"step", c10::IValue(int64_t(7))}};
@@ -256,7 +272,7 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, LoadsIntoOtherWorldSizes) {
   // ... loaded at 2 ranks (a group of ranks 0 and 1, 1-D mesh) ...
   comm::GroupPtr pair = comm::new_group({0, 1});
   if (pair) {
-    auto mesh = init_device_mesh("cpu", {2}, {}, pair);
+    auto mesh = init_device_mesh(t.device_type(), {2}, {}, pair);
     StateDict dest{{"a", dtensor::zeros({7, 5}, mesh, {Shard{1}})},
                    {"b", dtensor::zeros({12}, mesh, {Shard{0}}, at::kLong)},
                    {"step", c10::IValue()}};
@@ -283,8 +299,8 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, LoadsIntoOtherWorldSizes) {
     EXPECT_EQ(meta.world_size, 1);
   }
   t.group().barrier();
-  // ... loaded by 4 ranks.
-  auto mesh2 = init_device_mesh("cpu", {2, 2});
+  // ... loaded by n ranks.
+  auto mesh2 = init_device_mesh(t.device_type(), t.mesh_shape_2d());
   StateDict dest{{"a", dtensor::zeros({7, 5}, mesh2, {Shard{1}, Shard{1}})},
                  {"b", dtensor::zeros({12}, mesh2, {Shard{0}, Replicate{}}, at::kLong)}};
   checkpoint::load(dest, dir.sub("at1"));
@@ -294,19 +310,22 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, LoadsIntoOtherWorldSizes) {
 
 // ---- faults -------------------------------------------------------------------------------------
 
-// The state dict of the fault tests: "w" in rows over 4 ranks, a replicated "b", an object.
+// The state dict of the fault tests: "w" in rows over the ranks (2 rows each: rank r's start at
+// row 2r), a replicated "b", an object.
+int64_t w_rows(const DeviceMesh& mesh) { return 2 * mesh.size(); }
 StateDict fault_state(const DeviceMesh& mesh, float v) {
-  return StateDict{{"w", distribute_tensor(at::full({8, 4}, v), mesh, {Shard{0}})},
+  return StateDict{{"w", distribute_tensor(at::full({w_rows(mesh), 4}, v), mesh, {Shard{0}})},
                    {"b", at::full({4}, v)},
                    {"step", c10::IValue(int64_t(v))}};
 }
 StateDict fault_dest(const DeviceMesh& mesh, std::vector<Placement> w_placements = {Shard{0}}) {
-  return StateDict{{"w", dtensor::zeros({8, 4}, mesh, std::move(w_placements))},
+  return StateDict{{"w", dtensor::zeros({w_rows(mesh), 4}, mesh, std::move(w_placements))},
                    {"b", at::zeros({4})},
                    {"step", c10::IValue()}};
 }
 void expect_fault_state(const StateDict& sd, float v) {
-  expect_holds(sd.at("w"), at::full({8, 4}, v), "w");
+  const auto& w = std::get<at::Tensor>(sd.at("w"));
+  expect_holds(sd.at("w"), at::full({w.size(0), 4}, v), "w");
   expect_holds(sd.at("b"), at::full({4}, v), "b");
   EXPECT_EQ(std::get<c10::IValue>(sd.at("step")).toInt(), int64_t(v));
 }
@@ -322,8 +341,9 @@ std::string file_of(const std::string& dir, const std::string& key, int64_t row)
 }
 
 DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, ARankThatCannotWriteFailsEveryRankAndKeepsThePreviousSave) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_AT_LEAST(3);  // rank 2 fails
   SharedDir dir(t.group());
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
   const std::string ckpt = dir.sub("ckpt");
   checkpoint::save(fault_state(mesh, 1), ckpt);
   // Rank 2's next data file cannot be created: a directory is in its way.
@@ -343,8 +363,10 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, ARankThatCannotWriteFailsEv
 }
 
 DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, CorruptedTruncatedAndMissingFilesFailEveryRank) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_AT_LEAST(3);  // rank 2's rows are corrupted
   SharedDir dir(t.group());
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
+  const std::vector<int> everyone = all_ranks(t.ranks());
   const std::string ckpt = dir.sub("ckpt");
   checkpoint::save(fault_state(mesh, 3), ckpt);
   const std::string rows4 = file_of(ckpt, "w", 4);  // rank 2's rows, read by rank 2 only
@@ -371,7 +393,7 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, CorruptedTruncatedAndMissin
   auto rep = fault_dest(mesh, {Replicate{}});
   e = checkpoint_error_of([&] { checkpoint::load(rep, ckpt); });
   ASSERT_TRUE(e);
-  EXPECT_EQ(failing_ranks(*e), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(failing_ranks(*e), everyone);
   // LoadOptions::verify_checksums = false reads without checking: the load succeeds, rank 2's
   // rows hold the flipped element.
   LoadOptions unchecked;
@@ -387,7 +409,7 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, CorruptedTruncatedAndMissin
   t.group().barrier();
   e = checkpoint_error_of([&] { checkpoint::load(rep, ckpt); });
   ASSERT_TRUE(e);
-  EXPECT_EQ(failing_ranks(*e), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(failing_ranks(*e), everyone);
   EXPECT_PRED2(contains, e->what_without_backtrace(), "data file '" + rows4 + "' is truncated: key 'w'");
   t.group().barrier();
 
@@ -396,7 +418,7 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, CorruptedTruncatedAndMissin
   t.group().barrier();
   e = checkpoint_error_of([&] { checkpoint::load(rep, ckpt); });
   ASSERT_TRUE(e);
-  EXPECT_EQ(failing_ranks(*e), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(failing_ranks(*e), everyone);
   EXPECT_PRED2(contains, e->what_without_backtrace(),
                "cannot open data file '" + rows4 + "' (key 'w'): No such file or directory");
   t.group().barrier();
@@ -407,7 +429,7 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, CorruptedTruncatedAndMissin
   e = checkpoint_error_of([&] { checkpoint::load(rep, ckpt); });
   ASSERT_TRUE(e);
   EXPECT_EQ(e->step(), "read");
-  EXPECT_EQ(failing_ranks(*e), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(failing_ranks(*e), everyone);
   EXPECT_PRED2(contains, e->what_without_backtrace(), "no checkpoint in '" + ckpt + "'");
 }
 
@@ -416,9 +438,11 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, CorruptedTruncatedAndMissin
 // its edges) through a buffer, checking every block it touches. A flipped byte fails each rank
 // that reads any part of its block, even one that does not need that byte.
 DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, SmallChecksumBlocksAreCheckedAtShardEdges) {
+  // The row splits and the ranks that meet a block's edge are worked out for 4 ranks.
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);
   SharedDir dir(t.group());
-  auto mesh1 = init_device_mesh("cpu", {4});
-  auto mesh2 = init_device_mesh("cpu", {2, 2});
+  auto mesh1 = init_device_mesh(t.device_type(), {t.ranks()});
+  auto mesh2 = init_device_mesh(t.device_type(), t.mesh_shape_2d());
   const std::string ckpt = dir.sub("ckpt");
   const at::Tensor full = at::arange(62 * 4, at::kFloat).view({62, 4});  // 16 bytes per row
   SaveOptions so;
@@ -453,8 +477,10 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, SmallChecksumBlocksAreCheck
 }
 
 DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, KeyShapeAndDtypeMismatchesFailEveryRank) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_AT_LEAST(2);  // rank 1 and the last rank err
   SharedDir dir(t.group());
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
+  const int last = t.ranks() - 1;
   const std::string ckpt = dir.sub("ckpt");
   checkpoint::save(fault_state(mesh, 4), ckpt);
 
@@ -472,33 +498,36 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, KeyShapeAndDtypeMismatchesF
   auto res = checkpoint::load(sd, ckpt, lax);
   EXPECT_EQ(res.missing_keys, std::vector<std::string>{"extra"});
   EXPECT_EQ(res.unexpected_keys, std::vector<std::string>{"step"});
-  expect_holds(sd.at("w"), at::full({8, 4}, 4.0f), "w");
+  expect_holds(sd.at("w"), at::full({w_rows(mesh), 4}, 4.0f), "w");
 
   auto bad_shape = fault_dest(mesh);
   bad_shape["b"] = at::zeros({5});
   e = checkpoint_error_of([&] { checkpoint::load(bad_shape, ckpt); });
   ASSERT_TRUE(e);
-  EXPECT_EQ(failing_ranks(*e), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(failing_ranks(*e), all_ranks(t.ranks()));
   EXPECT_PRED2(contains, e->what_without_backtrace(),
                "key 'b' has shape [5] in the state dict but [4] in the checkpoint");
   auto bad_dtype = fault_dest(mesh);
-  if (t.rank() == 3) bad_dtype["w"] = dtensor::zeros({8, 4}, mesh, {Shard{0}}, at::kDouble);
+  if (t.rank() == last) bad_dtype["w"] = dtensor::zeros({w_rows(mesh), 4}, mesh, {Shard{0}}, at::kDouble);
   e = checkpoint_error_of([&] { checkpoint::load(bad_dtype, ckpt); });
   ASSERT_TRUE(e);
-  EXPECT_EQ(failing_ranks(*e), std::vector<int>{3});
+  EXPECT_EQ(failing_ranks(*e), std::vector<int>{last});
   EXPECT_PRED2(contains, e->what_without_backtrace(),
                "key 'w' has dtype float64 in the state dict but float32 in the checkpoint");
 }
 
 DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, InconsistentSavesFailEveryRank) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_AT_LEAST(2);  // rank 1 and the last rank disagree with rank 0
   SharedDir dir(t.group());
+  const int last = t.ranks() - 1;
   // Ranks disagree on a plain tensor's shape: the plan fails on the coordinator.
-  StateDict sd{{"b", at::zeros({t.rank() == 3 ? 5 : 4})}};
+  StateDict sd{{"b", at::zeros({t.rank() == last ? 5 : 4})}};
   auto e = checkpoint_error_of([&] { checkpoint::save(sd, dir.sub("ckpt")); });
   ASSERT_TRUE(e);
   EXPECT_EQ(e->step(), "plan");
   EXPECT_EQ(failing_ranks(*e), std::vector<int>{0});
-  EXPECT_PRED2(contains, e->what_without_backtrace(), "key 'b' has global size [4] on rank 0 but [5] on rank 3");
+  EXPECT_PRED2(contains, e->what_without_backtrace(),
+               "key 'b' has global size [4] on rank 0 but [5] on rank " + std::to_string(last));
   // An unsupported value on one rank fails the plan step everywhere.
   StateDict bad{{"b", at::zeros({4})}};
   if (t.rank() == 1) bad["q"] = at::Tensor();
@@ -512,15 +541,16 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, InconsistentSavesFailEveryR
 // ---- async_save ---------------------------------------------------------------------------------
 
 DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, AsyncSaveWritesTheStateAsItWasWhenCalled) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_AT_LEAST(2);  // rank 1's write fails
   SharedDir dir(t.group());
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
   StateDict sd = fault_state(mesh, 5);
   at::Tensor partial = from_local(at::full({2}, float(t.rank())), mesh, {Partial{}});
   sd["partial"] = partial;
   // The background save runs its collectives on a group of its own, so the caller may keep
   // using the default group meanwhile.
   SaveOptions opts;
-  opts.process_group = comm::new_group({0, 1, 2, 3});
+  opts.process_group = comm::new_group(all_ranks(t.ranks()));
   auto fut = checkpoint::async_save(sd, dir.sub("ckpt"), opts);
   // The caller changes its parameters at once (in place) and keeps communicating.
   local_tensor(std::get<at::Tensor>(sd.at("w"))).add_(100);
@@ -532,7 +562,7 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, AsyncSaveWritesTheStateAsIt
   dest["partial"] = dtensor::zeros({2}, mesh, {Replicate{}});
   checkpoint::load(dest, dir.sub("ckpt"));
   expect_fault_state(dest, 5);
-  expect_holds(dest.at("partial"), at::full({2}, 6.0f), "partial");
+  expect_holds(dest.at("partial"), at::full({2}, float(t.ranks() * (t.ranks() - 1) / 2)), "partial");  // 0 + ... + n-1
 
   // A failure in the background reaches every rank through the future.
   if (t.rank() == 0) fs::create_directory(fs::path(dir.sub("ckpt")) / "__1_2.distcp");
@@ -553,14 +583,14 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, AsyncSaveWritesTheStateAsIt
 // nothing. Every checkpoint holds the values of its own call.
 DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, AsyncSavesCacheStagingByDefault) {
   SharedDir dir(t.group());
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
   // The cache is the process's: the thread ranks share one.
-  const int64_t ranks_here = dynamic_cast<testing::MultiThreadedTest*>(&t) ? 4 : 1;
+  const int64_t ranks_here = dynamic_cast<testing::MultiThreadedTest*>(&t) ? t.ranks() : 1;
   checkpoint::release_staging_cache();
   SaveOptions opts;
-  opts.process_group = comm::new_group({0, 1, 2, 3});
+  opts.process_group = comm::new_group(all_ranks(t.ranks()));
   SaveOptions other_group = opts;
-  other_group.process_group = comm::new_group({0, 1, 2, 3});
+  other_group.process_group = comm::new_group(all_ranks(t.ranks()));
   auto settle = [&](std::future<checkpoint::Metadata>& f) {
     f.get();
     t.group().barrier();  // every rank's save is done: its set is free
@@ -595,8 +625,8 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, AsyncSavesCacheStagingByDef
   opener.reset();  // opens the gate
   settle(third);
   settle(second);
-  // Other shapes and dtypes under the same keys: w 8x6, b double.
-  StateDict changed{{"w", distribute_tensor(at::full({8, 6}, 4.0f), mesh, {Shard{0}})},
+  // Other shapes and dtypes under the same keys: w (2n)x6, b double.
+  StateDict changed{{"w", distribute_tensor(at::full({w_rows(mesh), 6}, 4.0f), mesh, {Shard{0}})},
                     {"b", at::full({4}, 4.0, at::kDouble)},
                     {"step", c10::IValue(int64_t(4))}};
   auto fourth = checkpoint::async_save(changed, dir.sub("four"), opts);
@@ -610,9 +640,11 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, AsyncSavesCacheStagingByDef
     checkpoint::load(dest, dir.sub(name));
     expect_fault_state(dest, v);
   }
-  StateDict dest4{{"w", dtensor::zeros({8, 6}, mesh, {Shard{1}})}, {"b", at::zeros({4}, at::kDouble)}, {"step", c10::IValue()}};
+  StateDict dest4{{"w", dtensor::zeros({w_rows(mesh), 6}, mesh, {Shard{1}})},
+                  {"b", at::zeros({4}, at::kDouble)},
+                  {"step", c10::IValue()}};
   checkpoint::load(dest4, dir.sub("four"));
-  expect_holds(dest4.at("w"), at::full({8, 6}, 4.0f), "w");
+  expect_holds(dest4.at("w"), at::full({w_rows(mesh), 6}, 4.0f), "w");
   expect_holds(dest4.at("b"), at::full({4}, 4.0, at::kDouble), "b");
 
   checkpoint::release_staging_cache();
@@ -631,10 +663,10 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, AsyncSavesCacheStagingByDef
 // checkpoint holds the values of its own call.
 DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, AsyncSavesReuseStagingBuffers) {
   SharedDir dir(t.group());
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
   StateDict sd = fault_state(mesh, 1);
   SaveOptions opts;
-  opts.process_group = comm::new_group({0, 1, 2, 3});
+  opts.process_group = comm::new_group(all_ranks(t.ranks()));
   opts.staging = std::make_shared<checkpoint::StagingBuffers>();
   auto first = checkpoint::async_save(sd, dir.sub("one"), opts);
   // This rank's rows of w (2x4 floats) and the replicated b (4 floats); objects are not staged.
@@ -652,10 +684,10 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, AsyncSavesReuseStagingBuffe
   expect_fault_state(dest, 1);
   checkpoint::load(dest, dir.sub("two"));
   expect_fault_state(dest, 2);
-  // Another layout: the buffers follow it (w's rows now 8x4 on every rank).
-  StateDict rep{{"w", distribute_tensor(at::full({8, 4}, 3.0f), mesh, {Replicate{}})}};
+  // Another layout: the buffers follow it (all of w's (2n)x4 floats now on every rank).
+  StateDict rep{{"w", distribute_tensor(at::full({w_rows(mesh), 4}, 3.0f), mesh, {Replicate{}})}};
   checkpoint::async_save(rep, dir.sub("three"), opts).get();
-  EXPECT_EQ(opts.staging->nbytes(), 128);
+  EXPECT_EQ(opts.staging->nbytes(), w_rows(mesh) * 4 * 4);
 }
 
 // Runs only as the child of the test below: saves {w, v} at world size 1 and dies (SIGKILL)

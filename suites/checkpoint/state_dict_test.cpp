@@ -100,7 +100,7 @@ void load_train_state(models::Transformer& model, torch::optim::Optimizer& opt, 
 DTENSOR_TEST_BOTH(StateDictGloo, StateDictThreads, InterruptedTpTransformerTrainingContinuesWithTheSameLosses) {
   SharedDir dir(t.group());
   Trainer tr;
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
   auto make_tp = [&](double init) {
     models::Transformer m(tr.args);
     init_params(*m, init);
@@ -158,7 +158,8 @@ void expect_same_params(torch::nn::Module& a, torch::nn::Module& b) {
 }
 
 DTENSOR_TEST_BOTH(StateDictGloo, StateDictThreads, ModelStateDictOptions) {
-  auto mesh = init_device_mesh("cpu", {4});
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_AT_LEAST(2);  // the last rank's unknown key
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
   auto src = tp_mlp(mesh, 0.5);
   // Sharded: the parameters themselves.
   StateDict sharded = dcp::get_model_state_dict(*src);
@@ -199,12 +200,14 @@ DTENSOR_TEST_BOTH(StateDictGloo, StateDictThreads, ModelStateDictOptions) {
   dcp::set_model_state_dict(*plain, sharded);
   expect_same_params(*src, *plain);
 
-  // strict: an unknown key on rank 2 fails every rank; not strict, it is reported.
+  // strict: an unknown key on the last rank fails every rank; not strict, it is reported.
+  const int last = t.ranks() - 1;
   StateDict extra = f;
-  if (t.rank() == 2) extra["net3.weight"] = at::zeros({1});
+  if (t.rank() == last) extra["net3.weight"] = at::zeros({1});
   std::string err = testing::error_of([&] { dcp::set_model_state_dict(*dst, extra); });
-  EXPECT_PRED2(contains, err, "(RANK 2) c10::Error: set_model_state_dict (strict): missing keys [], unexpected keys "
-                              "['net3.weight']");
+  EXPECT_PRED2(contains, err, "(RANK " + std::to_string(last) +
+                                  ") c10::Error: set_model_state_dict (strict): missing keys [], unexpected keys "
+                                  "['net3.weight']");
   StateDict partial = f;
   partial.erase("net2.bias");
   StateDictOptions lax;
@@ -215,7 +218,7 @@ DTENSOR_TEST_BOTH(StateDictGloo, StateDictThreads, ModelStateDictOptions) {
 
 DTENSOR_TEST_BOTH(StateDictGloo, StateDictThreads, OptimizerStateDictsKeyedByParameterName) {
   SharedDir dir(t.group());
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
   const at::Tensor x = testing::values({4, 10}, 1.0);
   auto train = [&](models::MLPModule& m, torch::optim::Optimizer& opt) {
     opt.zero_grad();
@@ -286,14 +289,15 @@ DTENSOR_TEST_BOTH(StateDictGloo, StateDictThreads, OptimizerStateDictsKeyedByPar
 
 // ---- TP <-> FSDP <-> FSDP x TP <-> plain ---------------------------------------------------------
 
-// A Transformer's training state moved through every layout: TP (4) -> FSDP (4) -> FSDP x TP
-// (2x2, _StridedShard parameters) -> a plain model on every rank -> TP again, 2 Adam steps in
-// each; the losses continue as in the uninterrupted TP run, up to rounding.
+// A Transformer's training state moved through every layout: TP (n) -> FSDP (n) -> FSDP x TP
+// ((n / 2)x2, _StridedShard parameters) -> a plain model on every rank -> TP again, 2 Adam steps
+// in each; the losses continue as in the uninterrupted TP run, up to rounding.
 DTENSOR_TEST_BOTH(StateDictGloo, StateDictThreads, TrainingMovesThroughTpFsdpFsdpTpAndPlain) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
   SharedDir dir(t.group());
   Trainer tr;
-  auto mesh = init_device_mesh("cpu", {4});
-  auto mesh2 = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
+  auto mesh2 = init_device_mesh(t.device_type(), t.mesh_shape_2d(), {"dp", "tp"});
   auto fsdp_on = [](models::Transformer& m, const DeviceMesh& dp) {
     fsdp::FullyShardOptions opts;
     opts.mesh = dp;
@@ -349,7 +353,7 @@ DTENSOR_TEST_BOTH(StateDictGloo, StateDictThreads, TrainingMovesThroughTpFsdpFsd
       load_train_state(model, opt, saved);
     }
     if (name == "FSDPxTP") {
-      // The Colwise weights are (_StridedShard(0, 2), Shard(0)) on the 2x2 mesh.
+      // The Colwise weights are (_StridedShard(0, 2), Shard(0)) on the 2-D mesh.
       int strided = 0;
       for (const auto& [fqn, p] : nn::named_parameters(*model)) {
         if (is_dtensor(p) && is_strided_shard(get_spec(p).placements.at(0))) ++strided;

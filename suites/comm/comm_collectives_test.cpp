@@ -1,5 +1,5 @@
-// Collectives of every Group implementation, run the way a user runs them: as 4 ranks, as
-// processes over Gloo (C10dGroup), over Gloo through a per-device backend list ("cpu:gloo",
+// Collectives of every Group implementation, run the way a user runs them: as N ranks (4 by
+// default; the expected values are computed from the rank count), as processes over Gloo (C10dGroup), over Gloo through a per-device backend list ("cpu:gloo",
 // routed by tensor device: NOTE: [Backend routing]), as threads (ThreadGroup), and on GPU
 // machines over NCCL (the bodies' CPU tensors are staged through each rank's GPU, so every
 // native NCCL collective runs) and "cpu:gloo,cuda:nccl". Each behaviour is written once
@@ -18,7 +18,9 @@ using comm::ReduceOp;
 
 class GlooCollectives : public testing::MultiProcessTest {
  public:
-  int world_size() const override { return 4; }  // the bodies are written for 4 ranks
+  // 4 ranks unless DTENSOR_WORLD_SIZE says otherwise (also on GPU machines, where a plain
+  // MultiProcessTest would take the GPU count); the bodies hold at any count.
+  int world_size() const override { return 4; }
 
  protected:
   std::chrono::milliseconds timeout() const override { return std::chrono::seconds(60); }
@@ -52,15 +54,17 @@ class ThreadCollectives : public testing::MultiThreadedTest {
 COMM_TEST(AllReduceEveryOp) {
   auto& g = t.group();
   const int n = g.size(), r = t.rank();
-  ASSERT_EQ(n, 4);
+  ASSERT_EQ(n, t.ranks());
   ASSERT_EQ(&g, comm::default_group().get());
   struct Case {
     ReduceOp op;
     double expected;
   };
-  // rank r contributes r + 1: 1, 2, 3, 4
-  for (Case c : {Case{ReduceOp::SUM, 10}, Case{ReduceOp::AVG, 2.5}, Case{ReduceOp::PRODUCT, 24},
-                 Case{ReduceOp::MIN, 1}, Case{ReduceOp::MAX, 4}}) {
+  // rank r contributes r + 1: 1, 2, ..., n
+  double product = 1;
+  for (int k = 1; k <= n; ++k) product *= k;
+  for (Case c : {Case{ReduceOp::SUM, n * (n + 1) / 2.0}, Case{ReduceOp::AVG, (n + 1) / 2.0},
+                 Case{ReduceOp::PRODUCT, product}, Case{ReduceOp::MIN, 1}, Case{ReduceOp::MAX, 1.0 * n}}) {
     SCOPED_TRACE(comm::to_string(c.op));
     at::Tensor x = at::full({3, 2}, r + 1.0, at::kFloat);
     g.all_reduce(x, c.op);
@@ -98,7 +102,8 @@ COMM_TEST(AllGatherInto) {
     g.all_gather_into(wrong, in);
     ADD_FAILURE() << "wrong output shape did not throw";
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("needs output [8, 3]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("needs output [" + std::to_string(2 * g.size()) + ", 3]"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -108,10 +113,11 @@ COMM_TEST(ReduceScatterInto) {
   // rank r holds rows [0..n) scaled by (r + 1); block b is rows b.
   at::Tensor in = at::arange(n, at::kFloat).unsqueeze(1).repeat({1, 2}) * (t.rank() + 1);
   at::Tensor out = at::empty({1, 2}, at::kFloat);
+  // Block b of the sum is b * (1 + 2 + ... + n); of the average, b * (n + 1) / 2.
   g.reduce_scatter_into(out, in, ReduceOp::SUM);
-  EXPECT_TRUE(at::allclose(out, at::full({1, 2}, t.rank() * 10.0, at::kFloat))) << out;
+  EXPECT_TRUE(at::allclose(out, at::full({1, 2}, t.rank() * n * (n + 1) / 2.0, at::kFloat))) << out;
   g.reduce_scatter_into(out, in, ReduceOp::AVG);
-  EXPECT_TRUE(at::allclose(out, at::full({1, 2}, t.rank() * 2.5, at::kFloat))) << out;
+  EXPECT_TRUE(at::allclose(out, at::full({1, 2}, t.rank() * (n + 1) / 2.0, at::kFloat))) << out;
 }
 
 COMM_TEST(AllToAllSingleEvenAndUneven) {
@@ -146,7 +152,8 @@ COMM_TEST(BroadcastFromEveryRoot) {
     g.broadcast(x, g.size());
     ADD_FAILURE() << "src out of range did not throw";
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("src=4 is not a rank"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("src=" + std::to_string(g.size()) + " is not a rank"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -168,7 +175,7 @@ COMM_TEST(SendRecvRing) {
 
 COMM_TEST(GatherAndScatter) {
   auto& g = t.group();
-  const int n = g.size();
+  const int n = g.size(), src = n - 1;  // gather to rank 1, scatter from the last rank
   std::vector<at::Tensor> outs;
   g.gather(at::full({2}, t.rank() * 2, at::kFloat), outs, /*dst=*/1);
   if (t.rank() == 1) {
@@ -178,50 +185,60 @@ COMM_TEST(GatherAndScatter) {
     EXPECT_TRUE(outs.empty());
   }
   std::vector<at::Tensor> ins;
-  if (t.rank() == 2)
+  if (t.rank() == src)
     for (int r = 0; r < n; ++r) ins.push_back(at::full({2}, r * 3, at::kFloat));
   at::Tensor out = at::empty({2}, at::kFloat);
-  g.scatter(out, ins, /*src=*/2);
+  g.scatter(out, ins, src);
   EXPECT_EQ(out[0].item<float>(), t.rank() * 3);
 }
 
 COMM_TEST(ObjectCollectives) {
   auto& g = t.group();
-  const int me = t.rank();
+  const int me = t.rank(), n = g.size(), last = n - 1;
   auto names = comm::all_gather_object(g, std::string(static_cast<size_t>(me) * 3, 'x'));
-  ASSERT_EQ(names.size(), 4u);
-  for (int r = 0; r < 4; ++r) EXPECT_EQ(names[r].size(), static_cast<size_t>(r) * 3);  // rank 0 sends ""
+  ASSERT_EQ(names.size(), static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) EXPECT_EQ(names[r].size(), static_cast<size_t>(r) * 3);  // rank 0 sends ""
   std::map<std::string, std::vector<int>> cfg;
-  if (me == 3) cfg = {{"dims", {1, 2}}, {"mesh", {2, 2}}};
-  auto got = comm::broadcast_object(g, cfg, 3);
+  if (me == last) cfg = {{"dims", {1, 2}}, {"mesh", {2, 2}}};
+  auto got = comm::broadcast_object(g, cfg, last);
   EXPECT_EQ(got.at("mesh"), (std::vector<int>{2, 2}));
   auto gathered = comm::gather_object(g, me * 1.5, 0);
   EXPECT_EQ(gathered.has_value(), me == 0);
-  if (gathered) EXPECT_DOUBLE_EQ((*gathered)[3], 4.5);
+  if (gathered) EXPECT_DOUBLE_EQ((*gathered)[last], last * 1.5);
+  // "a", "bb", "ccc", "", "e", ...: an empty string among them.
+  std::vector<std::string> all;
+  for (int r = 0; r < n; ++r) all.emplace_back(static_cast<size_t>((r + 1) % 4), static_cast<char>('a' + r));
   std::vector<std::string> parts;
-  if (me == 1) parts = {"a", "bb", "ccc", ""};
-  EXPECT_EQ(comm::scatter_object(g, parts, 1), std::vector<std::string>({"a", "bb", "ccc", ""})[me]);
+  if (me == 1) parts = all;
+  EXPECT_EQ(comm::scatter_object(g, parts, 1), all[me]);
 }
 
 COMM_TEST(SubgroupsFromRankLists) {
   auto& g = t.group();
-  const int me = t.rank();
-  auto evens = g.new_subgroup({0, 2});
-  auto odds = g.new_subgroup({1, 3});
+  const int me = t.rank(), n = g.size();
+  // The even ranks and the odd ranks ({0, 2} and {1, 3} on 4 ranks).
+  if (const std::string why = testing::world_size_skip_reason(n, 2, "at least"); !why.empty()) GTEST_SKIP() << why;
+  std::vector<int> even_ranks, odd_ranks;
+  for (int r = 0; r < n; ++r) (r % 2 == 0 ? even_ranks : odd_ranks).push_back(r);
+  auto evens = g.new_subgroup(even_ranks);
+  auto odds = g.new_subgroup(odd_ranks);
   auto mine = me % 2 == 0 ? evens : odds;
   auto other = me % 2 == 0 ? odds : evens;
+  const std::vector<int>& my_ranks = me % 2 == 0 ? even_ranks : odd_ranks;
   ASSERT_NE(mine, nullptr);
   EXPECT_EQ(other, nullptr);
-  EXPECT_EQ(mine->size(), 2);
+  EXPECT_EQ(mine->size(), static_cast<int>(my_ranks.size()));
   EXPECT_EQ(mine->rank(), me / 2);
-  EXPECT_EQ(mine->global_ranks(), (std::vector<int>{me % 2, me % 2 + 2}));
+  EXPECT_EQ(mine->global_ranks(), my_ranks);
   at::Tensor x = at::full({1}, me, at::kLong);
   mine->all_reduce(x);
-  EXPECT_EQ(x.item<int64_t>(), me % 2 == 0 ? 2 : 4);
+  int64_t my_sum = 0;
+  for (int r : my_ranks) my_sum += r;
+  EXPECT_EQ(x.item<int64_t>(), my_sum);
   // The parent group still works after creating sub-groups.
   at::Tensor y = at::ones({1});
   g.all_reduce(y);
-  EXPECT_EQ(y.item<float>(), 4);
+  EXPECT_EQ(y.item<float>(), n);
   try {
     g.new_subgroup({0, 0});
     ADD_FAILURE() << "duplicate rank did not throw";
@@ -245,7 +262,7 @@ DTENSOR_TEST_F(GlooListCollectives, DeviceWithoutBackendIsRefused) {
   }
   at::Tensor x = at::ones({2});  // the group is still usable
   group().all_reduce(x);
-  EXPECT_EQ(x[0].item<float>(), 4);
+  EXPECT_EQ(x[0].item<float>(), ranks());
 }
 
 // CUDA tensors stay on the rank's GPU (NOTE: [Rank devices]) through NCCL's native
@@ -295,7 +312,7 @@ DTENSOR_TEST_F(ThreadCollectives, MismatchedCollectivesRaiseOnEveryRank) {
   }
   // The group stays usable after the error.
   group().all_reduce(x);
-  EXPECT_EQ(x[0].item<float>(), 4);
+  EXPECT_EQ(x[0].item<float>(), ranks());
 }
 
 }  // namespace

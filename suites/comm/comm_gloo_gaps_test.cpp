@@ -19,22 +19,23 @@ using comm::ReduceOp;
 
 DTENSOR_RANK_FIXTURES(GlooGaps, ThreadGaps);
 
-// Rank 2 holds a NaN at position 1; MAX and MIN must give NaN there, as at::amax does.
+// The last rank holds a NaN at position 1; MAX and MIN must give NaN there, as at::amax does.
 DTENSOR_TEST_BOTH(GlooGaps, ThreadGaps, MaxAndMinKeepNaN) {
   auto& g = t.group();
+  const int n = g.size(), last = n - 1;
   const double nan = std::numeric_limits<double>::quiet_NaN();
   for (auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
     for (ReduceOp op : {ReduceOp::MAX, ReduceOp::MIN}) {
       SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + comm::to_string(op));
       at::Tensor x = at::full({2, 2}, static_cast<double>(t.rank()), dtype);
-      if (t.rank() == 2) x.view({-1})[1] = nan;
+      if (t.rank() == last) x.view({-1})[1] = nan;
       g.all_reduce(x, op);
       at::Tensor flat = x.view({-1}).to(at::kDouble);
       EXPECT_TRUE(std::isnan(flat[1].item<double>())) << x;
-      EXPECT_EQ(flat[0].item<double>(), op == ReduceOp::MAX ? 3.0 : 0.0) << x;
+      EXPECT_EQ(flat[0].item<double>(), op == ReduceOp::MAX ? 1.0 * last : 0.0) << x;
       // reduce_scatter: the block holding the NaN is rank 0's.
-      at::Tensor in = at::full({4, 2}, static_cast<double>(t.rank()), dtype);
-      if (t.rank() == 2) in[0][1] = nan;
+      at::Tensor in = at::full({n, 2}, static_cast<double>(t.rank()), dtype);
+      if (t.rank() == last) in[0][1] = nan;
       at::Tensor out = at::empty({1, 2}, dtype);
       g.reduce_scatter_into(out, in, op);
       EXPECT_EQ(std::isnan(out[0][1].item<double>()), t.rank() == 0) << out;
@@ -155,8 +156,10 @@ DTENSOR_TEST_BOTH(GlooGaps, ThreadGaps, MismatchedCallsRaiseOnEveryRank) {
                   "[rank 1: all_reduce(");
   at::Tensor typed = r == 1 ? at::ones({2}, at::kDouble) : at::ones({2});
   expect_mismatch([&] { g.all_reduce(typed); }, "[rank 0: all_reduce(Float[2]", "[rank 1: all_reduce(Double[2]");
-  at::Tensor sized = at::ones({r == 3 ? 3 : 2});
-  expect_mismatch([&] { g.all_reduce(sized); }, "[rank 0: all_reduce(Float[2]", "[rank 3: all_reduce(Float[3]");
+  const int last = g.size() - 1;
+  at::Tensor sized = at::ones({r == last ? 3 : 2});
+  expect_mismatch([&] { g.all_reduce(sized); }, "[rank 0: all_reduce(Float[2]",
+                  "[rank " + std::to_string(last) + ": all_reduce(Float[3]");
   g.all_reduce(x);
   EXPECT_EQ(x[0].item<float>(), g.size());
 }

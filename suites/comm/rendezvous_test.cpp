@@ -131,6 +131,17 @@ TEST(BackendRouting, RoutesByTensorDevice) {
   const auto nccl = comm::detail::parse_backend("nccl");
   EXPECT_TRUE(comm::detail::route_tensor("nccl", nccl, "cpu").stage_through_cuda);
   EXPECT_FALSE(comm::detail::route_tensor("nccl", nccl, "cuda").stage_through_cuda);
+  // Gloo gets host copies of CUDA tensors ("cuda:gloo": the one-GPU nightly), never NCCL.
+  EXPECT_TRUE(comm::detail::route_tensor("gloo", gloo, "cuda").stage_through_host);
+  EXPECT_FALSE(comm::detail::route_tensor("gloo", gloo, "cpu").stage_through_host);
+  EXPECT_FALSE(comm::detail::route_tensor("nccl", nccl, "cuda").stage_through_host);
+  const auto both_gloo = comm::detail::parse_backend("cpu:gloo,cuda:gloo");
+  r = comm::detail::route_tensor("cpu:gloo,cuda:gloo", both_gloo, "cuda");
+  EXPECT_EQ(r.entry, 1u);
+  EXPECT_TRUE(r.stage_through_host);
+  EXPECT_FALSE(r.stage_through_cuda);
+  EXPECT_FALSE(comm::detail::route_tensor("cpu:gloo,cuda:gloo", both_gloo, "cpu").stage_through_host);
+  EXPECT_FALSE(comm::detail::route_tensor("cpu:gloo,cuda:nccl", list, "cuda").stage_through_host);
   // A device without an entry: the error names the list and what to add.
   const auto cpu_only = comm::detail::parse_backend("cpu:gloo");
   EXPECT_EQ(comm::detail::route_tensor("cpu:gloo", cpu_only, "cpu").entry, 0u);
@@ -154,6 +165,11 @@ TEST(BackendRouting, NcclRunsEveryCollectiveNatively) {
   EXPECT_FALSE(comm::detail::backend_uses_nccl("gloo"));
   EXPECT_FALSE(comm::detail::backend_uses_nccl("cpu:gloo"));
   EXPECT_FALSE(comm::detail::backend_uses_nccl("tpu:nccl"));  // not a valid spec
+  EXPECT_TRUE(comm::detail::backend_uses_cuda("nccl"));
+  EXPECT_TRUE(comm::detail::backend_uses_cuda("cpu:gloo,cuda:gloo"));
+  EXPECT_FALSE(comm::detail::backend_uses_nccl("cpu:gloo,cuda:gloo"));
+  EXPECT_FALSE(comm::detail::backend_uses_cuda("gloo"));
+  EXPECT_FALSE(comm::detail::backend_uses_cuda("cpu:gloo"));
 }
 
 // NOTE: [Rank devices]

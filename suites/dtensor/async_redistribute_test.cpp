@@ -32,7 +32,7 @@ RedistributeOptions async_op() {
 // used; the first use waits, and the values and the one all_gather are the blocking call's.
 DTENSOR_TEST_BOTH(AsyncRedistributeGloo, AsyncRedistributeThreads, ResultIsPendingUntilItsFirstUse) {
   auto counting = std::make_shared<CountingGroup>(t.group_ptr());
-  DeviceMesh mesh = init_device_mesh("cpu", {4}, {}, counting);
+  DeviceMesh mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, counting);
   const at::Tensor x = at::arange(16, at::kFloat).reshape({8, 2});
   at::Tensor dt = distribute_tensor(x, mesh, {Shard{0}});
 
@@ -55,14 +55,14 @@ DTENSOR_TEST_BOTH(AsyncRedistributeGloo, AsyncRedistributeThreads, ResultIsPendi
     EXPECT_EQ(get_spec(y).placements, std::vector<Placement>{Replicate{}});
     at::Tensor local = use.second(y);
     EXPECT_FALSE(is_async_pending(y));
-    EXPECT_TRUE(at::equal(local, x));
+    EXPECT_TRUE(at::equal(local.cpu(), x));
     EXPECT_EQ(counting->counts()["all_gather_into"], 1);
   }
 
   // async_op = false (the default) is never pending.
   at::Tensor sync_out = redistribute(dt, mesh, {Replicate{}});
   EXPECT_FALSE(is_async_pending(sync_out));
-  EXPECT_TRUE(at::equal(to_local(sync_out), x));
+  EXPECT_TRUE(at::equal(to_local(sync_out).cpu(), x));
   // No communication needed: not async either (PyTorch returns a plain local tensor then).
   EXPECT_FALSE(is_async_pending(redistribute(dt, mesh, {Shard{0}}, async_op())));
 }
@@ -71,15 +71,15 @@ DTENSOR_TEST_BOTH(AsyncRedistributeGloo, AsyncRedistributeThreads, ResultIsPendi
 // backward of an async redistribute (test_redistribute.py's *_forward_backward cases).
 DTENSOR_TEST_BOTH(AsyncRedistributeGloo, AsyncRedistributeThreads, TransitionsAndBackwardMatchTheBlockingCall) {
   auto counting = std::make_shared<CountingGroup>(t.group_ptr());
-  DeviceMesh mesh = init_device_mesh("cpu", {4}, {}, counting);
-  const int r = t.rank();
+  DeviceMesh mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, counting);
+  const int r = t.rank(), n = t.ranks();
 
   // Partial -> Replicate: one all_reduce.
   at::Tensor partial = from_local(at::full({3, 2}, r + 1.0), mesh, {Partial{}});
   counting->reset();
   at::Tensor summed = redistribute(partial, {Replicate{}}, async_op());
   EXPECT_TRUE(is_async_pending(summed));
-  EXPECT_TRUE(at::equal(to_local(summed), at::full({3, 2}, 10.0)));
+  EXPECT_TRUE(at::equal(to_local(summed).cpu(), at::full({3, 2}, n * (n + 1) / 2.0)));  // 1 + ... + n
   EXPECT_EQ(counting->counts()["all_reduce"], 1);
 
   // Shard(1) -> Shard(0) on uneven sizes: one all_to_all, values as the blocking call's.
@@ -96,33 +96,34 @@ DTENSOR_TEST_BOTH(AsyncRedistributeGloo, AsyncRedistributeThreads, TransitionsAn
   bf.forward_dtype = at::kBFloat16;
   at::Tensor low = redistribute(s1, {Replicate{}}, bf);
   EXPECT_EQ(low.scalar_type(), at::kBFloat16);
-  EXPECT_TRUE(at::equal(to_local(low), full.to(at::kBFloat16)));
+  EXPECT_TRUE(at::equal(to_local(low).cpu(), full.to(at::kBFloat16)));
 
   // Backward through an async redistribute: Shard(0) -> Replicate gives a Shard(0) gradient.
-  at::Tensor leaf = distribute_tensor(at::ones({8, 3}), mesh, {Shard{0}});
+  at::Tensor leaf = distribute_tensor(at::ones({2 * n, 3}), mesh, {Shard{0}});
   leaf.set_requires_grad(true);
   at::Tensor rep = redistribute(leaf, {Replicate{}}, async_op());
   (rep * 3).sum().backward();
   ASSERT_TRUE(leaf.grad().defined());
   EXPECT_EQ(get_spec(leaf.grad()).placements, std::vector<Placement>{Shard{0}});
-  EXPECT_TRUE(at::equal(to_local(leaf.grad()), at::full({2, 3}, 3.0)));
+  EXPECT_TRUE(at::equal(to_local(leaf.grad()).cpu(), at::full({2, 3}, 3.0)));
 
-  // 2-D mesh: (Shard(0), Shard(1)) -> (Replicate, Replicate) runs two all_gathers on the stream.
+  // 2-D mesh: (Shard(0), Shard(1)) -> (Replicate, Replicate) runs an all_gather on the stream
+  // for each mesh dim of more than one rank (both, from 4 ranks on).
   auto counting2 = std::make_shared<CountingGroup>(t.group_ptr());
-  DeviceMesh mesh2 = init_device_mesh("cpu", {2, 2}, {}, counting2);
+  DeviceMesh mesh2 = init_device_mesh(t.device_type(), t.mesh_shape_2d(), {}, counting2);
   const at::Tensor grid = at::arange(40, at::kFloat).reshape({5, 8});
   at::Tensor tiles = distribute_tensor(grid, mesh2, {Shard{0}, Shard{1}});
   counting2->reset();
   at::Tensor whole = redistribute(tiles, {Replicate{}, Replicate{}}, async_op());
-  EXPECT_TRUE(at::equal(to_local(whole), grid));
-  EXPECT_EQ(counting2->counts()["all_gather_into"], 2);
+  EXPECT_TRUE(at::equal(to_local(whole).cpu(), grid));
+  EXPECT_EQ(counting2->counts()["all_gather_into"], (mesh2.size(0) > 1) + (mesh2.size(1) > 1));
 }
 
 // A result nobody uses is still completed on every rank (its last handle waits), and a blocking
 // collective issued while an async one is in flight runs after it on every rank, so the
 // collectives pair up in program order (NOTE: [Async collectives]).
 DTENSOR_TEST_BOTH(AsyncRedistributeGloo, AsyncRedistributeThreads, DroppedResultsAndLaterCollectivesStayInOrder) {
-  DeviceMesh mesh = init_device_mesh("cpu", {4}, {}, t.group_ptr());
+  DeviceMesh mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, t.group_ptr());
   const at::Tensor x = at::arange(12, at::kFloat).reshape({4, 3});
   at::Tensor dt = distribute_tensor(x, mesh, {Shard{0}});
 
@@ -134,8 +135,8 @@ DTENSOR_TEST_BOTH(AsyncRedistributeGloo, AsyncRedistributeThreads, DroppedResult
   if (t.rank() == 0) y = at::Tensor();
   at::Tensor sum = at::full({2}, t.rank() + 1.0);
   t.group().all_reduce(sum);  // issued while the all_gather may still be in flight
-  EXPECT_TRUE(at::equal(sum, at::full({2}, 10.0)));
-  if (t.rank() != 0) EXPECT_TRUE(at::equal(to_local(y), x));
+  EXPECT_TRUE(at::equal(sum, at::full({2}, t.ranks() * (t.ranks() + 1) / 2.0)));  // 1 + ... + n
+  if (t.rank() != 0) EXPECT_TRUE(at::equal(to_local(y).cpu(), x));
 
   // A result still pending when the body ends: teardown must not hang.
   at::Tensor left = redistribute(dt, {Replicate{}}, async_op());
@@ -151,7 +152,7 @@ DTENSOR_TEST_F(AsyncRedistributeThreads, CollectiveIsIssuedBeforeAnyWait) {
   static int64_t rank1_done = 0;
   constexpr auto kHandoffTimeout = std::chrono::seconds(60);
 
-  DeviceMesh mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  DeviceMesh mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   const at::Tensor x = at::arange(8, at::kFloat);
   at::Tensor dt = distribute_tensor(x, mesh, {Shard{0}});
   int64_t before = 0;

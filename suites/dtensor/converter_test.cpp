@@ -1,9 +1,12 @@
 // DTensorConverter (choices, combinations, descriptions, conversion) and the test_op helper
-// of DTensorTestBase / DTensorOpTestBase. Converter tests run as 4 threads; the test_op
-// tests run once as 4 Gloo processes and once as 4 threads.
+// of DTensorTestBase / DTensorOpTestBase. Converter tests run as threads; the test_op tests
+// run once as processes and once as threads.
 //
-// Expected counts follow NOTE: [Converter sharding choices] (converters/dtensor_converter.h)
-// on 4 ranks: a tensor gets Replicate plus Shard(i) for each dim of size > 1 divisible by 4.
+// Expected counts follow NOTE: [Converter sharding choices] (converters/dtensor_converter.h):
+// a tensor gets Replicate plus Shard(i) for each dim of size > 1 divisible by the mesh size.
+// The tables of counts are worked out for 4 ranks and declare it; the other tests use dims of
+// 8 (divisible by 2, 4 and 8 ranks) and odd dims (divisible by none), so their counts hold at
+// every world size the suites run at.
 #include "converters/dtensor_converter.h"
 #include "dtensor/mesh/device_mesh.h"
 #include "dtensor/placement/placement.h"
@@ -56,9 +59,6 @@ using testing::contains;
 class ConverterThreaded : public testing::DTensorOpTestBase {
  protected:
   std::chrono::milliseconds timeout() const override { return std::chrono::seconds(120); }
-  void SetUpRank() override {
-    if (group().size() != 4) GTEST_SKIP() << "expected counts are worked out for 4 ranks";
-  }
 };
 
 struct CountCase {
@@ -87,6 +87,7 @@ void expect_counts(const DeviceMesh& mesh, const std::vector<CountCase>& cases) 
 // ---- Choices and counts (no DTensor op runs) ------------------------------------------
 
 DTENSOR_TEST_F(ConverterThreaded, CountsOn1dMesh) {
+  DTENSOR_REQUIRE_WORLD_SIZE(4);  // the expected choices are worked out for 4 ranks
   DeviceMesh mesh = build_device_mesh();
   const at::Tensor m84 = values({8, 4});
   expect_counts(mesh, {
@@ -106,6 +107,7 @@ DTENSOR_TEST_F(ConverterThreaded, CountsOn1dMesh) {
 }
 
 DTENSOR_TEST_F(ConverterThreaded, CountsWithPartialAndUneven) {
+  DTENSOR_REQUIRE_WORLD_SIZE(4);  // the expected choices are worked out for 4 ranks
   DeviceMesh mesh = build_device_mesh();
   expect_counts(mesh, {
       {"partial [8,4]", {values({8, 4})}, kPartial, 4},
@@ -122,7 +124,8 @@ DTENSOR_TEST_F(ConverterThreaded, CountsWithPartialAndUneven) {
 }
 
 DTENSOR_TEST_F(ConverterThreaded, CountsOn2dMesh) {
-  DeviceMesh mesh = init_device_mesh("cpu", {2, 2});
+  DTENSOR_REQUIRE_WORLD_SIZE(4);  // the expected choices are worked out for 4 ranks
+  DeviceMesh mesh = init_device_mesh(device_type(), mesh_shape_2d());
   expect_counts(mesh, {
       // Without mesh_2d one choice covers the whole mesh: divisibility by 4.
       {"[8,4]", {values({8, 4})}, kPlain, 3},
@@ -144,10 +147,10 @@ DTENSOR_TEST_F(ConverterThreaded, CountsOn2dMesh) {
 // pair of their choices (so every tensor every choice), all Replicate comes first, and the
 // random extras are the same on every run.
 DTENSOR_TEST_F(ConverterThreaded, CapVisitsAPairwiseCoveringDesign) {
-  DeviceMesh mesh = init_device_mesh("cpu", {2, 2});
+  DeviceMesh mesh = init_device_mesh(device_type(), mesh_shape_2d());
   DTensorConverterOptions o = with(true, true, false);
   o.max_combinations = 48;
-  const std::vector<IValue> three = {values({8, 4}), values({8, 4}, 1), values({8, 4}, 2)};
+  const std::vector<IValue> three = {values({8, 8}), values({8, 8}, 1), values({8, 8}, 2)};
   DTensorConverter c(mesh, three, o);
   ASSERT_EQ(c.num_combinations(), 16 * 16 * 16);
   const std::vector<int64_t>& plan = c.plan();
@@ -168,16 +171,17 @@ DTENSOR_TEST_F(ConverterThreaded, CapVisitsAPairwiseCoveringDesign) {
   EXPECT_EQ(again.plan(), plan);
 
   // Two tensors: every pair of choices is the whole product, whatever the cap.
-  DTensorConverter two(mesh, {values({8, 4}), values({8, 4}, 1)}, o);
+  DTensorConverter two(mesh, {values({8, 8}), values({8, 8}, 1)}, o);
   EXPECT_EQ(two.num_visited(), 256);
   // Under the cap: the product, in order.
   o.max_combinations = 300;
-  DTensorConverter full(mesh, {values({8, 4}), values({8, 4}, 1)}, o);
+  DTensorConverter full(mesh, {values({8, 8}), values({8, 8}, 1)}, o);
   EXPECT_EQ(full.design(), "full product");
   EXPECT_EQ(full.plan()[5], 5);
 }
 
 DTENSOR_TEST_F(ConverterThreaded, ChoicesAreFullPlacementLists) {
+  DTENSOR_REQUIRE_WORLD_SIZE(4);  // the expected choices are worked out for 4 ranks
   DeviceMesh mesh1 = build_device_mesh();
   DTensorConverter c1(mesh1, {values({8, 4})}, kPartial);
   EXPECT_EQ(c1.choices(0), (std::vector<Placements>{{Replicate{}},
@@ -185,7 +189,7 @@ DTENSOR_TEST_F(ConverterThreaded, ChoicesAreFullPlacementLists) {
                                                      {Shard{1}},
                                                      {Partial(comm::ReduceOp::SUM)}}));
 
-  DeviceMesh mesh2 = init_device_mesh("cpu", {2, 2});
+  DeviceMesh mesh2 = init_device_mesh(device_type(), mesh_shape_2d());
   DTensorConverter flat(mesh2, {values({8, 4})});
   EXPECT_EQ(flat.choices(0), (std::vector<Placements>{{Replicate{}, Replicate{}},
                                                        {Shard{0}, Shard{0}},
@@ -207,13 +211,13 @@ DTENSOR_TEST_F(ConverterThreaded, NamesTensorsByStackPosition) {
   c10::List<c10::optional<at::Tensor>> indices;
   indices.push_back(values({8}));
   indices.push_back(c10::nullopt);
-  indices.push_back(values({4}));
+  indices.push_back(values({8}));
   const std::vector<IValue> args = {
-      IValue(c10::List<at::Tensor>({values({8, 4}), values({6})})),  // TensorList
+      IValue(c10::List<at::Tensor>({values({8, 8}), values({3})})),  // TensorList
       IValue(2),
       IValue(),                                                     // absent Tensor?
       IValue(indices),                                              // List<Tensor?>
-      IValue(values({4, 4})),
+      IValue(values({8, 8})),
   };
   DTensorConverter converter(mesh, args);
   ASSERT_EQ(converter.num_tensors(), 5);
@@ -225,7 +229,7 @@ DTENSOR_TEST_F(ConverterThreaded, NamesTensorsByStackPosition) {
 
 DTENSOR_TEST_F(ConverterThreaded, DescribesCombinationsInProductOrder) {
   DeviceMesh mesh = build_device_mesh();
-  DTensorConverter converter(mesh, {values({8, 4}), IValue(1), values({8, 4})}, kPartial);
+  DTensorConverter converter(mesh, {values({8, 8}), IValue(1), values({8, 8})}, kPartial);
   ASSERT_EQ(converter.num_combinations(), 16);
   EXPECT_EQ(converter.current_placements_string(), "");
   EXPECT_EQ(converter.combination_string(0), "arg0=Replicate(), arg2=Replicate()");
@@ -236,10 +240,10 @@ DTENSOR_TEST_F(ConverterThreaded, DescribesCombinationsInProductOrder) {
   EXPECT_PRED2(contains, error_of([&] { converter.combination(16); }),
                "index 16 out of range [0, 16)");
 
-  DeviceMesh mesh2 = init_device_mesh("cpu", {2, 2});
-  DTensorConverter per_dim(mesh2, {values({8, 4})}, kMesh2d);
+  DeviceMesh mesh2 = init_device_mesh(device_type(), mesh_shape_2d());
+  DTensorConverter per_dim(mesh2, {values({8, 8})}, kMesh2d);
   EXPECT_EQ(per_dim.combination_string(1), "arg0=(Replicate(), Shard(dim=0))");
-  DTensorConverter flat(mesh2, {values({8, 4})});
+  DTensorConverter flat(mesh2, {values({8, 8})});
   EXPECT_EQ(flat.combination_string(2), "arg0=(Shard(dim=1), Shard(dim=1))");
 
   DTensorConverter none(mesh, {IValue(1)});
@@ -313,8 +317,8 @@ int64_t check_conversions(DTensorConverter& converter, const std::vector<IValue>
 
 DTENSOR_TEST_F(ConverterThreaded, ConvertsEveryCombination) {
   DeviceMesh mesh = build_device_mesh();
-  const std::vector<IValue> args = {values({8, 4}).requires_grad_(true), IValue(2),
-                                    values({8, 4}, 1.0)};
+  const std::vector<IValue> args = {values({8, 8}).requires_grad_(true), IValue(2),
+                                    values({8, 8}, 1.0)};
   DTensorConverter converter(mesh, args);
   EXPECT_EQ(check_conversions(converter, args), 9);
   EXPECT_EQ(converter.current_placements_string(), "arg0=Shard(dim=1), arg2=Shard(dim=1)");
@@ -323,9 +327,9 @@ DTENSOR_TEST_F(ConverterThreaded, ConvertsEveryCombination) {
 DTENSOR_TEST_F(ConverterThreaded, ConvertsBoolZeroDimAndLists) {
   DeviceMesh mesh = build_device_mesh();
   const std::vector<IValue> args = {
-      IValue(at::ones({8, 4}, at::kBool)),
+      IValue(at::ones({8, 8}, at::kBool)),
       IValue(at::scalar_tensor(3.0)),
-      IValue(c10::List<at::Tensor>({values({8, 4}), values({4})})),
+      IValue(c10::List<at::Tensor>({values({8, 8}), values({8})})),
   };
   DTensorConverter converter(mesh, args);
   EXPECT_EQ(check_conversions(converter, args), 3 * 1 * 3 * 2);
@@ -337,7 +341,7 @@ DTENSOR_TEST_F(ConverterThreaded, ConvertsBoolZeroDimAndLists) {
 
 DTENSOR_TEST_F(ConverterThreaded, PartialHoldsValuesOnCoordinateZero) {
   DeviceMesh mesh = build_device_mesh();
-  const at::Tensor x = values({8, 4});
+  const at::Tensor x = values({8, 8});
   const std::vector<IValue> args = {x};
   DTensorConverter converter(mesh, args, kPartial);
   EXPECT_EQ(check_conversions(converter, args), 4);
@@ -358,8 +362,8 @@ DTENSOR_TEST_F(ConverterThreaded, ConvertsUnevenShards) {
 }
 
 DTENSOR_TEST_F(ConverterThreaded, ConvertsPerMeshDimOn2dMesh) {
-  DeviceMesh mesh = init_device_mesh("cpu", {2, 2});
-  const std::vector<IValue> args = {values({8, 4}).requires_grad_(true)};
+  DeviceMesh mesh = init_device_mesh(device_type(), mesh_shape_2d());
+  const std::vector<IValue> args = {values({8, 8}).requires_grad_(true)};
   DTensorConverter converter(mesh, args, with(true, true, false));
   EXPECT_EQ(check_conversions(converter, args), 16);
 }

@@ -24,6 +24,13 @@ at::Tensor global_input(std::vector<int64_t> shape, int64_t seed = 0) {
   return (at::arange(n, at::kDouble) * 0.37 + seed).sin().reshape(shape).to(at::kFloat);
 }
 
+// PyTorch's repr of the ranks 0..n-1: "[0, 1, 2, 3]".
+std::string py_ranks(int64_t n) {
+  std::string s = "[";
+  for (int64_t r = 0; r < n; ++r) s += (r ? ", " : "") + std::to_string(r);
+  return s + "]";
+}
+
 std::vector<Placement> all_placements_1d() {
   return {Shard{0}, Shard{1}, Replicate{}, Partial{}};
 }
@@ -32,7 +39,7 @@ class DTensorThreads : public testing::MultiThreadedTest {};
 class DTensorGloo : public testing::MultiProcessTest {};
 
 void check_every_1d_transition(testing::MultiRankTest& t) {
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
   for (std::vector<int64_t> shape : {std::vector<int64_t>{8, 4}, std::vector<int64_t>{5, 3}, std::vector<int64_t>{2, 6}}) {
     at::Tensor g = global_input(shape);
     for (const auto& from : all_placements_1d()) {
@@ -45,17 +52,16 @@ void check_every_1d_transition(testing::MultiRankTest& t) {
         EXPECT_EQ(get_spec(y).placements, std::vector<Placement>{to});
         EXPECT_EQ(y.sizes(), g.sizes());
         EXPECT_EQ(local_tensor(y).sizes().vec(), compute_local_shape(shape, mesh, {to}));
-        EXPECT_TRUE(at::allclose(full_tensor(y), g, 1e-5, 1e-5));
+        EXPECT_TRUE(at::allclose(full_tensor(y).cpu(), g, 1e-5, 1e-5));
       }
     }
   }
-  (void)t;
 }
 DTENSOR_TEST_F(DTensorThreads, RedistributeEveryTransition1D) { check_every_1d_transition(*this); }
 DTENSOR_TEST_F(DTensorGloo, RedistributeEveryTransition1D) { check_every_1d_transition(*this); }
 
 DTENSOR_TEST_F(DTensorThreads, RedistributeEveryTransition2D) {
-  auto mesh = init_device_mesh("cpu", {2, 2});
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d());
   std::vector<std::vector<Placement>> ps;
   for (const auto& a : all_placements_1d())
     for (const auto& b : all_placements_1d()) ps.push_back({a, b});
@@ -75,7 +81,7 @@ DTENSOR_TEST_F(DTensorThreads, RedistributeEveryTransition2D) {
 }
 
 DTENSOR_TEST_F(DTensorThreads, GradientFlowsBackThroughRedistribute) {
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
   at::Tensor g = global_input({8, 6});
   at::Tensor w = global_input({8, 6}, 3);
   for (const auto& from : all_placements_1d()) {
@@ -94,25 +100,28 @@ DTENSOR_TEST_F(DTensorThreads, GradientFlowsBackThroughRedistribute) {
 }
 
 DTENSOR_TEST_F(DTensorThreads, FromLocalAndToLocalAreDifferentiable) {
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
   at::Tensor local = at::full({2, 3}, rank() + 1.0).requires_grad_(true);
   at::Tensor dt = from_local(local, mesh, {Shard{0}});
-  EXPECT_EQ(dt.sizes(), (c10::IntArrayRef{8, 3}));
+  EXPECT_EQ(dt.sizes(), (c10::IntArrayRef{2 * ranks(), 3}));
   EXPECT_TRUE(at::equal(to_local(dt), local));
   at::Tensor out = to_local(dt * 3);
   out.sum().backward();
   EXPECT_TRUE(at::allclose(local.grad(), at::full({2, 3}, 3.0)));
-  // Uneven global shape given explicitly.
-  at::Tensor piece = at::ones({rank() < 3 ? 3 : 1, 2});
-  at::Tensor uneven = from_local(piece, mesh, {Shard{0}}, false, std::vector<int64_t>{10, 2});
-  EXPECT_EQ(full_tensor(uneven).sum().item<float>(), 20.0f);
+  // Uneven global shape given explicitly: 2n - 1 rows are 2 per rank, 1 on the last.
+  const int64_t rows = 2 * ranks() - 1;
+  at::Tensor piece = at::ones({rank() < ranks() - 1 ? 2 : 1, 2});
+  at::Tensor uneven = from_local(piece, mesh, {Shard{0}}, false, std::vector<int64_t>{rows, 2});
+  EXPECT_EQ(full_tensor(uneven).sum().item<float>(), 2.0f * rows);
 }
 
 DTENSOR_TEST_F(DTensorThreads, FromLocalRunCheckFailsOnEveryRank) {
-  auto mesh = init_device_mesh("cpu", {4});
-  at::Tensor local = at::ones({2, rank() == 2 ? 5 : 4});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
+  const int last = ranks() - 1;
+  at::Tensor local = at::ones({2, rank() == last ? 5 : 4});
   std::string err = error_of([&] { from_local(local, mesh, {Shard{0}}, /*run_check=*/true); });
-  EXPECT_NE(err.find("dim 1 is not sharded by (Shard(dim=0),) but rank 2 has size 5 where rank 0 has 4"),
+  EXPECT_NE(err.find("dim 1 is not sharded by (Shard(dim=0),) but rank " + std::to_string(last) +
+                     " has size 5 where rank 0 has 4"),
             std::string::npos)
       << err;
   at::Tensor typed = at::ones({2, 4}, rank() == 1 ? at::kDouble : at::kFloat);
@@ -124,7 +133,7 @@ DTENSOR_TEST_F(DTensorThreads, FromLocalRunCheckFailsOnEveryRank) {
 
 // The mesh decides where local tensors live (DeviceMesh::device, NOTE: [Rank devices]).
 DTENSOR_TEST_F(DTensorThreads, LocalTensorsLiveOnTheMeshDevice) {
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
   EXPECT_EQ(mesh.device(), at::Device(at::kCPU));
   EXPECT_TRUE(to_local(distribute_tensor(at::ones({8}), mesh, {Shard{0}})).is_cpu());
   EXPECT_TRUE(to_local(dtensor::zeros({8}, mesh, {Shard{0}})).is_cpu());
@@ -132,16 +141,16 @@ DTENSOR_TEST_F(DTensorThreads, LocalTensorsLiveOnTheMeshDevice) {
   // A factory asked for another device type than its mesh's says so.
   std::string err = error_of(
       [&] { dtensor::ones({8}, mesh, {Shard{0}}, at::TensorOptions().device(at::kCUDA, 0)); });
-  EXPECT_NE(err.find("dtensor::ones: the options ask for device cuda:0 but DeviceMesh('cpu', [0, 1, 2, 3]) "
-                     "keeps local tensors on cpu"),
+  EXPECT_NE(err.find("dtensor::ones: the options ask for device cuda:0 but DeviceMesh('cpu', " + py_ranks(ranks()) +
+                     ") keeps local tensors on cpu"),
             std::string::npos)
       << err;
 
-  auto cuda = init_device_mesh("cuda", {4});
+  auto cuda = init_device_mesh("cuda", {ranks()});
   if (testing::gpu_count() == 0) {
     // Every entry point names the mesh instead of building CPU tensors for a "cuda" mesh.
     const std::string none =
-        "DeviceMesh('cuda', [0, 1, 2, 3]): local tensors go on a CUDA device, but this machine has none";
+        "DeviceMesh('cuda', " + py_ranks(ranks()) + "): local tensors go on a CUDA device, but this machine has none";
     for (const auto& [what, fn] : std::vector<std::pair<std::string, std::function<void()>>>{
              {"device", [&] { cuda.device(); }},
              {"distribute_tensor", [&] { distribute_tensor(at::ones({8}), cuda, {Shard{0}}); }},
@@ -163,7 +172,7 @@ DTENSOR_TEST_F(DTensorThreads, LocalTensorsLiveOnTheMeshDevice) {
 }
 
 DTENSOR_TEST_F(DTensorThreads, MixingPlainTensorsNamesTheOp) {
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
   at::Tensor x = distribute_tensor(global_input({8, 4}), mesh, {Shard{0}});
   std::string err = error_of([&] { (void)(x + at::ones({8, 4})); });
   EXPECT_NE(err.find("aten::add.Tensor got a plain tensor of shape [8, 4]"), std::string::npos) << err;
@@ -177,7 +186,7 @@ DTENSOR_TEST_F(DTensorThreads, MixingPlainTensorsNamesTheOp) {
 }
 
 DTENSOR_TEST_F(DTensorThreads, OpWithoutRuleNamesTheOp) {
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
   at::Tensor x = distribute_tensor(global_input({8, 4}), mesh, {Shard{0}});
   std::string err = error_of([&] { (void)at::cummax(x, 0); });
   EXPECT_NE(err.find("operator aten::cummax has no sharding rule"), std::string::npos) << err;
@@ -185,7 +194,7 @@ DTENSOR_TEST_F(DTensorThreads, OpWithoutRuleNamesTheOp) {
 }
 
 DTENSOR_TEST_F(DTensorThreads, OpsMatchPlainResults) {
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
   at::Tensor a = global_input({8, 4}), b = global_input({8, 4}, 2), m = global_input({4, 6}, 5);
   struct Case {
     const char* name;
@@ -246,7 +255,7 @@ DTENSOR_TEST_F(DTensorThreads, OpsMatchPlainResults) {
 // An MLP (Linear 10->16, ReLU, Linear 16->10) with column- then row-sharded weights: forward
 // output, loss and every gradient equal the single-device model's.
 void check_mlp(testing::MultiRankTest& t) {
-  auto mesh = init_device_mesh("cpu", {t.group().size()});
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
   at::Tensor w1 = global_input({16, 10}, 1) * 0.3, b1 = global_input({16}, 2) * 0.1;
   at::Tensor w2 = global_input({10, 16}, 3) * 0.3, b2 = global_input({10}, 4) * 0.1;
   at::Tensor x = global_input({4, 10}, 5);
@@ -263,22 +272,22 @@ void check_mlp(testing::MultiRankTest& t) {
     dist.push_back(distribute_tensor(plain[i].detach().clone().requires_grad_(true), mesh, layout[i]));
   at::Tensor dx = distribute_tensor(x, mesh, {Replicate{}});
   at::Tensor out = forward(dist[0], dist[1], dist[2], dist[3], dx);
-  EXPECT_TRUE(at::allclose(full_tensor(out), ref, 1e-4, 1e-5));
+  EXPECT_TRUE(at::allclose(full_tensor(out).cpu(), ref, 1e-4, 1e-5));
   at::Tensor loss = (out * out).sum();
   EXPECT_NEAR(full_tensor(loss).item<float>(), ref_loss.item<float>(), 1e-3);
   loss.backward();
   for (size_t i = 0; i < plain.size(); ++i) {
     SCOPED_TRACE("parameter " + std::to_string(i));
     ASSERT_TRUE(dist[i].grad().defined());
-    EXPECT_TRUE(at::allclose(full_tensor(dist[i].grad()), plain[i].grad(), 1e-3, 1e-4));
+    EXPECT_TRUE(at::allclose(full_tensor(dist[i].grad()).cpu(), plain[i].grad(), 1e-3, 1e-4));
   }
 }
 DTENSOR_TEST_F(DTensorThreads, MlpForwardBackwardMatchesPlain) { check_mlp(*this); }
 DTENSOR_TEST_F(DTensorGloo, MlpForwardBackwardMatchesPlain) { check_mlp(*this); }
 
 // test_op over every op with a rule: the op on every sharding of its inputs (DTensorConverter)
-// gathers back to the plain result. 1-D mesh with Partial and uneven inputs, and a 2x2 mesh
-// with per-mesh-dim placements.
+// gathers back to the plain result. 1-D mesh with Partial and uneven inputs, and an (n/2, 2)
+// mesh with per-mesh-dim placements.
 class EveryRuledOp : public testing::DTensorOpTestBase {};
 
 struct OpSample {
@@ -343,7 +352,7 @@ DTENSOR_TEST_F(EveryRuledOp, MatchesPlainOn1DMeshWithPartialAndUnevenInputs) {
 }
 
 DTENSOR_TEST_F(EveryRuledOp, MatchesPlainOn2DMesh) {
-  auto mesh = init_device_mesh("cpu", {2, 2});
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d());
   testing::TestOpOptions o;
   o.rtol = 1e-4;
   o.atol = 1e-5;
@@ -355,8 +364,8 @@ DTENSOR_TEST_F(EveryRuledOp, MatchesPlainOn2DMesh) {
 }
 
 DTENSOR_TEST_F(DTensorThreads, MismatchedMeshesAndBadPlacementsFailOnEveryRank) {
-  auto mesh = init_device_mesh("cpu", {4});
-  auto mesh2 = init_device_mesh("cpu", {2, 2});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
+  auto mesh2 = init_device_mesh(device_type(), mesh_shape_2d());
   at::Tensor x = distribute_tensor(global_input({8, 4}), mesh, {Shard{0}});
   at::Tensor y = distribute_tensor(global_input({8, 4}), mesh2, {Shard{0}, Replicate{}});
   std::string err = error_of([&] { (void)(x + y); });
@@ -374,14 +383,16 @@ DTENSOR_TEST_F(DTensorThreads, MismatchedMeshesAndBadPlacementsFailOnEveryRank) 
 }
 
 DTENSOR_TEST_F(DTensorThreads, PartialAvgMinMaxRedistribute) {
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
   at::Tensor g = global_input({8, 3});
   for (auto op : {comm::ReduceOp::AVG, comm::ReduceOp::MIN, comm::ReduceOp::MAX}) {
     SCOPED_TRACE(comm::to_string(op));
-    // Each rank holds g + (rank - 1.5) * s: the avg is g; min/max come from rank 0 / rank 3.
-    const double shift = (rank() - 1.5) * 0.25;
+    // Each rank holds g + (rank - (n - 1) / 2) * s: the avg is g; min/max come from the first /
+    // the last rank.
+    const double spread = (ranks() - 1) / 2.0 * 0.25;
+    const double shift = rank() * 0.25 - spread;
     at::Tensor local = g + shift;
-    at::Tensor expected = op == comm::ReduceOp::AVG ? g : op == comm::ReduceOp::MIN ? g - 0.375 : g + 0.375;
+    at::Tensor expected = op == comm::ReduceOp::AVG ? g : op == comm::ReduceOp::MIN ? g - spread : g + spread;
     for (const Placement& to : std::vector<Placement>{Replicate{}, Shard{0}, Shard{1}}) {
       at::Tensor p = from_local(local, mesh, {Partial(op)});
       EXPECT_TRUE(at::allclose(full_tensor(redistribute(p, {to})), expected, 1e-5, 1e-5)) << to_string(to);
@@ -393,7 +404,7 @@ DTENSOR_TEST_F(DTensorThreads, PartialAvgMinMaxRedistribute) {
 }
 
 DTENSOR_TEST_F(DTensorThreads, PrintsSpecAndLocalValues) {
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
   at::Tensor x = distribute_tensor(at::arange(8, at::kFloat), mesh, {Shard{0}});
   std::string s = to_string(x);
   EXPECT_NE(s.find("DTensor(local_tensor="), std::string::npos) << s;

@@ -1,6 +1,8 @@
 // DeviceMesh (construction, coordinates, per-dim groups, slicing, printing, errors),
-// placements, DTensorSpec, and the local shape / offset math. Mesh tests run as 4 threads
-// (ThreadGroup); one runs as 4 Gloo processes to check the per-dim groups over c10d.
+// placements, DTensorSpec, and the local shape / offset math. Mesh tests run as threads
+// (ThreadGroup); one runs as processes (Gloo, or the backend DTENSOR_BACKEND names) to check
+// the per-dim groups over c10d. Meshes are built over all ranks of any even world size
+// (ranks(), mesh_shape_2d()); the expected values are computed from it.
 #include "dtensor/mesh/device_mesh.h"
 #include "dtensor/mesh/mesh_collectives.h"
 #include "dtensor/placement/placement.h"
@@ -9,7 +11,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <unordered_map>
 
@@ -34,8 +38,48 @@ void expect_errors(const std::vector<ErrorCase>& cases) {
   }
 }
 
-at::Tensor ranks(std::vector<int64_t> values, Shape shape) {
+// A rank tensor for a DeviceMesh: `values` laid out as `shape`.
+at::Tensor rank_tensor(std::vector<int64_t> values, Shape shape) {
   return at::tensor(values, at::kLong).reshape(shape);
+}
+
+// The ranks begin, begin + step, ... below end, as a rank tensor.
+at::Tensor rank_range(int64_t begin, int64_t end, int64_t step = 1) {
+  return at::arange(begin, end, step, at::kLong);
+}
+
+// PyTorch's repr of the rank list begin, begin + step, ... below end: "[0, 1, 2, 3]".
+std::string py_list(int64_t begin, int64_t end, int64_t step = 1) {
+  std::string s = "[";
+  for (int64_t r = begin; r < end; r += step) s += (r == begin ? "" : ", ") + std::to_string(r);
+  return s + "]";
+}
+
+// PyTorch's repr of arange(rows * cols) as rows x cols: "[[0, 1], [2, 3]]".
+std::string py_grid(int64_t rows, int64_t cols) {
+  std::string s = "[";
+  for (int64_t i = 0; i < rows; ++i) s += (i ? ", " : "") + py_list(i * cols, (i + 1) * cols);
+  return s + "]";
+}
+
+// The sum 0 + 1 + ... + (n - 1), what an all_reduce of the world ranks over n ranks gives.
+int64_t rank_sum(int64_t n) { return n * (n - 1) / 2; }
+
+// This rank's coordinate in the rank tensor `mesh` (empty when it is not in it).
+Shape coordinate_in(const at::Tensor& mesh, int64_t rank) {
+  const at::Tensor where = at::nonzero(mesh == rank);
+  if (where.size(0) == 0) return {};
+  const at::Tensor c = where[0].to(at::kLong).contiguous();
+  return Shape(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+// The sum of the ranks of `mesh` along `dim` at `coordinate` (the other coordinates fixed):
+// what an all_reduce of the world ranks over that rank's group of `dim` gives.
+int64_t line_sum(const at::Tensor& mesh, const Shape& coordinate, int64_t dim) {
+  at::Tensor line = mesh.movedim(dim, -1);
+  for (int64_t i = 0; i < mesh.dim(); ++i)
+    if (i != dim) line = line.select(0, coordinate[static_cast<size_t>(i)]);
+  return line.sum().item<int64_t>();
 }
 
 // Sum of the world ranks in this rank's group of `dim`, by an all_reduce over that group.
@@ -59,53 +103,47 @@ class ShardMathThreaded : public DeviceMeshThreaded {};
 // ---- DeviceMesh -------------------------------------------------------------------------
 
 DTENSOR_TEST_F(DeviceMeshThreaded, CoordinatesLocalRanksAndDimGroups) {
-  ASSERT_EQ(group().size(), 4);
+  const int64_t n = ranks();
   struct Case {
     std::string name;
     at::Tensor mesh;
-    std::vector<Shape> coordinate;        // per world rank
-    std::vector<Shape> dim_group_sum;     // per world rank, per mesh dim
   };
+  // On 4 ranks: [0, 1, 2, 3], [3, 2, 1, 0], [[0, 1], [2, 3]], [[2, 0], [3, 1]], 4x1, 1x2x2.
   const std::vector<Case> cases = {
-      {"1d", ranks({0, 1, 2, 3}, {4}), {{0}, {1}, {2}, {3}}, {{6}, {6}, {6}, {6}}},
-      {"1d_reversed", ranks({3, 2, 1, 0}, {4}), {{3}, {2}, {1}, {0}}, {{6}, {6}, {6}, {6}}},
-      {"2x2", ranks({0, 1, 2, 3}, {2, 2}),
-       {{0, 0}, {0, 1}, {1, 0}, {1, 1}},
-       {{2, 1}, {4, 1}, {2, 5}, {4, 5}}},
+      {"1d", rank_range(0, n)},
+      {"1d_reversed", rank_range(0, n).flip(0)},
+      {"2d", rank_range(0, n).reshape(mesh_shape_2d())},
       // Not in rank order: group ranks must still follow the mesh coordinate.
-      {"2x2_permuted", ranks({2, 0, 3, 1}, {2, 2}),
-       {{0, 1}, {1, 1}, {0, 0}, {1, 0}},
-       {{1, 2}, {1, 4}, {5, 2}, {5, 4}}},
-      {"4x1", ranks({0, 1, 2, 3}, {4, 1}),
-       {{0, 0}, {1, 0}, {2, 0}, {3, 0}},
-       {{6, 0}, {6, 1}, {6, 2}, {6, 3}}},
-      {"1x2x2", ranks({0, 1, 2, 3}, {1, 2, 2}),
-       {{0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {0, 1, 1}},
-       {{0, 2, 1}, {1, 4, 1}, {2, 2, 5}, {3, 4, 5}}},
+      {"2d_permuted", rank_range(0, n).reshape({2, n / 2}).t().flip(1).contiguous()},
+      {"nx1", rank_range(0, n).reshape({n, 1})},
+      {"1x(n/2)x2", rank_range(0, n).reshape({1, n / 2, 2})},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
-    DeviceMesh mesh("cpu", c.mesh);
-    EXPECT_EQ(mesh.device_type(), "cpu");
+    // The expected coordinate and per-dim group sums, read off the rank tensor.
+    const Shape coordinate = coordinate_in(c.mesh, rank());
+    ASSERT_EQ(static_cast<int64_t>(coordinate.size()), c.mesh.dim());
+    DeviceMesh mesh(device_type(), c.mesh);
+    EXPECT_EQ(mesh.device_type(), device_type());
     EXPECT_TRUE(at::equal(mesh.mesh(), c.mesh));
     EXPECT_EQ(mesh.ndim(), c.mesh.dim());
-    EXPECT_EQ(mesh.size(), 4);
+    EXPECT_EQ(mesh.size(), n);
     EXPECT_EQ(mesh.shape(), c.mesh.sizes().vec());
     EXPECT_EQ(mesh.get_rank(), rank());
     EXPECT_TRUE(mesh.mesh_dim_names().empty());
     EXPECT_FALSE(mesh.get_parent_mesh().has_value());
     ASSERT_TRUE(mesh.get_coordinate().has_value());
-    EXPECT_EQ(*mesh.get_coordinate(), c.coordinate[rank()]);
+    EXPECT_EQ(*mesh.get_coordinate(), coordinate);
     ASSERT_EQ(mesh.get_all_groups().size(), static_cast<size_t>(mesh.ndim()));
     for (int64_t d = 0; d < mesh.ndim(); ++d) {
       SCOPED_TRACE("dim " + std::to_string(d));
       EXPECT_EQ(mesh.size(d), c.mesh.size(d));
-      EXPECT_EQ(mesh.get_local_rank(d), c.coordinate[rank()][d]);
+      EXPECT_EQ(mesh.get_local_rank(d), coordinate[static_cast<size_t>(d)]);
       comm::GroupPtr g = mesh.get_group(d);
       EXPECT_EQ(g, mesh.get_all_groups()[d]);
       EXPECT_EQ(g->size(), mesh.size(d));
       EXPECT_EQ(g->rank(), mesh.get_local_rank(d));
-      EXPECT_EQ(reduce_world_rank_over(mesh, d), c.dim_group_sum[rank()][d]);
+      EXPECT_EQ(reduce_world_rank_over(mesh, d), line_sum(c.mesh, coordinate, d));
     }
     EXPECT_EQ(mesh.size(-1), c.mesh.size(-1));
     EXPECT_EQ(mesh.get_group(-1), mesh.get_group(mesh.ndim() - 1));
@@ -113,8 +151,8 @@ DTENSOR_TEST_F(DeviceMeshThreaded, CoordinatesLocalRanksAndDimGroups) {
 }
 
 DTENSOR_TEST_F(DeviceMeshThreaded, NamedDimsLookUpLikeIndices) {
-  DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
-  EXPECT_EQ(mesh, DeviceMesh("cpu", ranks({0, 1, 2, 3}, {2, 2}), {"dp", "tp"}));
+  DeviceMesh mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"});
+  EXPECT_EQ(mesh, DeviceMesh(device_type(), rank_range(0, ranks()).reshape(mesh_shape_2d()), {"dp", "tp"}));
   EXPECT_EQ(mesh.mesh_dim_names(), (std::vector<std::string>{"dp", "tp"}));
   EXPECT_EQ(mesh.get_mesh_dim("dp"), 0);
   EXPECT_EQ(mesh.get_mesh_dim("tp"), 1);
@@ -128,20 +166,23 @@ DTENSOR_TEST_F(DeviceMeshThreaded, NamedDimsLookUpLikeIndices) {
 
 DTENSOR_TEST_F(DeviceMeshThreaded, SlicesByNamesReuseParentGroups) {
   const int r = rank();
+  const int64_t n = ranks();
   struct Case {
     std::string name;
     DeviceMesh parent;
     std::vector<std::string> names;
     at::Tensor expected_ranks;  // for this rank
   };
-  DeviceMesh m2 = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
-  DeviceMesh m3 = init_device_mesh("cpu", {2, 1, 2}, {"pp", "dp", "tp"});
+  DeviceMesh m2 = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"});
+  DeviceMesh m3 = init_device_mesh(device_type(), {n / 2, 1, 2}, {"pp", "dp", "tp"});
+  const at::Tensor row = rank_tensor({r / 2 * 2, r / 2 * 2 + 1}, {2});  // this rank's tp group
+  const at::Tensor column = rank_range(r % 2, n, 2);                  // this rank's dp / pp group
   const std::vector<Case> cases = {
-      {"2d['tp']", m2, {"tp"}, ranks({r / 2 * 2, r / 2 * 2 + 1}, {2})},
-      {"2d['dp']", m2, {"dp"}, ranks({r % 2, r % 2 + 2}, {2})},
-      {"3d['pp','tp']", m3, {"pp", "tp"}, ranks({0, 1, 2, 3}, {2, 2})},
-      {"3d['dp','tp']", m3, {"dp", "tp"}, ranks({r / 2 * 2, r / 2 * 2 + 1}, {1, 2})},
-      {"3d['pp']", m3, {"pp"}, ranks({r % 2, r % 2 + 2}, {2})},
+      {"2d['tp']", m2, {"tp"}, row},
+      {"2d['dp']", m2, {"dp"}, column},
+      {"3d['pp','tp']", m3, {"pp", "tp"}, rank_range(0, n).reshape(mesh_shape_2d())},
+      {"3d['dp','tp']", m3, {"dp", "tp"}, row.reshape({1, 2})},
+      {"3d['pp']", m3, {"pp"}, column},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
@@ -175,19 +216,22 @@ DTENSOR_TEST_F(DeviceMeshThreaded, SlicesByNamesReuseParentGroups) {
 }
 
 DTENSOR_TEST_F(DeviceMeshThreaded, PrintsInPyTorchNotation) {
-  DeviceMesh named = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
-  const std::string row = rank() < 2 ? "[0, 1]" : "[2, 3]";
+  const int64_t n = ranks();
+  const std::string dt = device_type();
+  DeviceMesh named = init_device_mesh(dt, mesh_shape_2d(), {"dp", "tp"});
+  const std::string row = py_list(rank() / 2 * 2, rank() / 2 * 2 + 2);
   struct Case {
     DeviceMesh mesh;
     std::string expected;
   };
+  // On 4 ranks: "DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))" and so on.
   const std::vector<Case> cases = {
-      {named, "DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))"},
-      {init_device_mesh("cpu", {4}), "DeviceMesh('cpu', [0, 1, 2, 3])"},
-      {init_device_mesh("cuda", {4}, {"tp"}),
-       "DeviceMesh('cuda', [0, 1, 2, 3], mesh_dim_names=('tp',))"},
-      {DeviceMesh("cpu", ranks({3, 1, 0, 2}, {1, 2, 2})), "DeviceMesh('cpu', [[[3, 1], [0, 2]]])"},
-      {named["tp"], "DeviceMesh('cpu', " + row + ", mesh_dim_names=('tp',))"},
+      {named, "DeviceMesh('" + dt + "', " + py_grid(n / 2, 2) + ", mesh_dim_names=('dp', 'tp'))"},
+      {init_device_mesh(dt, {n}), "DeviceMesh('" + dt + "', " + py_list(0, n) + ")"},
+      {init_device_mesh("cuda", {n}, {"tp"}),
+       "DeviceMesh('cuda', " + py_list(0, n) + ", mesh_dim_names=('tp',))"},
+      {DeviceMesh(dt, rank_tensor({1, 0}, {1, 1, 2})), "DeviceMesh('" + dt + "', [[[1, 0]]])"},
+      {named["tp"], "DeviceMesh('" + dt + "', " + row + ", mesh_dim_names=('tp',))"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.expected);
@@ -199,8 +243,11 @@ DTENSOR_TEST_F(DeviceMeshThreaded, PrintsInPyTorchNotation) {
 }
 
 DTENSOR_TEST_F(DeviceMeshThreaded, EqualityAndHashCompareTypeRanksAndNames) {
-  DeviceMesh a = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
-  DeviceMesh same = DeviceMesh("cpu", ranks({0, 1, 2, 3}, {2, 2}), {"dp", "tp"});
+  const int64_t n = ranks();
+  const std::string dt = device_type();
+  const Shape shape = mesh_shape_2d();
+  DeviceMesh a = init_device_mesh(dt, shape, {"dp", "tp"});
+  DeviceMesh same = DeviceMesh(dt, rank_range(0, n).reshape(shape), {"dp", "tp"});
   EXPECT_EQ(a, a);
   EXPECT_EQ(a, same);
   EXPECT_EQ(hash_value(a), hash_value(same));
@@ -210,11 +257,11 @@ DTENSOR_TEST_F(DeviceMeshThreaded, EqualityAndHashCompareTypeRanksAndNames) {
     DeviceMesh other;
   };
   const std::vector<Case> differ = {
-      {"device type", init_device_mesh("cuda", {2, 2}, {"dp", "tp"})},
-      {"ranks", DeviceMesh("cpu", ranks({0, 2, 1, 3}, {2, 2}), {"dp", "tp"})},
-      {"shape", init_device_mesh("cpu", {4, 1}, {"dp", "tp"})},
-      {"names", init_device_mesh("cpu", {2, 2}, {"x", "tp"})},
-      {"no names", init_device_mesh("cpu", {2, 2})},
+      {"device type", init_device_mesh(dt == "cpu" ? "cuda" : "cpu", shape, {"dp", "tp"})},
+      {"ranks", DeviceMesh(dt, rank_range(0, n).flip(0).reshape(shape), {"dp", "tp"})},
+      {"shape", init_device_mesh(dt, {n, 1}, {"dp", "tp"})},
+      {"names", init_device_mesh(dt, shape, {"x", "tp"})},
+      {"no names", init_device_mesh(dt, shape)},
   };
   for (const auto& c : differ) {
     SCOPED_TRACE(c.what);
@@ -224,47 +271,53 @@ DTENSOR_TEST_F(DeviceMeshThreaded, EqualityAndHashCompareTypeRanksAndNames) {
 }
 
 DTENSOR_TEST_F(DeviceMeshThreaded, ConstructionErrorsNameTheMeshAndTheFix) {
+  const int64_t n = ranks();
+  const std::string dt = device_type();
+  const std::string world = std::to_string(n), over = std::to_string(n + 1);
+  const Shape shape = mesh_shape_2d();
   // Every rank passes the same bad arguments and throws before any collective.
   expect_errors({
-      {"larger than the world", [] { DeviceMesh("cpu", at::arange(5)); },
-       "DeviceMesh('cpu', [0, 1, 2, 3, 4]): the mesh has 5 ranks, more than the world (4"},
-      {"init_device_mesh size", [] { init_device_mesh("cpu", {5}); },
-       "init_device_mesh('cpu', mesh_shape=(5,)): the mesh size (5) is larger than the world "
-       "size (4"},
-      {"init_device_mesh zero dim", [] { init_device_mesh("cpu", {4, 0}); },
+      {"larger than the world", [&] { DeviceMesh(dt, rank_range(0, n + 1)); },
+       "DeviceMesh('" + dt + "', " + py_list(0, n + 1) + "): the mesh has " + over +
+           " ranks, more than the world (" + world},
+      {"init_device_mesh size", [&] { init_device_mesh(dt, {n + 1}); },
+       "init_device_mesh('" + dt + "', mesh_shape=(" + over + ",)): the mesh size (" + over +
+           ") is larger than the world size (" + world},
+      {"init_device_mesh zero dim", [&] { init_device_mesh(dt, {n, 0}); },
        "every dim of mesh_shape needs at least one rank"},
-      {"duplicate rank", [] { DeviceMesh("cpu", ranks({0, 1, 1, 3}, {2, 2})); },
-       "DeviceMesh('cpu', [[0, 1], [1, 3]]): rank 1 appears more than once"},
-      {"rank too large", [] { DeviceMesh("cpu", ranks({0, 1, 2, 7}, {4})); },
-       "rank 7 is out of range for a world of size 4 (valid ranks: 0..3)"},
-      {"negative rank", [] { DeviceMesh("cpu", ranks({0, -1, 2, 3}, {4})); },
+      {"duplicate rank", [&] { DeviceMesh(dt, rank_tensor({1, 1}, {1, 2})); },
+       "DeviceMesh('" + dt + "', [[1, 1]]): rank 1 appears more than once"},
+      {"rank too large", [&] { DeviceMesh(dt, rank_tensor({0, n + 3}, {2})); },
+       "rank " + std::to_string(n + 3) + " is out of range for a world of size " + world +
+           " (valid ranks: 0.." + std::to_string(n - 1) + ")"},
+      {"negative rank", [&] { DeviceMesh(dt, rank_tensor({0, -1}, {2})); },
        "rank -1 is out of range"},
-      {"name count", [] { DeviceMesh("cpu", ranks({0, 1, 2, 3}, {2, 2}), {"dp"}); },
+      {"name count", [&] { DeviceMesh(dt, rank_range(0, n).reshape(shape), {"dp"}); },
        "got 1 mesh_dim_names ('dp',) for a 2-D mesh; pass one name per mesh dim, or none"},
-      {"duplicate names", [] { init_device_mesh("cpu", {2, 2}, {"dp", "dp"}); },
+      {"duplicate names", [&] { init_device_mesh(dt, shape, {"dp", "dp"}); },
        "mesh_dim_names has 'dp' more than once"},
-      {"float ranks", [] { DeviceMesh("cpu", at::arange(4, at::kFloat)); },
+      {"float ranks", [&] { DeviceMesh(dt, at::arange(n, at::kFloat)); },
        "the rank tensor must hold integer ranks"},
-      {"0-d ranks", [] { DeviceMesh("cpu", at::scalar_tensor(0, at::kLong)); },
+      {"0-d ranks", [&] { DeviceMesh(dt, at::scalar_tensor(0, at::kLong)); },
        "the rank tensor needs at least one dim"},
-      {"device type", [] { init_device_mesh("tpu", {4}); },
+      {"device type", [&] { init_device_mesh("tpu", {n}); },
        "device_type 'tpu' is not supported; use \"cpu\" or \"cuda\""},
   });
   // The world is still usable.
-  EXPECT_EQ(reduce_world_rank_over(init_device_mesh("cpu", {4}), 0), 6);
+  EXPECT_EQ(reduce_world_rank_over(init_device_mesh(dt, {n}), 0), rank_sum(n));
 }
 
 DTENSOR_TEST_F(DeviceMeshThreaded, LookupAndSliceErrorsNameTheMesh) {
-  DeviceMesh m = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
-  DeviceMesh unnamed = init_device_mesh("cpu", {2, 2});
-  const std::string repr = "DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))";
+  DeviceMesh m = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"});
+  DeviceMesh unnamed = init_device_mesh(device_type(), mesh_shape_2d());
+  const std::string ranks_repr = "DeviceMesh('" + device_type() + "', " + py_grid(ranks() / 2, 2);
+  const std::string repr = ranks_repr + ", mesh_dim_names=('dp', 'tp'))";
   expect_errors({
       {"unknown name: get_group", [&] { m.get_group("pp"); },
        repr + " has no dim named 'pp'; its dims are ('dp', 'tp')"},
       {"unknown name: get_local_rank", [&] { m.get_local_rank("pp"); }, "has no dim named 'pp'"},
       {"unknown name: slice", [&] { m["pp"]; }, "has no dim named 'pp'"},
-      {"no names", [&] { unnamed.get_group("dp"); },
-       "DeviceMesh('cpu', [[0, 1], [2, 3]]) has no dim names"},
+      {"no names", [&] { unnamed.get_group("dp"); }, ranks_repr + ") has no dim names"},
       {"dim too large: size", [&] { m.size(2); },
        "size(2) on " + repr + ": dim 2 is out of range for a 2-D mesh (valid: 0..1, or -2..-1)"},
       {"dim too small: get_local_rank", [&] { m.get_local_rank(-3); },
@@ -280,76 +333,86 @@ DTENSOR_TEST_F(DeviceMeshThreaded, LookupAndSliceErrorsNameTheMesh) {
 DTENSOR_TEST_F(DeviceMeshThreaded, DifferentMeshesOnRanksFailOnEveryRank) {
   const std::vector<std::string> names =
       rank() == 1 ? std::vector<std::string>{"x", "y"} : std::vector<std::string>{"dp", "tp"};
-  EXPECT_PRED2(contains, error_of([&] { init_device_mesh("cpu", {2, 2}, names); }),
+  EXPECT_PRED2(contains, error_of([&] { init_device_mesh(device_type(), mesh_shape_2d(), names); }),
                "the ranks passed different meshes to the DeviceMesh constructor");
-  // The world is still usable, and agreeing ranks build the mesh.
-  EXPECT_EQ(reduce_world_rank_over(init_device_mesh("cpu", {2, 2}, {"dp", "tp"}), 1),
-            rank() < 2 ? 1 : 5);
+  // The world is still usable, and agreeing ranks build the mesh: tp groups are the rows
+  // {2k, 2k + 1}.
+  EXPECT_EQ(reduce_world_rank_over(init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"}), 1),
+            rank() / 2 * 4 + 1);
 }
 
 // ---- DeviceMesh over a subset of the world, get_local_rank() / get_group() without a dim,
 // _flatten, mesh_broadcast / mesh_scatter (PyTorch test_device_mesh.py) ---------------------
 
 DTENSOR_TEST_F(DeviceMeshThreaded, SubsetMeshRanksOutsideHoldNothing) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // the even and the odd ranks are two halves
   const int r = rank();
-  // PyTorch: DeviceMesh(device_type, [0, 2]) on 4 ranks (test_dtensor.py *_sub_mesh).
-  DeviceMesh mesh("cpu", ranks({0, 2}, {2}));
-  EXPECT_EQ(mesh.size(), 2);
+  const int64_t n = ranks(), half = n / 2;
+  const std::string dt = device_type();
+  // PyTorch: DeviceMesh(device_type, [0, 2]) on 4 ranks (test_dtensor.py *_sub_mesh): here the
+  // even ranks.
+  const std::string evens = "DeviceMesh('" + dt + "', " + py_list(0, n, 2) + ")";
+  DeviceMesh mesh(dt, rank_range(0, n, 2));
+  EXPECT_EQ(mesh.size(), half);
   EXPECT_EQ(mesh.get_rank(), r);
   if (r % 2 == 0) {
     ASSERT_TRUE(mesh.get_coordinate().has_value());
     EXPECT_EQ(*mesh.get_coordinate(), Shape{r / 2});
     EXPECT_EQ(mesh.get_local_rank(), r / 2);
-    EXPECT_EQ(mesh.get_group()->size(), 2);
-    EXPECT_EQ(reduce_world_rank_over(mesh, 0), 2);  // 0 + 2
+    EXPECT_EQ(mesh.get_group()->size(), half);
+    EXPECT_EQ(reduce_world_rank_over(mesh, 0), 2 * rank_sum(half));  // 0 + 2 + ...
   } else {
     EXPECT_FALSE(mesh.get_coordinate().has_value());
     EXPECT_EQ(mesh.get_all_groups(), std::vector<comm::GroupPtr>{nullptr});
     EXPECT_PRED2(contains, error_of([&] { mesh.get_group(0); }),
-                 "get_group: rank " + std::to_string(r) + " is not in DeviceMesh('cpu', [0, 2])");
-    EXPECT_PRED2(contains, error_of([&] { mesh.get_local_rank(); }), "is not in DeviceMesh('cpu', [0, 2])");
+                 "get_group: rank " + std::to_string(r) + " is not in " + evens);
+    EXPECT_PRED2(contains, error_of([&] { mesh.get_local_rank(); }), "is not in " + evens);
   }
-  // A 2-D subset in another order, and init_device_mesh over the first ranks.
-  DeviceMesh m2("cpu", ranks({3, 1}, {2, 1}), {"dp", "tp"});
-  if (r == 3 || r == 1) {
-    EXPECT_EQ(*m2.get_coordinate(), (Shape{r == 3 ? 0 : 1, 0}));
-    EXPECT_EQ(reduce_world_rank_over(m2, 0), 4);
+  // A 2-D subset in another order (the odd ranks, descending), and init_device_mesh over the
+  // first ranks.
+  const at::Tensor odds_down = rank_range(1, n, 2).flip(0);
+  DeviceMesh m2(dt, odds_down.reshape({half, 1}), {"dp", "tp"});
+  if (r % 2 == 1) {
+    EXPECT_EQ(*m2.get_coordinate(), (Shape{(n - 1 - r) / 2, 0}));
+    EXPECT_EQ(reduce_world_rank_over(m2, 0), half * half);  // 1 + 3 + ...
     EXPECT_EQ(reduce_world_rank_over(m2, 1), r);
-    EXPECT_TRUE(at::equal(m2["dp"].mesh(), ranks({3, 1}, {2})));
+    EXPECT_TRUE(at::equal(m2["dp"].mesh(), odds_down));
   } else {
     EXPECT_FALSE(m2.get_coordinate().has_value());
     EXPECT_PRED2(contains, error_of([&] { m2["dp"]; }), "is not in the mesh, so it has no slice");
   }
-  DeviceMesh first3 = init_device_mesh("cpu", {3});
-  EXPECT_EQ(first3.get_coordinate().has_value(), r < 3);
-  if (r < 3) EXPECT_EQ(reduce_world_rank_over(first3, 0), 3);
+  DeviceMesh first = init_device_mesh(dt, {n - 1});
+  EXPECT_EQ(first.get_coordinate().has_value(), r < n - 1);
+  if (r < n - 1) EXPECT_EQ(reduce_world_rank_over(first, 0), rank_sum(n - 1));
   // The world is still usable.
-  EXPECT_EQ(reduce_world_rank_over(init_device_mesh("cpu", {4}), 0), 6);
+  EXPECT_EQ(reduce_world_rank_over(init_device_mesh(dt, {n}), 0), rank_sum(n));
 }
 
 DTENSOR_TEST_F(DeviceMeshThreaded, LocalRankAndGroupWithoutADimOnlyOnA1DMesh) {
-  DeviceMesh m1 = init_device_mesh("cpu", {4});
+  DeviceMesh m1 = init_device_mesh(device_type(), {ranks()});
   EXPECT_EQ(m1.get_local_rank(), rank());
   EXPECT_EQ(m1.get_group(), m1.get_group(0));
-  DeviceMesh m2 = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  DeviceMesh m2 = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"});
   EXPECT_EQ(m2["tp"].get_local_rank(), rank() % 2);
   EXPECT_PRED2(contains, error_of([&] { m2.get_local_rank(); }),
-               "get_local_rank() on DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp')): the mesh has "
-               "2 dims; pass the mesh dim");
+               "get_local_rank() on DeviceMesh('" + device_type() + "', " + py_grid(ranks() / 2, 2) +
+                   ", mesh_dim_names=('dp', 'tp')): the mesh has 2 dims; pass the mesh dim");
   EXPECT_PRED2(contains, error_of([&] { m2.get_group(); }), "the mesh has 2 dims; pass the mesh dim");
 }
 
-// test_device_mesh.py TestDeviceMeshGetItem test_flatten_mesh_1d/_3d (world 8 there, 4 here:
-// mesh (1, 2, 2) and (2, 1, 2)).
+// test_device_mesh.py TestDeviceMeshGetItem test_flatten_mesh_1d/_3d (world 8 and 2x2x2 there;
+// here meshes (1, n/2, 2) and (n/2, 1, 2) over the n ranks).
 DTENSOR_TEST_F(DeviceMeshThreaded, FlattenMakesA1DMeshTheRootKnows) {
   const int r = rank();
-  DeviceMesh m3 = init_device_mesh("cpu", {1, 2, 2}, {"dp", "cp", "tp"});
-  // dp x cp: the ranks that share tp: [0, 2] and [1, 3].
+  const int64_t n = ranks(), half = n / 2;
+  const std::string dt = device_type();
+  DeviceMesh m3 = init_device_mesh(dt, {1, half, 2}, {"dp", "cp", "tp"});
+  // dp x cp: the ranks that share tp: the even ranks and the odd ranks.
   DeviceMesh dp_cp = m3[{"dp", "cp"}]._flatten();
-  EXPECT_TRUE(at::equal(dp_cp.mesh(), ranks({r % 2, r % 2 + 2}, {2}))) << dp_cp;
+  EXPECT_TRUE(at::equal(dp_cp.mesh(), rank_range(r % 2, n, 2))) << dp_cp;
   EXPECT_EQ(dp_cp.mesh_dim_names(), std::vector<std::string>{"dp_cp"});
   EXPECT_EQ(*dp_cp.get_coordinate(), Shape{r / 2});
-  EXPECT_EQ(reduce_world_rank_over(dp_cp, 0), r % 2 == 0 ? 2 : 4);
+  EXPECT_EQ(reduce_world_rank_over(dp_cp, 0), 2 * rank_sum(half) + (r % 2) * half);
   EXPECT_EQ(*dp_cp.get_parent_mesh(), m3);
   EXPECT_EQ(dp_cp.get_root_mesh(), m3);
   // The root finds it by name: slicing, get_group, get_local_rank; no new group.
@@ -363,28 +426,28 @@ DTENSOR_TEST_F(DeviceMeshThreaded, FlattenMakesA1DMeshTheRootKnows) {
   EXPECT_EQ((m3[{"dp", "cp"}].flatten("dp_cp").get_group()), dp_cp.get_group());
   // A flattened dim slices together with the other dims (at its last dim's position).
   DeviceMesh two_d = m3[{"dp_cp", "tp"}];
-  EXPECT_TRUE(at::equal(two_d.mesh(), ranks({0, 1, 2, 3}, {2, 2}))) << two_d;
+  EXPECT_TRUE(at::equal(two_d.mesh(), rank_range(0, n).reshape({half, 2}))) << two_d;
   EXPECT_EQ(*two_d.get_coordinate(), (Shape{r / 2, r % 2}));
   EXPECT_EQ(two_d.get_group(0), dp_cp.get_group());
   EXPECT_EQ(two_d.get_group(1), m3.get_group("tp"));
   EXPECT_EQ(two_d.get_parent_mesh_dims(), (std::vector<int64_t>{-1, 2}));
   // The whole mesh, named: every rank in one group.
   DeviceMesh all = m3._flatten("world");
-  EXPECT_TRUE(at::equal(all.mesh(), at::arange(4)));
-  EXPECT_EQ(reduce_world_rank_over(all, 0), 6);
+  EXPECT_TRUE(at::equal(all.mesh(), at::arange(n)));
+  EXPECT_EQ(reduce_world_rank_over(all, 0), rank_sum(n));
   // A 1-D mesh flattened under its own name is itself; under another name, a new mesh.
   DeviceMesh tp = m3["tp"];
   EXPECT_EQ(tp._flatten(), tp);
   EXPECT_EQ(tp._flatten("tp2").mesh_dim_names(), std::vector<std::string>{"tp2"});
   EXPECT_TRUE(at::equal(tp._flatten("tp2").mesh(), tp.mesh()));
-  // Non-adjacent dims (dp, tp of a (2, 1, 2) mesh): row-major over those dims.
-  DeviceMesh m3b = init_device_mesh("cpu", {2, 1, 2}, {"dp", "cp", "tp"});
+  // Non-adjacent dims (dp, tp of a (n/2, 1, 2) mesh): row-major over those dims.
+  DeviceMesh m3b = init_device_mesh(dt, {half, 1, 2}, {"dp", "cp", "tp"});
   DeviceMesh dp_tp = m3b[{"dp", "tp"}]._flatten();
-  EXPECT_TRUE(at::equal(dp_tp.mesh(), at::arange(4)));
+  EXPECT_TRUE(at::equal(dp_tp.mesh(), at::arange(n)));
   EXPECT_EQ(dp_tp.get_local_rank(), r);
-  EXPECT_EQ((m3b[{"cp", "dp_tp"}].shape()), (Shape{1, 4}));
+  EXPECT_EQ((m3b[{"cp", "dp_tp"}].shape()), (Shape{1, n}));
   // Errors: every rank raises alike, before any collective.
-  DeviceMesh unnamed = init_device_mesh("cpu", {2, 2});
+  DeviceMesh unnamed = init_device_mesh(dt, mesh_shape_2d());
   expect_errors({
       {"no names", [&] { unnamed._flatten(); }, "Cannot flatten a DeviceMesh without mesh_dim_names"},
       {"a name of the root", [&] { m3[{"dp", "cp"}]._flatten("tp"); },
@@ -397,45 +460,53 @@ DTENSOR_TEST_F(DeviceMeshThreaded, FlattenMakesA1DMeshTheRootKnows) {
   // Ranks that disagree all raise; the world stays usable.
   EXPECT_PRED2(contains, error_of([&] { m3[{"cp", "tp"}]._flatten(r == 1 ? "x" : "y"); }),
                "the ranks flattened different dims or names");
-  EXPECT_EQ(reduce_world_rank_over(m3[{"cp", "tp"}]._flatten("cp_tp"), 0), 6);
+  EXPECT_EQ(reduce_world_rank_over(m3[{"cp", "tp"}]._flatten("cp_tp"), 0), rank_sum(n));
 }
 
-// test_device_mesh.py TestDeviceMeshCollectives (world 8 and mesh (2, 2, 2) there; 4 here).
+// test_device_mesh.py TestDeviceMeshCollectives (world 8 and mesh (2, 2, 2) there; here a 1-D
+// mesh over the n ranks and an (n/2, 2) one).
 DTENSOR_TEST_F(DeviceMeshThreaded, MeshBroadcastAndScatterAlongEachDim) {
   const int r = rank();
-  DeviceMesh m1 = init_device_mesh("cpu", {4});
+  const int64_t n = ranks();
+  const std::string dt = device_type();
+  DeviceMesh m1 = init_device_mesh(dt, {n});
   at::Tensor t = at::ones({3, 3}) * r;
   mesh_broadcast(t, m1, 0);
   EXPECT_TRUE(at::equal(t, at::zeros({3, 3})));  // test_broadcast_1d
-  // test_scatter_1d: every scatter dim of a [3, 3, 3] tensor grown 4x along it.
+  // test_scatter_1d: every scatter dim of a [3, 3, 3] tensor grown n-fold along it.
   for (int64_t dim = 0; dim < 3; ++dim) {
     std::vector<int64_t> shape = {3, 3, 3};
-    shape[dim] *= 4;
+    shape[dim] *= n;
     at::Tensor global = at::arange(shape[0] * shape[1] * shape[2], at::kFloat).reshape(shape);
     std::vector<at::Tensor> pieces;
-    for (auto& p : global.tensor_split(4, dim)) pieces.push_back(p.contiguous());
+    for (auto& p : global.tensor_split(n, dim)) pieces.push_back(p.contiguous());
     at::Tensor recv = at::empty_like(pieces[r]);
     mesh_scatter(recv, r == 0 ? pieces : std::vector<at::Tensor>{}, m1, 0);
     EXPECT_TRUE(at::equal(recv, pieces[r])) << "scatter dim " << dim;
   }
-  // test_broadcast_nd / test_scatter_nd on a 2x2 mesh: each dim's groups, from their first
-  // rank (and from group_src 1).
-  DeviceMesh m2 = init_device_mesh("cpu", {2, 2});
+  // test_broadcast_nd / test_scatter_nd on an (n/2, 2) mesh: each dim's groups, from their
+  // first rank and from their last.
+  DeviceMesh m2 = init_device_mesh(dt, mesh_shape_2d());
   for (int64_t dim = 0; dim < 2; ++dim) {
-    at::Tensor slice = m2.mesh().swapdims(-1, dim).reshape({-1, 2});
+    const int64_t size = m2.size(dim);
+    // This rank's group along `dim`: its row of the mesh with `dim` moved last.
+    const at::Tensor groups = m2.mesh().movedim(dim, -1).reshape({-1, size});
     std::vector<int64_t> mine;
-    for (int64_t row = 0; row < 2; ++row)
-      if (slice[row][0].item<int64_t>() == r || slice[row][1].item<int64_t>() == r)
-        mine = {slice[row][0].item<int64_t>(), slice[row][1].item<int64_t>()};
-    for (int src : {0, 1}) {
+    for (int64_t row = 0; row < groups.size(0); ++row) {
+      const at::Tensor g = groups[row].contiguous();
+      if ((g == r).any().item<bool>()) mine.assign(g.data_ptr<int64_t>(), g.data_ptr<int64_t>() + size);
+    }
+    ASSERT_EQ(static_cast<int64_t>(mine.size()), size);
+    const int64_t my_pos = std::find(mine.begin(), mine.end(), r) - mine.begin();
+    for (int64_t src : std::set<int64_t>{0, size - 1}) {
       SCOPED_TRACE("dim " + std::to_string(dim) + " src " + std::to_string(src));
       at::Tensor b = at::ones({3, 3}) * r;
       mesh_broadcast(b, m2, dim, src);
       EXPECT_TRUE(at::equal(b, at::ones({3, 3}) * mine[src]));
-      std::vector<at::Tensor> list = {at::ones({3, 3}) * (r * 10), at::ones({3, 3}) * (r * 10 + 1)};
+      std::vector<at::Tensor> list;
+      for (int64_t k = 0; k < size; ++k) list.push_back(at::ones({3, 3}) * (r * 10 + k));
       at::Tensor out = at::empty({3, 3});
       mesh_scatter(out, list, m2, dim, src);
-      const int64_t my_pos = mine[0] == r ? 0 : 1;
       EXPECT_TRUE(at::equal(out, at::ones({3, 3}) * (mine[src] * 10 + my_pos)));
     }
   }
@@ -443,53 +514,60 @@ DTENSOR_TEST_F(DeviceMeshThreaded, MeshBroadcastAndScatterAlongEachDim) {
   at::Tensor meta = at::empty({2}, at::TensorOptions().device(at::kMeta));
   if (r == 0) mesh_broadcast(meta, m1);
   // Errors.
-  DeviceMesh sub("cpu", ranks({0, 1}, {2}));
+  DeviceMesh sub(dt, rank_tensor({0, 1}, {2}));
   if (r >= 2) {
     at::Tensor x = at::ones({1});
     EXPECT_PRED2(contains, error_of([&] { mesh_broadcast(x, sub); }),
-                 "mesh_broadcast: rank " + std::to_string(r) + " is not in DeviceMesh('cpu', [0, 1])");
+                 "mesh_broadcast: rank " + std::to_string(r) + " is not in DeviceMesh('" + dt + "', [0, 1])");
   }
   at::Tensor y = at::ones({1});
-  EXPECT_PRED2(contains, error_of([&] { mesh_scatter(y, {}, m1, 0, 4); }),
-               "mesh_scatter: group_src 4 is not a rank of mesh dim 0");
+  EXPECT_PRED2(contains, error_of([&] { mesh_scatter(y, {}, m1, 0, n); }),
+               "mesh_scatter: group_src " + std::to_string(n) + " is not a rank of mesh dim 0");
   // mesh_all_gather_object: every rank of the mesh, in row-major mesh order.
-  DeviceMesh perm("cpu", ranks({2, 0, 3, 1}, {2, 2}));
-  EXPECT_EQ(mesh_all_gather_object(perm, r * 100), (std::vector<int>{200, 0, 300, 100}));
-  if (r == 1 || r == 3) {
-    DeviceMesh odd("cpu", ranks({3, 1}, {2}));
-    EXPECT_EQ(mesh_all_gather_object(odd, std::string(1, static_cast<char>('a' + r))),
-              (std::vector<std::string>{"d", "b"}));
-  } else {
-    DeviceMesh odd("cpu", ranks({3, 1}, {2}));  // collective over the world: every rank builds it
-    (void)odd;
+  const at::Tensor permuted = rank_range(0, n).reshape({2, n / 2}).t().flip(1).contiguous();  // [[2, 0], [3, 1]]
+  DeviceMesh perm(dt, permuted);
+  std::vector<int> expected;
+  for (int64_t k = 0; k < n; ++k) expected.push_back(static_cast<int>(permuted.view({-1})[k].item<int64_t>()) * 100);
+  EXPECT_EQ(mesh_all_gather_object(perm, r * 100), expected);
+  const at::Tensor odds_down = rank_range(1, n, 2).flip(0).contiguous();  // [3, 1]
+  DeviceMesh odd(dt, odds_down);  // collective over the world: every rank builds it
+  if (r % 2 == 1) {
+    std::vector<std::string> letters;
+    for (int64_t k = 0; k < odds_down.numel(); ++k)
+      letters.emplace_back(1, static_cast<char>('a' + odds_down[k].item<int64_t>()));
+    EXPECT_EQ(mesh_all_gather_object(odd, std::string(1, static_cast<char>('a' + r))), letters);
   }
 }
 
-DTENSOR_TEST_F(DeviceMeshGloo, TwoByTwoNamedMeshGroupsReduceOverEachDim) {
-  ASSERT_EQ(group().backend(), "gloo");
-  DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
-  EXPECT_EQ(*mesh.get_coordinate(), (Shape{rank() / 2, rank() % 2}));
-  // dp groups are columns {0, 2} and {1, 3}; tp groups are rows {0, 1} and {2, 3}.
-  EXPECT_EQ(reduce_world_rank_over(mesh, mesh.get_mesh_dim("dp")), rank() % 2 == 0 ? 2 : 4);
-  EXPECT_EQ(reduce_world_rank_over(mesh, mesh.get_mesh_dim("tp")), rank() < 2 ? 1 : 5);
+DTENSOR_TEST_F(DeviceMeshGloo, TwoDimNamedMeshGroupsReduceOverEachDim) {
+  ASSERT_NE(group().backend(), "threads");  // per-dim groups over c10d
+  const int r = rank();
+  const int64_t n = ranks(), half = n / 2;
+  DeviceMesh mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"});
+  const auto on_device = at::TensorOptions().device(mesh.device());
+  EXPECT_EQ(*mesh.get_coordinate(), (Shape{r / 2, r % 2}));
+  // dp groups are the even and the odd ranks; tp groups are rows {2k, 2k + 1}.
+  const int64_t dp_sum = 2 * rank_sum(half) + (r % 2) * half, tp_sum = r / 2 * 4 + 1;
+  EXPECT_EQ(reduce_world_rank_over(mesh, mesh.get_mesh_dim("dp")), dp_sum);
+  EXPECT_EQ(reduce_world_rank_over(mesh, mesh.get_mesh_dim("tp")), tp_sum);
   EXPECT_EQ(mesh.get_group("dp")->rank(), mesh.get_local_rank("dp"));
   DeviceMesh tp = mesh["tp"];
   EXPECT_EQ(tp.get_group(0), mesh.get_group("tp"));
-  EXPECT_EQ(reduce_world_rank_over(tp, 0), rank() < 2 ? 1 : 5);
+  EXPECT_EQ(reduce_world_rank_over(tp, 0), tp_sum);
   // Over c10d: a subset mesh, a flattened dim, mesh_broadcast and mesh_scatter.
-  DeviceMesh odd("cpu", ranks({1, 3}, {2}));
-  if (rank() % 2 == 1) EXPECT_EQ(reduce_world_rank_over(odd, 0), 4);
+  DeviceMesh odd(device_type(), rank_range(1, n, 2));
+  if (r % 2 == 1) EXPECT_EQ(reduce_world_rank_over(odd, 0), half * half);
   else EXPECT_FALSE(odd.get_coordinate().has_value());
   DeviceMesh flat = mesh._flatten();
-  EXPECT_EQ(reduce_world_rank_over(flat, 0), 6);
-  at::Tensor b = at::ones({2}) * rank();
-  mesh_broadcast(b, mesh, 0, 1);  // dp groups {0, 2}, {1, 3}: from 2 or 3
-  EXPECT_TRUE(at::equal(b, at::ones({2}) * (rank() % 2 + 2)));
-  at::Tensor out = at::empty({2});
+  EXPECT_EQ(reduce_world_rank_over(flat, 0), rank_sum(n));
+  at::Tensor b = at::ones({2}, on_device) * r;
+  mesh_broadcast(b, mesh, 0, half - 1);  // dp groups: from their last rank
+  EXPECT_TRUE(at::equal(b.cpu(), at::ones({2}) * (n - 2 + r % 2)));
+  at::Tensor out = at::empty({2}, on_device);
   std::vector<at::Tensor> pieces;
-  for (int i = 0; i < 4; ++i) pieces.push_back(at::ones({2}) * (i + 10));
+  for (int64_t i = 0; i < n; ++i) pieces.push_back(at::ones({2}, on_device) * (i + 10));
   mesh_scatter(out, pieces, flat, 0);
-  EXPECT_TRUE(at::equal(out, at::ones({2}) * (rank() + 10)));
+  EXPECT_TRUE(at::equal(out.cpu(), at::ones({2}) * (r + 10)));
 }
 
 // ---- Placements -------------------------------------------------------------------------
@@ -659,30 +737,31 @@ TEST(ShardMath, RejectsArgumentsThatDoNotFitTheMesh) {
 }
 
 DTENSOR_TEST_F(ShardMathThreaded, OneDimMeshUnevenRowsPerRank) {
-  DeviceMesh mesh = init_device_mesh("cpu", {4});
-  struct Case {
-    int64_t rows;
-    Shape per_rank;
-  };
-  for (Case c : {Case{10, {3, 3, 3, 1}}, Case{5, {2, 2, 1, 0}}, Case{2, {1, 1, 0, 0}}}) {
-    SCOPED_TRACE(std::to_string(c.rows) + " rows");
-    auto [shape, offset] = compute_local_shape_and_global_offset({c.rows, 3}, mesh, {Shard{0}});
-    EXPECT_EQ(shape, (Shape{c.per_rank[rank()], 3}));
-    EXPECT_EQ(compute_local_shape({c.rows, 3}, mesh, {Shard{0}}), shape);
+  const int64_t n = ranks();
+  DeviceMesh mesh = init_device_mesh(device_type(), {n});
+  // On 4 ranks: 10 rows are 3, 3, 3, 1; 5 rows 2, 2, 1, 0; 2 rows 1, 1, 0, 0.
+  for (int64_t rows : {2 * n + 2, n + 1, n / 2}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows");
+    // torch.chunk's pieces; ranks past the last piece get none.
+    const std::vector<at::Tensor> chunks = rows ? at::arange(rows).chunk(n) : std::vector<at::Tensor>{};
+    const int64_t mine = rank() < static_cast<int64_t>(chunks.size()) ? chunks[rank()].numel() : 0;
+    auto [shape, offset] = compute_local_shape_and_global_offset({rows, 3}, mesh, {Shard{0}});
+    EXPECT_EQ(shape, (Shape{mine, 3}));
+    EXPECT_EQ(compute_local_shape({rows, 3}, mesh, {Shard{0}}), shape);
     // Every rank's rows, gathered, tile the tensor exactly once.
-    at::Tensor sizes = at::zeros({4}, at::kLong);
+    at::Tensor sizes = at::zeros({n}, at::kLong);
     sizes[rank()] = shape[0];
     mesh.get_group(0)->all_reduce(sizes);
     EXPECT_EQ(offset[0], sizes.narrow(0, 0, rank()).sum().item<int64_t>());
-    EXPECT_EQ(sizes.sum().item<int64_t>(), c.rows);
+    EXPECT_EQ(sizes.sum().item<int64_t>(), rows);
   }
 }
 
 DTENSOR_TEST_F(ShardMathThreaded, TwoDimMeshUsesThisRanksCoordinate) {
-  DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  DeviceMesh mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"});
   const std::vector<Placement> ps = {Shard{0}, Shard{0}};
   EXPECT_EQ(compute_local_shape_and_global_offset({10, 5}, mesh, ps),
-            compute_local_shape_and_global_offset({10, 5}, {2, 2}, ps, mesh.get_coordinate()));
+            compute_local_shape_and_global_offset({10, 5}, mesh_shape_2d(), ps, mesh.get_coordinate()));
   // Slicing keeps this rank's coordinate: a 1-D sub-mesh splits like a 1-D mesh.
   EXPECT_EQ(compute_local_shape({9, 5}, mesh["tp"], {Shard{0}}), (Shape{rank() % 2 ? 4 : 5, 5}));
 }
@@ -694,7 +773,8 @@ TensorMeta contiguous_meta(Shape shape, at::ScalarType dtype = at::kFloat) {
 }
 
 DTENSOR_TEST_F(DTensorSpecThreaded, DimMapShardCountAndPredicates) {
-  DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  DeviceMesh mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"});
+  const int64_t dp = mesh.size(0), tp = mesh.size(1), n = ranks();
   struct Case {
     std::vector<Placement> placements;
     std::vector<std::vector<int64_t>> dim_map;
@@ -702,11 +782,11 @@ DTENSOR_TEST_F(DTensorSpecThreaded, DimMapShardCountAndPredicates) {
     bool replicated, partial;
   };
   const std::vector<Case> cases = {
-      {{Shard{0}, Replicate{}}, {{0}, {}}, 2, false, false},
-      {{Shard{0}, Shard{0}}, {{0, 1}, {}}, 4, false, false},
-      {{Shard{-1}, Shard{0}}, {{1}, {0}}, 4, false, false},
+      {{Shard{0}, Replicate{}}, {{0}, {}}, dp, false, false},
+      {{Shard{0}, Shard{0}}, {{0, 1}, {}}, n, false, false},
+      {{Shard{-1}, Shard{0}}, {{1}, {0}}, n, false, false},
       {{Replicate{}, Replicate{}}, {{}, {}}, 1, true, false},
-      {{Partial{}, Shard{1}}, {{}, {1}}, 2, false, true},
+      {{Partial{}, Shard{1}}, {{}, {1}}, tp, false, true},
   };
   for (const auto& c : cases) {
     DTensorSpec spec{mesh, c.placements, contiguous_meta({8, 4})};
@@ -720,11 +800,11 @@ DTENSOR_TEST_F(DTensorSpecThreaded, DimMapShardCountAndPredicates) {
 }
 
 DTENSOR_TEST_F(DTensorSpecThreaded, PrintsMeshPlacementsAndShape) {
-  DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  DeviceMesh mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"});
   DTensorSpec spec{mesh, {Shard{-2}, Replicate{}}, contiguous_meta({8, 4})};
   const std::string expected =
-      "DTensorSpec(mesh=DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp')), "
-      "placements=(Shard(dim=0), Replicate()), shape=[8, 4])";
+      "DTensorSpec(mesh=DeviceMesh('" + device_type() + "', " + py_grid(ranks() / 2, 2) +
+      ", mesh_dim_names=('dp', 'tp')), placements=(Shard(dim=0), Replicate()), shape=[8, 4])";
   EXPECT_EQ(spec.to_string(), expected);
   std::ostringstream os;
   os << spec;
@@ -732,10 +812,10 @@ DTENSOR_TEST_F(DTensorSpecThreaded, PrintsMeshPlacementsAndShape) {
 }
 
 DTENSOR_TEST_F(DTensorSpecThreaded, EqualityAndHashMakeACacheKey) {
-  DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  DeviceMesh mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"});
   const DTensorSpec base{mesh, {Shard{0}, Replicate{}}, contiguous_meta({8, 4})};
   // Built separately (negative dim, a separately built equal mesh): still the same key.
-  const DTensorSpec same{DeviceMesh("cpu", ranks({0, 1, 2, 3}, {2, 2}), {"dp", "tp"}),
+  const DTensorSpec same{DeviceMesh(device_type(), rank_range(0, ranks()).reshape(mesh_shape_2d()), {"dp", "tp"}),
                          {Shard{-2}, Replicate{}}, contiguous_meta({8, 4})};
   EXPECT_EQ(base, same);
   EXPECT_EQ(hash_value(base), hash_value(same));
@@ -749,7 +829,7 @@ DTENSOR_TEST_F(DTensorSpecThreaded, EqualityAndHashMakeACacheKey) {
       {"shape", {mesh, {Shard{0}, Replicate{}}, contiguous_meta({4, 8})}},
       {"stride", {mesh, {Shard{0}, Replicate{}}, TensorMeta{{8, 4}, {1, 8}, at::kFloat}}},
       {"dtype", {mesh, {Shard{0}, Replicate{}}, contiguous_meta({8, 4}, at::kDouble)}},
-      {"mesh", {init_device_mesh("cpu", {2, 2}), {Shard{0}, Replicate{}}, contiguous_meta({8, 4})}},
+      {"mesh", {init_device_mesh(device_type(), mesh_shape_2d()), {Shard{0}, Replicate{}}, contiguous_meta({8, 4})}},
   };
   std::unordered_map<DTensorSpec, std::string> cache;
   cache.emplace(base, "base");
@@ -764,11 +844,11 @@ DTENSOR_TEST_F(DTensorSpecThreaded, EqualityAndHashMakeACacheKey) {
 }
 
 DTENSOR_TEST_F(DTensorSpecThreaded, RejectsPlacementsThatDoNotFit) {
-  DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  DeviceMesh mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"});
   expect_errors({
       {"placement count", [&] { DTensorSpec(mesh, {Shard{0}}, contiguous_meta({8})); },
-       "DTensorSpec: 1 placements (Shard(dim=0),) for DeviceMesh('cpu', [[0, 1], [2, 3]], "
-       "mesh_dim_names=('dp', 'tp')) with 2 dims; pass one placement per mesh dim"},
+       "DTensorSpec: 1 placements (Shard(dim=0),) for DeviceMesh('" + device_type() + "', " +
+           py_grid(ranks() / 2, 2) + ", mesh_dim_names=('dp', 'tp')) with 2 dims; pass one placement per mesh dim"},
       {"shard dim", [&] { DTensorSpec(mesh, {Shard{2}, Replicate{}}, contiguous_meta({8, 4})); },
        "placements=(Shard(dim=2), Replicate()), shape=[8, 4]): Shard(dim=2) is out of range for "
        "a tensor with ndim=2"},

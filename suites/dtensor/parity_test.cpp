@@ -26,13 +26,20 @@ using testing::error_of;
 
 class Parity : public testing::MultiThreadedTest {
  protected:
-  // A 1-D mesh over the 4 ranks whose collectives are counted.
-  DeviceMesh counted_mesh(std::vector<int64_t> shape = {4}) {
+  // A 1-D mesh over all ranks whose collectives are counted.
+  DeviceMesh counted_mesh() {
     counting_ = std::make_shared<CountingGroup>(group_ptr());
-    return init_device_mesh("cpu", shape, {}, counting_);
+    return init_device_mesh(device_type(), {ranks()}, {}, counting_);
   }
   std::shared_ptr<CountingGroup> counting_;
 };
+
+// PyTorch's repr of a 1-D rank list: "[0, 2]".
+std::string py_list(const at::Tensor& ranks) {
+  std::string s = "[";
+  for (int64_t i = 0; i < ranks.numel(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i].item<int64_t>());
+  return s + "]";
+}
 class ParityGloo : public testing::MultiProcessTest {};
 
 // ---- 12. Redistributing to Partial is refused (test_redistribute.py test_replicate_to_partial) --
@@ -79,7 +86,7 @@ DTENSOR_TEST_F(Parity, PartialInputGradientStaysPartial) {
   // A Replicate gradient of a Partial input becomes Replicate (no Replicate -> Partial).
   at::Tensor leaf = DTensor(at::full({2, 3}, rank() + 1.0f), get_spec(x), true);
   at::Tensor r = redistribute(leaf, {Replicate{}});
-  EXPECT_TRUE(at::equal(local_tensor(r), at::full({2, 3}, 10.0)));
+  EXPECT_TRUE(at::equal(local_tensor(r), at::full({2, 3}, ranks() * (ranks() + 1) / 2.0)));  // 1 + ... + n
   counting_->reset();
   (r * 3).sum().backward();
   EXPECT_EQ(counting_->collectives(), 0);
@@ -90,19 +97,22 @@ DTENSOR_TEST_F(Parity, PartialInputGradientStaysPartial) {
 // ---- 14. run_check checks requires_grad (PyTorch's check_tensor_meta) -------------------------
 
 DTENSOR_TEST_F(Parity, FromLocalRunCheckComparesRequiresGradAndBroadcastsReplicas) {
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
   at::Tensor local = at::ones({2, 3}).requires_grad_(rank() != 1);
   EXPECT_PRED2(contains, error_of([&] { from_local(local, mesh, {Shard{0}}, /*run_check=*/true); }),
                "rank 1 passed a local tensor with requires_grad=false but rank 0 with requires_grad=true");
-  // Uneven local shapes need the global shape (check_tensor_meta compares shapes).
-  at::Tensor uneven = at::ones({rank() < 3 ? 3 : 1, 2});
+  // Uneven local shapes need the global shape (check_tensor_meta compares shapes): 2n - 1
+  // rows are 2 per rank and 1 on the last.
+  const int last = ranks() - 1;
+  const int64_t rows = 2 * ranks() - 1;
+  at::Tensor uneven = at::ones({rank() < last ? 2 : 1, 2});
   EXPECT_PRED2(contains, error_of([&] { from_local(uneven, mesh, {Shard{0}}, true); }),
-               "the local tensors are uneven (dim 0: rank 3 has size 1, rank 0 has 3)");
+               "the local tensors are uneven (dim 0: rank " + std::to_string(last) + " has size 1, rank 0 has 2)");
   FromLocalOptions o;
   o.run_check = true;
-  o.shape = std::vector<int64_t>{10, 2};
+  o.shape = std::vector<int64_t>{rows, 2};
   o.stride = std::vector<int64_t>{2, 1};
-  EXPECT_EQ(from_local(uneven, mesh, {Shard{0}}, o).sizes(), (c10::IntArrayRef{10, 2}));
+  EXPECT_EQ(from_local(uneven, mesh, {Shard{0}}, o).sizes(), (c10::IntArrayRef{rows, 2}));
   // Replicate: the first rank's values reach every rank; the caller's tensor is untouched.
   at::Tensor mine = at::full({2}, static_cast<double>(rank()));
   at::Tensor rep = from_local(mine, mesh, {Replicate{}}, true);
@@ -113,7 +123,7 @@ DTENSOR_TEST_F(Parity, FromLocalRunCheckComparesRequiresGradAndBroadcastsReplica
 // ---- 15. A one-element plain tensor is replicated implicitly ---------------------------------
 
 DTENSOR_TEST_F(Parity, OneElementPlainTensorsAreReplicatedImplicitly) {
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
   at::Tensor g = at::arange(32, at::kFloat).reshape({8, 4});
   at::Tensor x = distribute_tensor(g, mesh, {Shard{0}});
   for (at::Tensor scalar : {at::full({1}, 2.0f), at::full({1, 1}, 2.0f), at::full({}, 2.0f)}) {
@@ -130,7 +140,7 @@ DTENSOR_TEST_F(Parity, OneElementPlainTensorsAreReplicatedImplicitly) {
 // ---- 16. fill_ and zero_ on a Partial tensor keep it Partial ---------------------------------
 
 DTENSOR_TEST_F(Parity, FillOnPartialKeepsPartial) {
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
   for (auto op : {comm::ReduceOp::SUM, comm::ReduceOp::MAX}) {
     SCOPED_TRACE(comm::to_string(op));
     at::Tensor p = from_local(at::full({3, 2}, rank() + 1.0f), mesh, {Partial(op)});
@@ -138,7 +148,7 @@ DTENSOR_TEST_F(Parity, FillOnPartialKeepsPartial) {
     EXPECT_EQ(get_spec(p).placements, std::vector<Placement>{Partial(op)});
     // Every rank's local tensor holds the value (aten.fill_.Scalar's single-input strategy).
     EXPECT_TRUE(at::equal(local_tensor(p), at::full({3, 2}, 3.0f)));
-    EXPECT_TRUE(at::equal(full_tensor(p), at::full({3, 2}, op == comm::ReduceOp::SUM ? 12.0f : 3.0f)));
+    EXPECT_TRUE(at::equal(full_tensor(p), at::full({3, 2}, op == comm::ReduceOp::SUM ? 3.0f * ranks() : 3.0f)));
     p.zero_();
     EXPECT_EQ(get_spec(p).placements, std::vector<Placement>{Partial(op)});
     EXPECT_TRUE(at::equal(full_tensor(p), at::zeros({3, 2})));
@@ -190,17 +200,17 @@ DTENSOR_TEST_F(ParityGloo, OneRankBody) { EXPECT_GE(rank(), 0); }
 // ---- 1. grad_placements (test_dtensor.py test_full_tensor_grad_hint, test_to_local) -----------
 
 DTENSOR_TEST_F(Parity, FullTensorGradHint) {
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
   at::Tensor global = at::ones({8, 3}).requires_grad_(true);
   at::Tensor sharded = distribute_tensor(global, mesh, {Shard{0}});
   at::Tensor local_out = full_tensor(sharded, std::vector<Placement>{Partial{}});
   local_out.sum().backward();
   at::Tensor replica_grad = full_tensor(sharded.grad());
-  EXPECT_TRUE(at::equal(replica_grad, global.detach() * 4));
+  EXPECT_TRUE(at::equal(replica_grad, global.detach() * ranks()));
 }
 
 DTENSOR_TEST_F(Parity, ToLocalGradPlacements) {
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
   at::Tensor x = distribute_tensor(at::ones({8, 3}).requires_grad_(true), mesh, {Replicate{}});
   // The local result is used as a Partial (e.g. fed to a row-parallel matmul): each rank's
   // gradient is a share, and the gradient of x is their sum.
@@ -209,7 +219,7 @@ DTENSOR_TEST_F(Parity, ToLocalGradPlacements) {
   // The leaf keeps the gradient as the hint lays it out (PyTorch: x.grad is Partial).
   EXPECT_EQ(get_spec(x.grad()).placements, std::vector<Placement>{Partial{}});
   EXPECT_TRUE(at::equal(local_tensor(x.grad()), at::full({8, 3}, rank() + 1.0f)));
-  EXPECT_TRUE(at::equal(full_tensor(x.grad()), at::full({8, 3}, 10.0f)));
+  EXPECT_TRUE(at::equal(full_tensor(x.grad()), at::full({8, 3}, ranks() * (ranks() + 1) / 2.0f)));
   // Without the hint the gradient is taken as laid out like x (Replicate): no reduction.
   at::Tensor y = distribute_tensor(at::ones({8, 3}).requires_grad_(true), mesh, {Replicate{}});
   (to_local(y) * (rank() + 1)).sum().backward();
@@ -243,7 +253,7 @@ DTENSOR_TEST_F(Parity, RedistributeForwardBackwardDtypes) {
     at::Tensor grad = sharded.grad();
     EXPECT_EQ(get_spec(grad).placements, std::vector<Placement>{Shard{0}});
     EXPECT_EQ(local_tensor(grad).scalar_type(), at::kFloat);
-    EXPECT_TRUE(at::equal(local_tensor(grad), at::ones({3, 3})));
+    EXPECT_TRUE(at::equal(local_tensor(grad), at::ones(local_tensor(sharded).sizes())));
   }
   // async_op is accepted; the result is complete on return.
   RedistributeOptions async;
@@ -256,9 +266,9 @@ DTENSOR_TEST_F(Parity, RedistributeForwardBackwardDtypes) {
 //         test_from_local_uneven_sharding_raise_error) --------------------------------------------
 
 DTENSOR_TEST_F(Parity, FromLocalShapeAndStride) {
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
   at::Tensor global = at::arange(10, at::kFloat).reshape({5, 2});
-  auto pieces = split_tensor(Shard{0}, global, 4);
+  auto pieces = split_tensor(Shard{0}, global, ranks());
   FromLocalOptions o;
   o.shape = global.sizes().vec();
   o.stride = global.strides().vec();
@@ -277,16 +287,16 @@ DTENSOR_TEST_F(Parity, FromLocalShapeAndStride) {
   // A permuted local tensor gives PyTorch's global strides (compute_global_tensor_info).
   at::Tensor permuted = at::arange(8, at::kFloat).reshape({4, 2}).t();  // [2, 4], strides [1, 2]
   at::Tensor p = from_local(permuted, mesh, {Shard{0}});
-  EXPECT_EQ(p.sizes(), (c10::IntArrayRef{8, 4}));
-  EXPECT_EQ(p.strides(), (c10::IntArrayRef{1, 8}));
-  EXPECT_TRUE(at::equal(full_tensor(p + 1), at::cat({permuted, permuted, permuted, permuted}) + 1));
+  EXPECT_EQ(p.sizes(), (c10::IntArrayRef{2 * ranks(), 4}));
+  EXPECT_EQ(p.strides(), (c10::IntArrayRef{1, 2 * ranks()}));
+  EXPECT_TRUE(at::equal(full_tensor(p + 1), at::cat(std::vector<at::Tensor>(ranks(), permuted)) + 1));
 }
 
 // ---- 4. The DTensor constructor: no communication ---------------------------------------------
 
 DTENSOR_TEST_F(Parity, DTensorConstructor) {
   auto mesh = counted_mesh();
-  DTensorSpec spec(mesh, {Shard{0}}, TensorMeta{{8, 2}, {2, 1}, at::kFloat});
+  DTensorSpec spec(mesh, {Shard{0}}, TensorMeta{{2 * ranks(), 2}, {2, 1}, at::kFloat});
   at::Tensor local = at::full({2, 2}, static_cast<float>(rank()));
   counting_->reset();
   at::Tensor dt = DTensor(local, spec, /*requires_grad=*/true);
@@ -304,8 +314,8 @@ DTENSOR_TEST_F(Parity, DTensorConstructor) {
 // ---- 6. The current mesh (PyTorch's `with mesh:`) ----------------------------------------------
 
 DTENSOR_TEST_F(Parity, DeviceMeshGuardMakesTheMeshOptional) {
-  auto mesh = init_device_mesh("cpu", {4});
-  auto mesh2 = init_device_mesh("cpu", {2, 2});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
+  auto mesh2 = init_device_mesh(device_type(), mesh_shape_2d());
   EXPECT_FALSE(has_current_mesh());
   EXPECT_PRED2(contains, error_of([&] { distribute_tensor(at::ones({4}), {Shard{0}}); }), "no current DeviceMesh");
   {
@@ -318,7 +328,7 @@ DTENSOR_TEST_F(Parity, DeviceMeshGuardMakesTheMeshOptional) {
       DeviceMeshGuard inner(mesh2);
       at::Tensor y = from_local(at::ones({2, 2}), {Shard{0}, Replicate{}});
       EXPECT_EQ(get_spec(y).mesh, mesh2);
-      EXPECT_EQ(y.sizes(), (c10::IntArrayRef{4, 2}));
+      EXPECT_EQ(y.sizes(), (c10::IntArrayRef{ranks(), 2}));
     }
     EXPECT_EQ(current_mesh(), mesh);
   }
@@ -355,31 +365,35 @@ TEST(ParityPlacementHelpers, SplitTensorAndUnpad) {
 
 DTENSOR_TEST_F(Parity, ShardDimAlltoall) {
   auto mesh = counted_mesh();
-  at::Tensor global = at::arange(96, at::kFloat).reshape({8, 12});
-  at::Tensor local = global.chunk(4, 0)[static_cast<size_t>(rank())];
+  const int64_t n = ranks();
+  at::Tensor global = at::arange(6 * n * n, at::kFloat).reshape({2 * n, 3 * n});
+  at::Tensor local = global.chunk(n, 0)[static_cast<size_t>(rank())];
   counting_->reset();
   at::Tensor out = shard_dim_alltoall(local, 0, 1, mesh, 0);
   EXPECT_EQ(counting_->collectives(), 1);
   EXPECT_EQ(counting_->counts()["all_to_all_single"], 1);
-  EXPECT_TRUE(at::equal(out, global.chunk(4, 1)[static_cast<size_t>(rank())]));
+  EXPECT_TRUE(at::equal(out, global.chunk(n, 1)[static_cast<size_t>(rank())]));
 }
 
 DTENSOR_TEST_F(Parity, ShardTensorAndSrcDataRank) {
   auto mesh = counted_mesh();
-  at::Tensor global = at::arange(20, at::kFloat).reshape({10, 2});
+  const int64_t n = ranks(), rows = 2 * n - 1;  // uneven: 2 rows per rank, 1 on the last
+  at::Tensor global = at::arange(2 * rows, at::kFloat).reshape({rows, 2});
   at::Tensor mine = global + rank();  // every rank passes different values
   counting_->reset();
   at::Tensor local_only = _shard_tensor(mine, {Shard{0}}, mesh);
   EXPECT_EQ(counting_->collectives(), 0);
-  EXPECT_TRUE(at::equal(local_tensor(local_only), mine.chunk(4, 0)[static_cast<size_t>(rank())]));
-  EXPECT_EQ(local_only.sizes(), (c10::IntArrayRef{10, 2}));
+  EXPECT_TRUE(at::equal(local_tensor(local_only), mine.chunk(n, 0)[static_cast<size_t>(rank())]));
+  EXPECT_EQ(local_only.sizes(), (c10::IntArrayRef{rows, 2}));
   counting_->reset();
-  at::Tensor from_two = distribute_tensor(mine, mesh, {Shard{0}}, /*src_data_rank=*/2);
+  const int64_t last = n - 1;
+  at::Tensor from_last = distribute_tensor(mine, mesh, {Shard{0}}, /*src_data_rank=*/last);
   EXPECT_EQ(counting_->counts()["broadcast"], 1);
-  EXPECT_TRUE(at::equal(full_tensor(from_two), global + 2));
+  EXPECT_TRUE(at::equal(full_tensor(from_last), global + last));
   EXPECT_TRUE(at::equal(full_tensor(distribute_tensor(mine, mesh, {Replicate{}})), global));
-  EXPECT_PRED2(contains, error_of([&] { distribute_tensor(mine, mesh, {Shard{0}}, 4); }),
-               "src_data_rank 4 is not a coordinate of mesh dim 0 (size 4)");
+  EXPECT_PRED2(contains, error_of([&] { distribute_tensor(mine, mesh, {Shard{0}}, n); }),
+               "src_data_rank " + std::to_string(n) + " is not a coordinate of mesh dim 0 (size " +
+                   std::to_string(n) + ")");
 }
 
 // ---- distribute_tensor to Partial (PyTorch: replicate, then Partial._partition_value) --------
@@ -389,7 +403,7 @@ DTENSOR_TEST_F(Parity, DistributeTensorToPartialPartitionsTheValue) {
   const at::Tensor x = at::arange(8, at::kFloat).reshape({2, 4});
   at::Tensor sum = distribute_tensor(x, mesh, {Partial{}});
   EXPECT_EQ(get_spec(sum).placements, std::vector<Placement>{Partial{}});
-  EXPECT_TRUE(at::equal(local_tensor(sum), x / 4));  // _partition_value: tensor / num_chunks
+  EXPECT_TRUE(at::equal(local_tensor(sum), x / ranks()));  // _partition_value: tensor / num_chunks
   EXPECT_TRUE(at::allclose(full_tensor(sum), x));
   for (auto op : {comm::ReduceOp::AVG, comm::ReduceOp::MAX, comm::ReduceOp::MIN}) {
     SCOPED_TRACE(comm::to_string(op));
@@ -403,17 +417,17 @@ DTENSOR_TEST_F(Parity, DistributeTensorToPartialPartitionsTheValue) {
   EXPECT_TRUE(at::equal(local_tensor(pi), rank() == 0 ? xi : at::zeros_like(xi)));
   EXPECT_TRUE(at::equal(full_tensor(pi), xi));
   // 2-D: Partial on one dim, Shard on the other.
-  auto mesh2 = init_device_mesh("cpu", {2, 2});
+  auto mesh2 = init_device_mesh(device_type(), mesh_shape_2d());
   const at::Tensor y = at::arange(16, at::kFloat).reshape({4, 4});
   at::Tensor ps = distribute_tensor(y, mesh2, {Partial{}, Shard{0}});
-  EXPECT_TRUE(at::equal(local_tensor(ps), y.chunk(2, 0)[static_cast<size_t>(rank() % 2)] / 2));
+  EXPECT_TRUE(at::equal(local_tensor(ps), y.chunk(2, 0)[static_cast<size_t>(rank() % 2)] / mesh2.size(0)));
   EXPECT_TRUE(at::allclose(full_tensor(ps), y));
 }
 
 // ---- 8. libtorch's serialization of a DTensor raises, saying how to save it -------------------
 
 DTENSOR_TEST_F(Parity, TorchSaveOfADTensorSaysHowToSaveIt) {
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
   at::Tensor dt = distribute_tensor(at::ones({4, 2}), mesh, {Shard{0}});
   std::ostringstream os;
   const std::string err = error_of([&] { torch::save(dt, os); });
@@ -442,9 +456,11 @@ DTENSOR_TEST_F(Parity, TorchSaveOfADTensorSaysHowToSaveIt) {
   torch::load(target, saved);
   EXPECT_EQ(get_spec(target->weight).placements, std::vector<Placement>{Shard{0}});
   EXPECT_EQ(get_spec(target->bias).placements, std::vector<Placement>{Replicate{}});
-  // torch.chunk of 3 rows over 4 ranks: one row each on ranks 0-2, none on rank 3.
+  // torch.chunk of 3 rows over the ranks (on 4: one row each on ranks 0-2, none on rank 3).
+  const at::Tensor whole = at::arange(6, at::kFloat).reshape({3, 2});
+  const std::vector<at::Tensor> rows = whole.chunk(ranks(), 0);
   EXPECT_TRUE(at::equal(local_tensor(target->weight),
-                        at::arange(6, at::kFloat).reshape({3, 2}).narrow(0, std::min(rank(), 3), rank() < 3 ? 1 : 0)));
+                        rank() < static_cast<int>(rows.size()) ? rows[static_cast<size_t>(rank())] : whole.narrow(0, 3, 0)));
   EXPECT_TRUE(at::equal(full_tensor(target->weight), plain->weight));
   EXPECT_TRUE(at::equal(full_tensor(target->bias), plain->bias));
   // A checkpoint of another shape is refused, naming both.
@@ -458,7 +474,10 @@ DTENSOR_TEST_F(Parity, TorchSaveOfADTensorSaysHowToSaveIt) {
 // ---- 5. DTensors on a mesh over a subset of the world (test_dtensor.py DTensorMeshTest
 // test_from_local_sub_mesh, test_default_value_sub_mesh, test_redistribute_sub_mesh) -----------
 
-// The local tensor on ranks 0 and 2 (the mesh), an empty one elsewhere.
+// The even ranks, the sub-mesh of the tests below (PyTorch's [0, 2] on 4 ranks).
+at::Tensor even_ranks(int64_t n) { return at::arange(0, n, 2, at::kLong); }
+
+// The local tensor on the even ranks (the mesh), an empty one elsewhere.
 void expect_sub_mesh_local(int rank, const at::Tensor& expected_in_mesh, const at::Tensor& local) {
   if (rank % 2 == 0) {
     EXPECT_TRUE(at::equal(local, expected_in_mesh)) << local;
@@ -470,37 +489,38 @@ void expect_sub_mesh_local(int rank, const at::Tensor& expected_in_mesh, const a
 
 DTENSOR_TEST_F(Parity, SubMeshFromLocalOpsAndRedistribute) {
   counting_ = std::make_shared<CountingGroup>(group_ptr());
-  DeviceMesh mesh("cpu", at::tensor({0, 2}, at::kLong), {}, counting_);
+  DeviceMesh mesh(device_type(), even_ranks(ranks()), {}, counting_);
+  const int64_t m = mesh.size();
   counting_->reset();
   at::Tensor dt = from_local(at::ones({3, 4}), mesh, {Shard{0}});
-  EXPECT_EQ(dt.sizes(), (c10::IntArrayRef{6, 4}));
+  EXPECT_EQ(dt.sizes(), (c10::IntArrayRef{3 * m, 4}));
   expect_sub_mesh_local(rank(), at::ones({3, 4}), to_local(dt));
-  // Only ranks 0 and 2 compute.
+  // Only the mesh's ranks compute.
   at::Tensor plus = dt + 2;
-  EXPECT_EQ(plus.sizes(), (c10::IntArrayRef{6, 4}));
+  EXPECT_EQ(plus.sizes(), (c10::IntArrayRef{3 * m, 4}));
   EXPECT_EQ(get_spec(plus).placements, std::vector<Placement>{Shard{0}});
   expect_sub_mesh_local(rank(), at::ones({3, 4}) + 2, to_local(plus));
   // Redistribute on the submesh: ranks outside it communicate nothing.
   at::Tensor sharded = from_local(at::ones({4, 3}), mesh, {Shard{0}});
   at::Tensor replicated = redistribute(sharded, {Replicate{}});
-  expect_sub_mesh_local(rank(), at::ones({8, 3}), to_local(replicated));
+  expect_sub_mesh_local(rank(), at::ones({4 * m, 3}), to_local(replicated));
   at::Tensor again = redistribute(replicated, {Shard{0}});
   expect_sub_mesh_local(rank(), at::ones({4, 3}), to_local(again));
-  expect_sub_mesh_local(rank(), at::ones({8, 3}), full_tensor(again));
+  expect_sub_mesh_local(rank(), at::ones({4 * m, 3}), full_tensor(again));
   // A matmul and a reduction with a gradient, on the members only.
   at::Tensor w = distribute_tensor(at::ones({3, 2}), mesh, {Replicate{}}).requires_grad_(true);
   at::Tensor y = at::mm(sharded, w);
-  EXPECT_EQ(y.sizes(), (c10::IntArrayRef{8, 2}));
+  EXPECT_EQ(y.sizes(), (c10::IntArrayRef{4 * m, 2}));
   expect_sub_mesh_local(rank(), at::full({4, 2}, 3.0), to_local(y));
   y.sum().backward();
   ASSERT_TRUE(w.grad().defined());
-  expect_sub_mesh_local(rank(), at::full({3, 2}, 8.0), full_tensor(w.grad()));
+  expect_sub_mesh_local(rank(), at::full({3, 2}, 4.0 * m), full_tensor(w.grad()));
   if (rank() % 2 == 1) EXPECT_EQ(counting_->collectives(), 0);
-  else EXPECT_GT(counting_->collectives(), 0);
+  else if (m > 1) EXPECT_GT(counting_->collectives(), 0);  // a mesh of one rank needs none
 }
 
 DTENSOR_TEST_F(Parity, SubMeshDefaultValues) {
-  DeviceMesh mesh("cpu", at::tensor({0, 2}, at::kLong));
+  DeviceMesh mesh(device_type(), even_ranks(ranks()));
   at::Tensor a = from_local(at::ones({4, 3}), mesh, {Shard{0}});
   at::Tensor b = from_local(at::ones({4, 3}), mesh, {Shard{0}});
   EXPECT_TRUE(a.equal(b));  // a scalar result: true outside the mesh
@@ -513,37 +533,50 @@ DTENSOR_TEST_F(Parity, SubMeshDefaultValues) {
   auto parts = c.split({2, 2}, 1);
   ASSERT_EQ(parts.size(), 2u);
   for (const auto& p : parts) {
-    EXPECT_EQ(p.sizes(), (c10::IntArrayRef{6, 2}));
+    EXPECT_EQ(p.sizes(), (c10::IntArrayRef{3 * mesh.size(), 2}));
     expect_sub_mesh_local(rank(), at::ones({3, 2}), to_local(p));
   }
   // A non-tensor result that only the mesh can compute: a clear error outside it.
   at::Tensor one = distribute_tensor(at::ones({1}), mesh, {Replicate{}});
   if (rank() % 2 == 0) EXPECT_EQ(one.item<float>(), 1.0f);
-  else EXPECT_PRED2(contains, error_of([&] { one.item<float>(); }), "which is not in DeviceMesh('cpu', [0, 2])");
+  else
+    EXPECT_PRED2(contains, error_of([&] { one.item<float>(); }),
+                 "which is not in DeviceMesh('" + device_type() + "', " + py_list(even_ranks(ranks())) + ")");
 }
 
 DTENSOR_TEST_F(Parity, SubMeshDistributeTensorAndRunCheck) {
+  DTENSOR_REQUIRE_WORLD_SIZE_AT_LEAST(4);  // a sub-mesh of two ranks or more, rank 0 not first
   counting_ = std::make_shared<CountingGroup>(group_ptr());
-  DeviceMesh mesh("cpu", at::tensor({2, 0}, at::kLong), {}, counting_);  // rank 2 first
+  // The even ranks, descending: on 4 ranks [2, 0], rank 2 first.
+  const at::Tensor members = even_ranks(ranks()).flip(0).contiguous();
+  const int64_t first = members[0].item<int64_t>(), m = members.numel();
+  DeviceMesh mesh(device_type(), members, {}, counting_);
   at::Tensor global = at::arange(12, at::kFloat).reshape({4, 3});
   counting_->reset();
   at::Tensor dt = distribute_tensor(global + rank(), mesh, {Shard{0}}, /*src_data_rank=*/0);
   EXPECT_EQ(dt.sizes(), (c10::IntArrayRef{4, 3}));
-  // The values of the mesh's first rank (2), rank 2 holding rows 0-1.
-  const at::Tensor want = (global + 2).chunk(2, 0)[rank() == 2 ? 0 : 1];
-  expect_sub_mesh_local(rank(), want, to_local(dt));
-  expect_sub_mesh_local(rank(), global + 2, full_tensor(dt));
+  // The values of the mesh's first rank, each member holding the rows of its coordinate.
+  if (rank() % 2 == 0) {
+    const std::vector<at::Tensor> pieces = (global + first).chunk(m, 0);
+    const size_t coordinate = static_cast<size_t>((first - rank()) / 2);
+    const at::Tensor want = coordinate < pieces.size() ? pieces[coordinate] : global.narrow(0, 4, 0);
+    EXPECT_TRUE(at::equal(to_local(dt), want)) << to_local(dt);
+  } else {
+    expect_sub_mesh_local(rank(), global, to_local(dt));
+  }
+  expect_sub_mesh_local(rank(), global + first, full_tensor(dt));
   if (rank() % 2 == 1) EXPECT_EQ(counting_->collectives(), 0);
-  // run_check among the mesh's ranks only: rank 0 differs from rank 2 (the mesh's first).
+  // run_check among the mesh's ranks only: rank 0 differs from the mesh's first rank.
   at::Tensor local = at::ones({2, 3}).requires_grad_(rank() != 0);
   const std::string err = error_of([&] { from_local(local, mesh, {Shard{0}}, /*run_check=*/true); });
   if (rank() % 2 == 0)
-    EXPECT_PRED2(contains, err, "rank 0 passed a local tensor with requires_grad=false but rank 2 with requires_grad=true");
+    EXPECT_PRED2(contains, err, "rank 0 passed a local tensor with requires_grad=false but rank " +
+                                    std::to_string(first) + " with requires_grad=true");
   else
     EXPECT_EQ(err, "<no error>");
   // Replicate with run_check: the mesh's first rank's values.
   at::Tensor rep = from_local(at::full({2}, static_cast<double>(rank())), mesh, {Replicate{}}, true);
-  expect_sub_mesh_local(rank(), at::full({2}, 2.0), to_local(rep));
+  expect_sub_mesh_local(rank(), at::full({2}, static_cast<double>(first)), to_local(rep));
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // printing, equality and hashing; the split order and the local shape / offset math against
 // hand-written orders on 2-D and 3-D meshes, even and uneven; the refusals PyTorch makes; and
 // distribute_tensor / redistribute / full_tensor / from_local against the single-device tensor
-// on 4 ranks (threads, and Gloo for the 2x2 case).
+// on meshes over all ranks of any even world size (threads, and processes for the (n/2, 2)
+// case).
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
 #include "suites/testing/counting_group.h"
@@ -216,57 +217,61 @@ at::Tensor box_of(const at::Tensor& g, const DeviceMesh& mesh, const Placements&
   return t;
 }
 
-// Every transition into and out of the strided layouts of `strided` on `mesh_shape`, against
-// the single-device tensor.
-void check_strided_redistribution(const Shape& mesh_shape, const std::vector<Placements>& strided,
-                                  const std::vector<Placements>& others, const std::vector<Shape>& shapes) {
-  auto mesh = init_device_mesh("cpu", mesh_shape);
+// Every transition into and out of the strided layouts of `strided` on `mesh_shape` (on the
+// rank's device), against the single-device tensor.
+void check_strided_redistribution(const testing::MultiRankTest& t, const Shape& mesh_shape,
+                                  const std::vector<Placements>& strided, const std::vector<Placements>& others,
+                                  const std::vector<Shape>& shapes) {
+  auto mesh = init_device_mesh(t.device_type(), mesh_shape);
   for (const Shape& shape : shapes) {
     const at::Tensor g = global_input(shape);
     for (const Placements& s : strided) {
       SCOPED_TRACE(::testing::Message() << c10::IntArrayRef(shape) << " " << to_string(s));
       at::Tensor x = distribute_tensor(g, mesh, s);
       EXPECT_EQ(get_spec(x).placements, s);
-      ASSERT_TRUE(at::equal(local_tensor(x), box_of(g, mesh, s)));
-      EXPECT_TRUE(at::equal(full_tensor(x), g));
+      ASSERT_TRUE(at::equal(local_tensor(x).cpu(), box_of(g, mesh, s)));
+      EXPECT_TRUE(at::equal(full_tensor(x).cpu(), g));
       // from_local with the global shape gives the same DTensor.
       at::Tensor y = from_local(box_of(g, mesh, s).clone(), mesh, s, /*run_check=*/true, shape);
-      EXPECT_TRUE(at::equal(full_tensor(y), g));
+      EXPECT_TRUE(at::equal(full_tensor(y).cpu(), g));
       for (const Placements& o : others) {
         SCOPED_TRACE(to_string(s) + " <-> " + to_string(o));
         at::Tensor to_other = redistribute(x, mesh, o);
         EXPECT_EQ(get_spec(to_other).placements, o);
-        EXPECT_TRUE(at::equal(local_tensor(to_other), box_of(g, mesh, o)));
+        EXPECT_TRUE(at::equal(local_tensor(to_other).cpu(), box_of(g, mesh, o)));
         at::Tensor back = redistribute(distribute_tensor(g, mesh, o), mesh, s);
         EXPECT_EQ(get_spec(back).placements, s);
-        EXPECT_TRUE(at::equal(local_tensor(back), box_of(g, mesh, s)));
+        EXPECT_TRUE(at::equal(local_tensor(back).cpu(), box_of(g, mesh, s)));
       }
     }
   }
 }
 
+// The split factor of a StridedShard is the size of the later mesh dims that shard the same
+// tensor dim: 2 on an (n/2, 2) mesh at any world size.
 DTENSOR_TEST_F(StridedShardThreads, Mesh2DRedistributionMatchesTheSingleDeviceTensor) {
-  check_strided_redistribution({2, 2}, {{StridedShard(0, 2), Shard{0}}, {StridedShard(1, 2), Shard{1}}},
+  check_strided_redistribution(*this, mesh_shape_2d(), {{StridedShard(0, 2), Shard{0}}, {StridedShard(1, 2), Shard{1}}},
                                {{Shard{0}, Shard{0}}, {Replicate{}, Shard{0}}, {Shard{0}, Replicate{}},
                                 {Replicate{}, Replicate{}}, {Shard{1}, Shard{0}}, {Replicate{}, Shard{1}}},
                                {{8, 4}, {7, 5}, {5, 3}, {3, 2}, {1, 3}, {0, 2}});
 }
 
 DTENSOR_TEST_F(StridedShardGloo, Mesh2DRedistributionMatchesTheSingleDeviceTensor) {
-  check_strided_redistribution({2, 2}, {{StridedShard(0, 2), Shard{0}}},
+  check_strided_redistribution(*this, mesh_shape_2d(), {{StridedShard(0, 2), Shard{0}}},
                                {{Shard{0}, Shard{0}}, {Replicate{}, Shard{0}}, {Replicate{}, Replicate{}}},
                                {{8, 4}, {7, 5}});
 }
 
 DTENSOR_TEST_F(StridedShardThreads, Mesh3DRedistributionMatchesTheSingleDeviceTensor) {
-  // HSDP x TP shapes on 4 ranks, and two strided mesh dims.
-  check_strided_redistribution({2, 1, 2}, {{Replicate{}, StridedShard(0, 2), Shard{0}}},
+  // HSDP x TP shapes, and two strided mesh dims (on 4 ranks (2, 1, 2) and (1, 2, 2)).
+  const int64_t n = ranks();
+  check_strided_redistribution(*this, {n / 2, 1, 2}, {{Replicate{}, StridedShard(0, 2), Shard{0}}},
                                {{Replicate{}, Shard{0}, Shard{0}}, {Shard{0}, Replicate{}, Shard{0}},
                                 {Replicate{}, Replicate{}, Replicate{}}},
                                {{8, 2}, {5, 3}, {1, 2}});
-  check_strided_redistribution({1, 2, 2},
+  check_strided_redistribution(*this, {1, n / 2, 2},
                                {{Replicate{}, StridedShard(0, 2), Shard{0}},
-                                {StridedShard(0, 4), StridedShard(0, 2), Shard{0}},
+                                {StridedShard(0, n), StridedShard(0, 2), Shard{0}},
                                 {Shard{1}, StridedShard(0, 2), Shard{0}}},
                                {{Replicate{}, Shard{0}, Shard{0}}, {Shard{0}, Shard{0}, Shard{0}},
                                 {Replicate{}, Replicate{}, Shard{1}}, {Replicate{}, Replicate{}, Replicate{}}},
@@ -274,7 +279,7 @@ DTENSOR_TEST_F(StridedShardThreads, Mesh3DRedistributionMatchesTheSingleDeviceTe
 }
 
 DTENSOR_TEST_F(StridedShardThreads, PartialAndStridedMeshDims) {
-  auto mesh = init_device_mesh("cpu", {2, 2});
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d());
   const at::Tensor g = global_input({7, 3});
   const Placements strided = {StridedShard(0, 2), Shard{0}};
   // (Partial(sum), Shard(0)): the dp rank 0 holds the tp piece, dp rank 1 zeros.
@@ -293,7 +298,7 @@ DTENSOR_TEST_F(StridedShardThreads, PartialAndStridedMeshDims) {
 // NOTE: [Ops on strided shards]: what an optimizer step does to an FSDP x TP parameter.
 DTENSOR_TEST_F(StridedShardThreads, OpsKeepTheLayoutWithoutCommunication) {
   auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh("cpu", {2, 2}, {}, counting);
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {}, counting);
   const Placements strided = {StridedShard(0, 2), Shard{0}};
   for (const Shape& shape : {Shape{8, 4}, Shape{7, 3}}) {
     SCOPED_TRACE(c10::str(c10::IntArrayRef(shape)));
@@ -326,7 +331,7 @@ DTENSOR_TEST_F(StridedShardThreads, OpsKeepTheLayoutWithoutCommunication) {
 }
 
 DTENSOR_TEST_F(StridedShardThreads, BadTargetsAndSpecsFailOnEveryRank) {
-  auto mesh = init_device_mesh("cpu", {2, 2});
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d());
   at::Tensor x = distribute_tensor(global_input({8, 4}), mesh, {StridedShard(0, 2), Shard{0}});
   EXPECT_PRED2(contains, error_of([&] { redistribute(x, mesh, {StridedShard(0, 3), Shard{0}}); }),
                "split_factor(3) == aggregate mesh size (2)");

@@ -16,9 +16,9 @@ namespace {
 DTENSOR_RANK_FIXTURES(TrustGloo, TrustThreads);
 
 DTENSOR_TEST_BOTH(TrustGloo, TrustThreads, SizeOneMeshDimIssuesNoCollective) {
-  const int64_t n = t.group().size();
+  const int64_t n = t.ranks();
   auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
-  DeviceMesh mesh = init_device_mesh("cpu", {1, n}, {}, counting);
+  DeviceMesh mesh = init_device_mesh(t.device_type(), {1, n}, {}, counting);
   at::Tensor full = at::arange(8 * n, at::kFloat).view({4 * n, 2});
   at::Tensor x = distribute_tensor(full, mesh, {Shard{0}, Shard{1}});
   counting->reset();
@@ -35,9 +35,9 @@ DTENSOR_TEST_BOTH(TrustGloo, TrustThreads, SizeOneMeshDimIssuesNoCollective) {
 }
 
 DTENSOR_TEST_BOTH(TrustGloo, TrustThreads, MetaTensorIsDistributedWithoutCommunication) {
-  const int64_t n = t.group().size();
+  const int64_t n = t.ranks();
   auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
-  DeviceMesh mesh = init_device_mesh("cpu", {n}, {}, counting);
+  DeviceMesh mesh = init_device_mesh(t.device_type(), {n}, {}, counting);
   counting->reset();
   at::Tensor meta = at::empty({2 * n, 3}, at::TensorOptions().device(at::kMeta));
   at::Tensor x = distribute_tensor(meta, mesh, {Shard{0}});
@@ -48,8 +48,8 @@ DTENSOR_TEST_BOTH(TrustGloo, TrustThreads, MetaTensorIsDistributedWithoutCommuni
 }
 
 DTENSOR_TEST_BOTH(TrustGloo, TrustThreads, DifferentPlacementsAreNamedOnEveryRank) {
-  const int64_t n = t.group().size();
-  DeviceMesh mesh = init_device_mesh("cpu", {n});
+  const int64_t n = t.ranks();
+  DeviceMesh mesh = init_device_mesh(t.device_type(), {n});
   at::Tensor full = at::ones({n, n});
   try {
     distribute_tensor(full, mesh, {t.rank() == 1 ? Placement{Shard{1}} : Placement{Shard{0}}});

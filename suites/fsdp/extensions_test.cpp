@@ -1,5 +1,6 @@
-// Seed 004 (dtensor/fsdp/extensions.h): each helper as the seed describes it, on 4 thread
-// ranks (the 2-D _chunk_dtensor case on 4 Gloo processes too): _chunk_dtensor's two errors and its 2-D / 3-D layouts, _all_gather_dtensor, boxes of
+// Seed 004 (dtensor/fsdp/extensions.h): each helper as the seed describes it, on thread ranks
+// (the 2-D _chunk_dtensor case on Gloo processes too), at any even world size (2-D meshes are
+// mesh_shape_2d()): _chunk_dtensor's two errors and its 2-D / 3-D layouts, _all_gather_dtensor, boxes of
 // uneven shards, the scapegoat metadata, _chunk_tensor's nested ShardedTensors (TP by
 // DTensor and by ShardedTensor) and _pre_load_state_dict, flatten / unflatten with the
 // gradient layout hook, _rewrite_spec_if_needed, _is_nested_tensor, and the ext_* defaults.
@@ -28,14 +29,38 @@ using namespace dtensor::fsdp;
 class Seed004Threads : public testing::MultiThreadedTest {};
 class Seed004Gloo : public testing::MultiProcessTest {};
 
-at::Tensor global_input(const Shape& shape) {
+at::Tensor global_input(const Shape& shape, const std::string& device = "cpu") {
   int64_t n = 1;
   for (auto s : shape) n *= s;
-  return (at::arange(n, at::kDouble) * 0.37).sin().reshape(shape).to(at::kFloat);
+  return (at::arange(n, at::kDouble) * 0.37).sin().reshape(shape).to(at::kFloat).to(c10::Device(device));
+}
+
+// torch.chunk's boxes (offsets, sizes) of a [rows, cols] tensor sharded on dim 0 over n ranks:
+// box i holds chunk i of at::arange(rows).chunk(n), and is empty at offset `rows` past the last
+// chunk (torch.chunk gives fewer chunks than ranks when the rows run out). On 4 ranks 10 rows
+// give (0, 3) (3, 3) (6, 3) (9, 1) and 5 rows (0, 2) (2, 2) (4, 1) (5, 0).
+std::vector<Box> chunk_boxes(int64_t rows, int64_t cols, int64_t n) {
+  const std::vector<at::Tensor> chunks = at::arange(rows, at::kLong).chunk(n, 0);
+  std::vector<Box> boxes;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i < static_cast<int64_t>(chunks.size())) {
+      const at::Tensor& c = chunks[static_cast<size_t>(i)];
+      boxes.push_back({{c[0].item<int64_t>(), 0}, {c.size(0), cols}});
+    } else {
+      boxes.push_back({{rows, 0}, {0, cols}});
+    }
+  }
+  return boxes;
+}
+
+// Chunk i of torch.chunk(t, n), empty past the last chunk.
+at::Tensor chunk_or_empty(const at::Tensor& t, int64_t n, int64_t i) {
+  const std::vector<at::Tensor> chunks = t.chunk(n, 0);
+  return i < static_cast<int64_t>(chunks.size()) ? chunks[static_cast<size_t>(i)] : t.narrow(0, t.size(0), 0);
 }
 
 DTENSOR_TEST_F(Seed004Threads, ChunkDTensorRaisesWithoutA2DParent) {
-  auto mesh = init_device_mesh("cpu", {4}, {"dp"});
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {"dp"});
   const at::Tensor g = global_input({8, 2});
   DTensorExtensions ext;
   // A mesh that was not sliced from another.
@@ -46,12 +71,12 @@ DTENSOR_TEST_F(Seed004Threads, ChunkDTensorRaisesWithoutA2DParent) {
                "Found parent device_mesh of ndim=1, but meshes must be at least 2D.");
 }
 
-void check_chunk_dtensor_2d() {
-  auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+void check_chunk_dtensor_2d(const testing::MultiRankTest& t) {
+  auto mesh = init_device_mesh(t.device_type(), t.mesh_shape_2d(), {"dp", "tp"});
   DTensorExtensions ext;
   for (const Shape& shape : {Shape{8, 4}, Shape{7, 5}}) {
     SCOPED_TRACE(c10::str(c10::IntArrayRef(shape)));
-    const at::Tensor g = global_input(shape);
+    const at::Tensor g = global_input(shape, t.device_type());
     // Not tensor parallel: (Shard(0), Replicate()).
     at::Tensor p = ext.chunk_dtensor(g, 0, mesh["dp"]);
     EXPECT_TRUE(get_spec(p).mesh == mesh);
@@ -67,7 +92,7 @@ void check_chunk_dtensor_2d() {
       // _all_gather_dtensor: the FSDP dim gathered, this rank's TP shard back.
       EXPECT_TRUE(at::equal(ext.all_gather_dtensor(p2, mesh), local_tensor(tp_param)));
       EXPECT_PRED2(contains, error_of([&] { ext.all_gather_dtensor(p2, mesh["dp"]); }),
-                   "_all_gather_dtensor: parent_mesh DeviceMesh('cpu', [");
+                   "_all_gather_dtensor: parent_mesh DeviceMesh('" + t.device_type() + "', [");
       // The plain-FSDP default gathers the last mesh dim only.
       at::Tensor last = ext_all_gather_dtensor(p2, mesh, nullptr);
       EXPECT_TRUE(at::equal(last, local_tensor(redistribute(p2, mesh, {Shard{0}, Replicate{}}))));
@@ -75,12 +100,19 @@ void check_chunk_dtensor_2d() {
   }
 }
 
-DTENSOR_TEST_F(Seed004Threads, ChunkDTensorShardsOverFsdpAndAllGatherDTensorUndoesIt) { check_chunk_dtensor_2d(); }
-DTENSOR_TEST_F(Seed004Gloo, ChunkDTensorShardsOverFsdpAndAllGatherDTensorUndoesIt) { check_chunk_dtensor_2d(); }
+DTENSOR_TEST_F(Seed004Threads, ChunkDTensorShardsOverFsdpAndAllGatherDTensorUndoesIt) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
+  check_chunk_dtensor_2d(*this);
+}
+DTENSOR_TEST_F(Seed004Gloo, ChunkDTensorShardsOverFsdpAndAllGatherDTensorUndoesIt) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
+  check_chunk_dtensor_2d(*this);
+}
 
 DTENSOR_TEST_F(Seed004Threads, ChunkDTensorOnAnHsdpMesh) {
-  // (replicate, shard, tp) = (2, 1, 2): HSDP x TP gives (Replicate(), Shard(0), tp_placement).
-  auto mesh = init_device_mesh("cpu", {2, 1, 2}, {"rep", "shard", "tp"});
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // tp = 2
+  // (replicate, shard, tp) = (ranks / 2, 1, 2): HSDP x TP gives (Replicate(), Shard(0), tp_placement).
+  auto mesh = init_device_mesh(device_type(), {ranks() / 2, 1, 2}, {"rep", "shard", "tp"});
   DTensorExtensions ext;
   const at::Tensor g = global_input({6, 3});
   at::Tensor tp_param = distribute_tensor(g, mesh["tp"], {Shard{0}}, std::nullopt);
@@ -94,40 +126,36 @@ DTENSOR_TEST_F(Seed004Threads, ChunkDTensorOnAnHsdpMesh) {
   EXPECT_TRUE(at::equal(full_tensor(q), g));
 }
 
+// Row counts even and uneven at 2, 4 and 8 ranks, with empty boxes at 4 and 8 (5 and 10 rows).
 DTENSOR_TEST_F(Seed004Threads, BoxesAreTheTorchChunkBoxesOfUnevenShards) {
-  auto mesh = init_device_mesh("cpu", {4});
-  struct Case {
-    Shape shape;
-    std::vector<Box> boxes;  // per shard index
-  };
-  const std::vector<Case> cases = {
-      {{8, 3}, {{{0, 0}, {2, 3}}, {{2, 0}, {2, 3}}, {{4, 0}, {2, 3}}, {{6, 0}, {2, 3}}}},
-      {{10, 3}, {{{0, 0}, {3, 3}}, {{3, 0}, {3, 3}}, {{6, 0}, {3, 3}}, {{9, 0}, {1, 3}}}},
-      {{5, 2}, {{{0, 0}, {2, 2}}, {{2, 0}, {2, 2}}, {{4, 0}, {1, 2}}, {{5, 0}, {0, 2}}}},
-  };
+  const int64_t n = ranks();
+  auto mesh = init_device_mesh(device_type(), {n});
   const int64_t me = mesh.get_local_rank(0);
-  for (const auto& c : cases) {
-    SCOPED_TRACE(c10::str(c10::IntArrayRef(c.shape)));
-    at::Tensor dt = distribute_tensor(global_input(c.shape), mesh, {Shard{0}});
-    for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(_get_box_for(dt, i), c.boxes[static_cast<size_t>(i)]) << "shard " << i;
-    EXPECT_EQ(_get_local_box(dt), c.boxes[static_cast<size_t>(me)]);
-    EXPECT_EQ(_get_box(dt), Box(Shape{c.boxes[1].first[0], 0}, c.boxes[static_cast<size_t>(me)].second));
+  for (const Shape& shape : {Shape{8, 3}, Shape{10, 3}, Shape{5, 2}, Shape{13, 2}}) {
+    SCOPED_TRACE(c10::str(c10::IntArrayRef(shape)));
+    const std::vector<Box> boxes = chunk_boxes(shape[0], shape[1], n);
+    at::Tensor dt = distribute_tensor(global_input(shape), mesh, {Shard{0}});
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(_get_box_for(dt, i), boxes[static_cast<size_t>(i)]) << "shard " << i;
+    EXPECT_EQ(_get_local_box(dt), boxes[static_cast<size_t>(me)]);
+    // _get_box: the offset of the shard dim is the chunk size (ceil(rows / n)).
+    EXPECT_EQ(_get_box(dt), Box(Shape{(shape[0] + n - 1) / n, 0}, boxes[static_cast<size_t>(me)].second));
     const sh::ShardMetadata md = _create_shard_md_from_dt(dt, 7);
-    EXPECT_EQ(md.shard_offsets(), c.boxes[static_cast<size_t>(me)].first);
-    EXPECT_EQ(md.shard_sizes(), c.boxes[static_cast<size_t>(me)].second);
-    EXPECT_EQ(md.placement()->to_string(), "rank:7/cpu");
+    EXPECT_EQ(md.shard_offsets(), boxes[static_cast<size_t>(me)].first);
+    EXPECT_EQ(md.shard_sizes(), boxes[static_cast<size_t>(me)].second);
+    EXPECT_EQ(md.placement()->to_string(), "rank:7/" + device_type());
   }
   at::Tensor rep = distribute_tensor(global_input({5, 2}), mesh, {Replicate{}});
   EXPECT_EQ(_get_local_box(rep), Box({0, 0}, {5, 2}));
   EXPECT_PRED2(contains, error_of([&] { _get_box_for(rep, 1); }), "has one box, index 0, not 1");
-  auto mesh2 = init_device_mesh("cpu", {2, 2});
+  auto mesh2 = init_device_mesh(device_type(), {1, n});
   at::Tensor two_d = distribute_tensor(global_input({4, 2}), mesh2, {Shard{0}, Replicate{}});
   EXPECT_PRED2(contains, error_of([&] { _get_box(two_d); }), "Only 1D DeviceMeshes currently handled");
 }
 
 // NOTE: [Scapegoat rank]
 DTENSOR_TEST_F(Seed004Threads, ShardedTensorMetadataPlacesOnlyThisRanksBoxOnIt) {
-  auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"});
   const DeviceMesh tp = mesh["tp"];
   const std::vector<int> tp_ranks = tp.get_group(0)->global_ranks();  // {0, 1} or {2, 3}
   const int me = tp.get_group(0)->rank();
@@ -144,17 +172,20 @@ DTENSOR_TEST_F(Seed004Threads, ShardedTensorMetadataPlacesOnlyThisRanksBoxOnIt) 
   for (int i = 0; i < 2; ++i)
     EXPECT_EQ(*md.shards_metadata[static_cast<size_t>(i)].placement()->rank(), i == me ? tp_ranks[me] : scapegoat)
         << "box " << i;
-  // On the 4 ranks of a 1-D mesh every box but this rank's is on the scapegoat.
-  auto line = init_device_mesh("cpu", {4});
-  at::Tensor dt4 = distribute_tensor(global_input({5, 2}), line, {Shard{0}});
-  sh::ShardedTensorMetadata md4 = _create_sharded_tensor_md_from_dt(dt4, _get_dt_pg(dt4));
-  ASSERT_EQ(md4.shards_metadata.size(), 4u);
-  const int me4 = line.get_rank();
-  for (int i = 0; i < 4; ++i)
-    EXPECT_EQ(*md4.shards_metadata[static_cast<size_t>(i)].placement()->rank(), i == me4 ? me4 : (me4 > 0 ? 0 : 1))
-        << "box " << i;
-  EXPECT_EQ(md4.shards_metadata[3].shard_offsets(), (Shape{5, 0}));  // the empty box of 5 rows on 4
-  EXPECT_EQ(md4.shards_metadata[3].shard_sizes(), (Shape{0, 2}));
+  // On the ranks of a 1-D mesh every box but this rank's is on the scapegoat; 5 rows leave the
+  // last boxes empty from 4 ranks on.
+  const int n = ranks();
+  auto line = init_device_mesh(device_type(), {n});
+  at::Tensor dtn = distribute_tensor(global_input({5, 2}), line, {Shard{0}});
+  sh::ShardedTensorMetadata mdn = _create_sharded_tensor_md_from_dt(dtn, _get_dt_pg(dtn));
+  ASSERT_EQ(mdn.shards_metadata.size(), static_cast<size_t>(n));
+  const int me_n = line.get_rank();
+  const std::vector<Box> boxes = chunk_boxes(5, 2, n);
+  for (int i = 0; i < n; ++i) {
+    const sh::ShardMetadata& box = mdn.shards_metadata[static_cast<size_t>(i)];
+    EXPECT_EQ(*box.placement()->rank(), i == me_n ? me_n : (me_n > 0 ? 0 : 1)) << "box " << i;
+    EXPECT_EQ(Box(box.shard_offsets(), box.shard_sizes()), boxes[static_cast<size_t>(i)]) << "box " << i;
+  }
   // Replicate: one box, the whole tensor, on this rank.
   at::Tensor rep = distribute_tensor(global_input({7, 3}), tp, {Replicate{}}, std::nullopt);
   sh::ShardedTensorMetadata rmd = _create_sharded_tensor_md_from_dt(rep, _get_dt_pg(rep));
@@ -165,14 +196,17 @@ DTENSOR_TEST_F(Seed004Threads, ShardedTensorMetadataPlacesOnlyThisRanksBoxOnIt) 
 
 // NOTE: [Nested ShardedTensors]
 DTENSOR_TEST_F(Seed004Threads, ChunkTensorNestsTheTensorParallelShard) {
-  auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"});
   const comm::GroupPtr dp = mesh["dp"].get_group(0);
   const int dp_rank = dp->rank();
-  const at::Tensor g = global_input({7, 3});
+  const int dp_size = dp->size();
+  // 15 rows: tp pieces of 8 and 7 rows, each chunked over dp (up to 4 ranks: every dp rank
+  // holds rows; uneven from 2 on).
+  const at::Tensor g = global_input({15, 3});
   DTensorExtensions ext;
-  // TP by DTensor: tp pieces of 4 and 3 rows, each chunked over dp.
   at::Tensor tp_param = distribute_tensor(g, mesh["tp"], {Shard{0}}, std::nullopt);
-  sh::ShardedTensor st = ext.chunk_tensor(tp_param, dp_rank, 2, 0, dp);
+  sh::ShardedTensor st = ext.chunk_tensor(tp_param, dp_rank, dp_size, 0, dp);
   ASSERT_EQ(st.local_shards().size(), 1u);
   ASSERT_TRUE(st.local_shards()[0].is_nested());
   EXPECT_TRUE(_is_nested_tensor(st));
@@ -182,7 +216,7 @@ DTENSOR_TEST_F(Seed004Threads, ChunkTensorNestsTheTensorParallelShard) {
   const sh::ShardedTensor& inner = *st.local_shards()[0].nested;
   EXPECT_EQ(inner.size(), local_tensor(tp_param).sizes().vec());
   EXPECT_EQ(inner.process_group(), dp);
-  const at::Tensor my_chunk = local_tensor(tp_param).chunk(2, 0)[static_cast<size_t>(dp_rank)];
+  const at::Tensor my_chunk = chunk_or_empty(local_tensor(tp_param), dp_size, dp_rank);
   EXPECT_TRUE(at::equal(inner.local_tensor(), my_chunk));
   // _pre_load_state_dict unwraps it.
   auto [unwrapped, shards] = ext.pre_load_state_dict_transform(st);
@@ -195,9 +229,9 @@ DTENSOR_TEST_F(Seed004Threads, ChunkTensorNestsTheTensorParallelShard) {
 
   // TP by ShardedTensor (shard_module): the same metadata, its local shard chunked over dp.
   std::vector<sh::RemoteDevice> placements;
-  for (int r : mesh["tp"].get_group(0)->global_ranks()) placements.emplace_back(r, c10::Device(c10::kCPU));
+  for (int r : mesh["tp"].get_group(0)->global_ranks()) placements.emplace_back(r, c10::Device(device_type()));
   sh::ShardedTensor tp_st = sh::ChunkShardingSpec(0, placements).shard(g, 0, mesh["tp"].get_group(0));
-  sh::ShardedTensor st2 = ext.chunk_tensor(tp_st, dp_rank, 2, 0, dp);
+  sh::ShardedTensor st2 = ext.chunk_tensor(tp_st, dp_rank, dp_size, 0, dp);
   ASSERT_TRUE(_is_nested_tensor(st2));
   sh::ShardedTensorMetadata expected2 = tp_st.metadata();
   expected2.tensor_properties.requires_grad = false;
@@ -207,19 +241,19 @@ DTENSOR_TEST_F(Seed004Threads, ChunkTensorNestsTheTensorParallelShard) {
   EXPECT_TRUE(at::equal(shards2[0].tensor, my_chunk));
 
   // A plain parameter: FSDP's own chunk, not nested; _pre_load_state_dict keeps it.
-  sh::ShardedTensor plain = ext.chunk_tensor(g, dp_rank, 2, 0, dp);
+  sh::ShardedTensor plain = ext.chunk_tensor(g, dp_rank, dp_size, 0, dp);
   EXPECT_FALSE(_is_nested_tensor(plain));
-  EXPECT_TRUE(at::equal(plain.local_tensor(), g.chunk(2, 0)[static_cast<size_t>(dp_rank)]));
+  EXPECT_TRUE(at::equal(plain.local_tensor(), chunk_or_empty(g, dp_size, dp_rank)));
   auto [same, same_shards] = _pre_load_state_dict(plain);
   EXPECT_TRUE(at::equal(same_shards[0].tensor, plain.local_tensor()));
-  // torch.chunk gives fewer chunks than ranks: the last rank holds nothing.
-  sh::ShardedTensor one_row = _create_chunk_sharded_tensor(g.narrow(0, 0, 1), dp_rank, 2, 0, dp);
+  // torch.chunk gives fewer chunks than ranks: the ranks after the first hold nothing.
+  sh::ShardedTensor one_row = _create_chunk_sharded_tensor(g.narrow(0, 0, 1), dp_rank, dp_size, 0, dp);
   EXPECT_EQ(one_row.metadata().shards_metadata.size(), 1u);
   EXPECT_EQ(one_row.local_shards().size(), dp_rank == 0 ? 1u : 0u);
 }
 
 DTENSOR_TEST_F(Seed004Threads, FlattenUnflattenKeepsTheSpecAndTheGradientLayout) {
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(device_type(), {ranks()});
   DTensorExtensions ext;
   const at::Tensor g = global_input({6, 2});
   at::Tensor param = distribute_tensor(g, mesh, {Shard{0}});
@@ -250,9 +284,11 @@ DTENSOR_TEST_F(Seed004Threads, FlattenUnflattenKeepsTheSpecAndTheGradientLayout)
 }
 
 DTENSOR_TEST_F(Seed004Threads, RewriteSpecAndNestedChecks) {
-  auto mesh = init_device_mesh("cpu", {4});
-  auto spec = std::make_shared<const sh::ChunkShardingSpec>(
-      0, std::vector<sh::RemoteDevice>{"rank:0/cpu", "rank:1/cpu", "rank:2/cpu", "rank:3/cpu"});
+  DTENSOR_REQUIRE_WORLD_SIZE_AT_LEAST(2);  // one placement of several is rewritten
+  auto mesh = init_device_mesh(device_type(), {ranks()});
+  std::vector<sh::RemoteDevice> cpu_placements;  // the spec of a tensor on the CPU
+  for (int r = 0; r < ranks(); ++r) cpu_placements.emplace_back("rank:" + std::to_string(r) + "/cpu");
+  auto spec = std::make_shared<const sh::ChunkShardingSpec>(0, cpu_placements);
   const at::Tensor on_cpu = at::zeros({2});
   const at::Tensor on_meta = at::empty({2}, at::TensorOptions().device(at::kMeta));
   // Nothing to rewrite: the same spec.
@@ -267,8 +303,9 @@ DTENSOR_TEST_F(Seed004Threads, RewriteSpecAndNestedChecks) {
   at::Tensor row = distribute_tensor(at::ones({1, 3}), mesh, {Replicate{}});
   EXPECT_FALSE(_is_nested_tensor(row));
   sh::ShardedTensorMetadata md;
-  for (int r = 0; r < 4; ++r) md.shards_metadata.emplace_back(Shape{r, 0}, Shape{1, 3}, sh::RemoteDevice(r, at::kCPU));
-  md.size = {4, 3};
+  for (int r = 0; r < ranks(); ++r)
+    md.shards_metadata.emplace_back(Shape{r, 0}, Shape{1, 3}, sh::RemoteDevice(r, c10::Device(device_type())));
+  md.size = {ranks(), 3};
   const int me = static_cast<int>(mesh.get_rank());
   std::vector<sh::Shard> local;
   local.emplace_back(row, md.shards_metadata[static_cast<size_t>(me)]);

@@ -10,6 +10,7 @@
 #include "harness/harness.h"
 #include "models/models.h"
 #include "suites/parallel/parallel_testing.h"
+#include "suites/testing/child_process.h"
 #include "suites/testing/counting_group.h"
 #include "suites/testing/errors.h"
 #include "suites/testing/tp_collectives.h"
@@ -44,8 +45,9 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-// Dims 7 -> 15 -> 17 -> 3 -> 7 on 4 ranks: rows 2,2,2,1 / 4,4,4,3 / 5,5,5,2 / 1,1,1,0 (an empty
-// shard); the head stays with the root.
+// Dims 7 -> 15 -> 17 -> 3 -> 7, none divisible by 2, 4 or 8, so the shards are uneven at every
+// world size: on 4 ranks rows 2,2,2,1 / 4,4,4,3 / 5,5,5,2 / 1,1,1,0 (an empty shard), on 8 ranks
+// 1,..,1,0 / 2,..,2,1 / 3,3,3,3,3,2,0,0 / 1,1,1,0,.. ; the head stays with the root.
 class UnevenMLPImpl : public torch::nn::Module {
  public:
   UnevenMLPImpl() {
@@ -91,6 +93,13 @@ at::Tensor my_rows(const at::Tensor& global, int rank, int world) {
   return global.narrow(0, rank * per, per);
 }
 
+// Chunk i of torch.chunk(t, n, dim), empty past the last chunk (where FSDP's shard is empty).
+at::Tensor chunk_of(const at::Tensor& t, int64_t n, int64_t i, int64_t dim = 0) {
+  const int64_t d = t.size(dim), chunk = (d + n - 1) / n;
+  const int64_t start = std::min(d, i * chunk);
+  return t.narrow(dim, start, std::max<int64_t>(0, std::min(chunk, d - start)));
+}
+
 // The mean of a scalar over the ranks (collective).
 double mean_over_ranks(testing::MultiRankTest& t, const at::Tensor& scalar) {
   at::Tensor v = scalar.detach().clone().reshape({1});
@@ -122,11 +131,14 @@ void check_parity(testing::MultiRankTest& t, const std::function<Model()>& make,
                   std::vector<int64_t> mesh_shape = {}) {
   SCOPED_TRACE(describe(c));
   auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
-  if (mesh_shape.empty()) mesh_shape = {t.group().size()};
-  auto mesh = init_device_mesh("cpu", mesh_shape, {}, counting);
+  if (mesh_shape.empty()) mesh_shape = {t.ranks()};
+  auto mesh = init_device_mesh(t.device_type(), mesh_shape, {}, counting);
+  const c10::Device device(t.device_type());
   Model ref = make(), model = make();
   init_deterministic(*ref);
   init_deterministic(*model);
+  ref->to(device);
+  model->to(device);
   fsdp::FullyShardOptions opts;
   opts.mesh = mesh;
   opts.reshard_after_forward = c.reshard_after_forward;
@@ -134,12 +146,13 @@ void check_parity(testing::MultiRankTest& t, const std::function<Model()>& make,
   const int groups = shard(model, mesh, opts);
   auto opt_ref = make_optimizer(c.optim, nn::parameters(*ref));
   auto opt = make_optimizer(c.optim, nn::parameters(*model));
-  const at::Tensor input = my_rows(global_input, t.rank(), t.group().size());
+  const at::Tensor global = global_input.to(device);
+  const at::Tensor input = my_rows(global, t.rank(), t.ranks());
   for (int step = 0; step < c.steps; ++step) {
     const std::string when = "step " + std::to_string(step);
     opt_ref->zero_grad();
     opt->zero_grad();
-    at::Tensor loss_ref = mean_square(nn::call(ref, global_input));
+    at::Tensor loss_ref = mean_square(nn::call(ref, global));
     counting->reset();
     at::Tensor loss = mean_square(nn::call(model, input));
     auto fwd = counting->counts();
@@ -192,6 +205,7 @@ ModelArgs uneven_args() {
   return args;
 }
 
+// Includes reshard_after_forward=2: the test needs an even number of ranks.
 std::vector<ParityCase> parity_cases() {
   std::vector<ParityCase> out;
   for (Optim o : {Optim::kSGD, Optim::kAdam}) {
@@ -233,10 +247,21 @@ void transformer_parity(testing::MultiRankTest& t, const std::vector<ParityCase>
 class FsdpGloo : public testing::DTensorTestBase {};
 class FsdpThreads : public testing::DTensorOpTestBase {};
 
-DTENSOR_TEST_F(FsdpThreads, UnevenMLPTrainingMatchesOneRank) { uneven_mlp_parity(*this, parity_cases()); }
-DTENSOR_TEST_F(FsdpThreads, MLPStackedTrainingMatchesOneRank) { stacked_parity(*this, parity_cases()); }
-DTENSOR_TEST_F(FsdpThreads, TransformerTrainingMatchesOneRank) { transformer_parity(*this, parity_cases()); }
+// The global batches have 8 rows: a world of 2, 4 or 8 ranks splits them evenly.
+DTENSOR_TEST_F(FsdpThreads, UnevenMLPTrainingMatchesOneRank) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // reshard_after_forward=2
+  uneven_mlp_parity(*this, parity_cases());
+}
+DTENSOR_TEST_F(FsdpThreads, MLPStackedTrainingMatchesOneRank) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // reshard_after_forward=2
+  stacked_parity(*this, parity_cases());
+}
+DTENSOR_TEST_F(FsdpThreads, TransformerTrainingMatchesOneRank) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // reshard_after_forward=2
+  transformer_parity(*this, parity_cases());
+}
 DTENSOR_TEST_F(FsdpGloo, UnevenMLPTrainingMatchesOneRank) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // reshard_after_forward=2
   uneven_mlp_parity(*this, {{std::nullopt, Optim::kAdam}, {fsdp::ReshardAfterForward(2), Optim::kSGD}});
 }
 DTENSOR_TEST_F(FsdpGloo, TransformerTrainingMatchesOneRank) {
@@ -247,7 +272,7 @@ DTENSOR_TEST_F(FsdpGloo, TransformerTrainingMatchesOneRank) {
 // included; fully_shard itself does not communicate.
 DTENSOR_TEST_F(FsdpThreads, ParametersAreShardedLikeTorchChunk) {
   auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh("cpu", {4}, {}, counting);
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
   UnevenMLP m;
   init_deterministic(*m);
   auto full = nn::named_parameters(*m);
@@ -267,36 +292,36 @@ DTENSOR_TEST_F(FsdpThreads, ParametersAreShardedLikeTorchChunk) {
     EXPECT_TRUE(p.is_leaf());
     EXPECT_TRUE(p.requires_grad());
     EXPECT_EQ(p.sizes(), originals[i].sizes());
-    const int64_t d = originals[i].size(0), chunk = (d + 3) / 4;
-    const int64_t start = std::min(d, rank() * chunk), rows = std::max<int64_t>(0, std::min(chunk, d - rank() * chunk));
-    EXPECT_TRUE(local_tensor(p).equal(originals[i].narrow(0, start, rows)));
+    EXPECT_TRUE(local_tensor(p).equal(chunk_of(originals[i], ranks(), rank())));
     EXPECT_TRUE(std::holds_alternative<Shard>(get_spec(p).placements[0]));
   }
-  // Layer 2's bias has 3 rows: rank 3 holds none.
+  // Layer 2's bias has 3 rows: torch.chunk's rows of 3 over the ranks (2 ranks: 2 and 1; 4 or
+  // more: one each, and none from rank 3 on).
   const at::Tensor& bias = nn::named_parameters(*m->layers[2])[1].second;
-  EXPECT_EQ(local_tensor(bias).size(0), rank() == 3 ? 0 : 1);
+  const int64_t chunk = (3 + ranks() - 1) / ranks();
+  EXPECT_EQ(local_tensor(bias).size(0), std::max<int64_t>(0, std::min<int64_t>(chunk, 3 - rank() * chunk)));
 }
 
 // Two micro-batches without gradient sync, then one with it, equal one step on the whole
 // batch; the micro-batches without sync reduce nothing.
 DTENSOR_TEST_F(FsdpThreads, GradientAccumulationEqualsOneLargeBatch) {
   auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh("cpu", {4}, {}, counting);
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
   UnevenMLP ref, model;
   init_deterministic(*ref);
   init_deterministic(*model);
   fsdp::FullyShardOptions opts;
   opts.mesh = mesh;
-  shard_uneven(model, mesh, opts);
+  const int groups = shard_uneven(model, mesh, opts);
   auto root = *fsdp::get_fsdp_module(*model);
-  const at::Tensor global = values({24, 7}, 0.2);
+  const at::Tensor global = values({6 * ranks(), 7}, 0.2);
   mean_square(nn::call(ref, global)).backward();
-  const at::Tensor mine = my_rows(global, rank(), 4);  // 6 rows: 3 micro-batches of 2
+  const at::Tensor mine = my_rows(global, rank(), ranks());  // 6 rows: 3 micro-batches of 2
   for (int micro = 0; micro < 3; ++micro) {
     root.set_requires_gradient_sync(micro == 2);
     counting->reset();
     (mean_square(nn::call(model, mine.narrow(0, 2 * micro, 2))) / 3).backward();
-    EXPECT_EQ(counting->counts()["reduce_scatter_into"], micro == 2 ? 4 : 0) << "micro-batch " << micro;
+    EXPECT_EQ(counting->counts()["reduce_scatter_into"], micro == 2 ? groups : 0) << "micro-batch " << micro;
     if (micro < 2) {
       for (auto& p : nn::parameters(*model)) EXPECT_FALSE(p.grad().defined());
     }
@@ -307,7 +332,7 @@ DTENSOR_TEST_F(FsdpThreads, GradientAccumulationEqualsOneLargeBatch) {
 // unshard() all-gathers once and the next forward does not; reshard() swaps the DTensors back.
 DTENSOR_TEST_F(FsdpThreads, ExplicitUnshardAndReshard) {
   auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh("cpu", {4}, {}, counting);
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
   UnevenMLP ref, model;
   init_deterministic(*ref);
   init_deterministic(*model);
@@ -336,7 +361,7 @@ DTENSOR_TEST_F(FsdpThreads, ExplicitUnshardAndReshard) {
 
 // set_gradient_divide_factor: gradients summed then divided by the factor (1: the sum).
 DTENSOR_TEST_F(FsdpThreads, GradientDivideFactor) {
-  auto mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   UnevenMLP ref, model;
   init_deterministic(*ref);
   init_deterministic(*model);
@@ -346,8 +371,8 @@ DTENSOR_TEST_F(FsdpThreads, GradientDivideFactor) {
   fsdp::get_fsdp_module(*model)->set_gradient_divide_factor(1.0);
   for (size_t i = 0; i < model->layers->size(); ++i) fsdp::get_fsdp_module(*model->layers[i])->set_gradient_divide_factor(1.0);
   const at::Tensor global = values({8, 7}, 0.4);
-  (mean_square(nn::call(ref, global)) * 4).backward();  // the sum over ranks of the local means
-  mean_square(nn::call(model, my_rows(global, rank(), 4))).backward();
+  (mean_square(nn::call(ref, global)) * ranks()).backward();  // the sum over ranks of the local means
+  mean_square(nn::call(model, my_rows(global, rank(), ranks()))).backward();
   expect_sharded_parity(*ref, *model, /*grads=*/true, "sum");
 }
 
@@ -357,7 +382,7 @@ DTENSOR_TEST_F(FsdpThreads, CollectivesPerStepMatchPyTorch) {
   const ModelArgs args = uneven_args();
   for (int explicit_true = 0; explicit_true < 2; ++explicit_true) {
     auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-    auto mesh = init_device_mesh("cpu", {4}, {}, counting);
+    auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
     models::Transformer model(args);
     fsdp::FullyShardOptions opts;
     opts.mesh = mesh;
@@ -397,7 +422,7 @@ void expect_error(const std::function<void()>& f, const std::string& part) {
 }
 
 DTENSOR_TEST_F(FsdpThreads, ErrorsOnEveryRankBeforeAnythingChanges) {
-  auto mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   fsdp::FullyShardOptions opts;
   opts.mesh = mesh;
   expect_error([&] { fsdp::fully_shard(Raw(at::ones({}, at::kFloat)), opts); },
@@ -414,14 +439,13 @@ DTENSOR_TEST_F(FsdpThreads, ErrorsOnEveryRankBeforeAnythingChanges) {
   {
     fsdp::FullyShardOptions o;
     torch::nn::Linear lin(4, 4);
-    // (A DeviceMesh always holds every rank of its world, so "does not contain this rank" is
-    // checked but cannot be reached through the public API.)
-    o.mesh = init_device_mesh("cpu", {1, 2, 2}, {}, group_ptr());
+    o.mesh = init_device_mesh(device_type(), {1, 1, ranks()}, {}, group_ptr());
     expect_error([&] { fsdp::fully_shard(lin, o); }, "the mesh must have 1 dim (FSDP) or 2 dims (replicate, shard)");
     o.mesh = mesh;
-    o.reshard_after_forward = 3;
+    o.reshard_after_forward = ranks() + 1;  // never a divisor of ranks()
     expect_error([&] { fsdp::fully_shard(lin, o); },
-                 "reshard_after_forward=3 must be a positive divisor of the shard group size 4");
+                 "reshard_after_forward=" + std::to_string(ranks() + 1) +
+                     " must be a positive divisor of the shard group size " + std::to_string(ranks()));
     o.reshard_after_forward = 0;
     expect_error([&] { fsdp::fully_shard(lin, o); }, "reshard_after_forward=0 must be a positive divisor");
     // Nothing changed: the module is still plain and can be sharded.
@@ -449,21 +473,86 @@ DTENSOR_TEST_F(FsdpThreads, ErrorsOnEveryRankBeforeAnythingChanges) {
     torch::nn::Linear lin(4, 4);
     nn::swap_parameter(*lin, "weight", distribute_tensor(lin->weight.detach(), mesh, {Shard{0}}));
     expect_error([&] { fsdp::fully_shard(lin, opts); },
-                 "parameter 'weight' is a DTensor (Shard(dim=0),) on DeviceMesh('cpu', [0, 1, 2, 3]) and the FSDP mesh "
-                 "is DeviceMesh('cpu', [0, 1, 2, 3]): FSDP over tensor parallelism needs the FSDP mesh and the "
+                 "parameter 'weight' is a DTensor (Shard(dim=0),) on " + mesh.to_string() + " and the FSDP mesh "
+                 "is " + mesh.to_string() + ": FSDP over tensor parallelism needs the FSDP mesh and the "
                  "parameter's mesh to be sub-meshes of one parent mesh, but the FSDP mesh has no parent mesh");
   }
 }
 
+// A mesh need not hold every rank of its group: fully_shard on a rank outside its mesh fails
+// there, naming the mesh, and the ranks inside are unaffected (fully_shard communicates
+// nothing). Here the mesh leaves out the last rank.
+DTENSOR_TEST_F(FsdpThreads, ErrorsOnARankOutsideTheMesh) {
+  DTENSOR_REQUIRE_WORLD_SIZE_AT_LEAST(2);
+  auto mesh = init_device_mesh(device_type(), {ranks() - 1}, {}, group_ptr());
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  torch::nn::Linear lin(4, 4);
+  if (rank() == ranks() - 1) {
+    expect_error([&] { fsdp::fully_shard(lin, opts); },
+                 "fully_shard(torch::nn::LinearImpl): the mesh " + mesh.to_string() + " does not contain this rank");
+    EXPECT_FALSE(fsdp::get_fsdp_module(*lin).has_value());
+  } else {
+    fsdp::fully_shard(lin, opts);
+    EXPECT_TRUE(is_dtensor(lin->weight));
+  }
+}
+
+// NOTE: [A world larger than the mesh]
+// With DTENSOR_WORLD_SIZE=8 the FSDP tests' literal 4-rank meshes left ranks 4-7 outside: they
+// threw in fully_shard ("does not contain this rank") while ranks 0-3 were inside collectives on
+// the mesh's group, and the world's abort freed a rank's collective arguments while its peers
+// still read them (NOTE: [Calls outlive an aborted round] in dtensor/comm/thread_group.cpp):
+// SIGSEGV, taking every other test of the program with it. The test below runs
+// ExplicitUnshardAndReshard's body on a mesh of half the world at 8 thread ranks, 30 times, in a
+// child: each run must fail cleanly, naming the cause, and none may crash (before the fix the
+// child crashed within its first few runs).
+DTENSOR_TEST_F(FsdpThreads, DISABLED_UnshardOnAMeshOfHalfTheWorld) {
+  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
+  auto mesh = init_device_mesh(device_type(), {ranks() / 2}, {}, counting);
+  UnevenMLP model;
+  init_deterministic(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  opts.reshard_after_forward = false;
+  fsdp::FSDPModule root = fsdp::fully_shard(model, opts);  // throws on ranks outside the mesh
+  root.unshard();                                           // collective on the mesh's group
+  nn::call(model, values({2, 7}));
+  root.reshard();
+}
+
+TEST(FsdpThreadRanks, AWorldLargerThanTheMeshFailsCleanlyWithoutACrash) {
+  const int kRepeats = 30;
+  const std::string test = "FsdpThreads.DISABLED_UnshardOnAMeshOfHalfTheWorld";
+  auto run = testing::run_self({"--gtest_filter=" + test, "--gtest_also_run_disabled_tests",
+                                "--gtest_repeat=" + std::to_string(kRepeats)},
+                               {{"DTENSOR_WORLD_SIZE", "8"}, {"DTENSOR_RANK_KIND", "threads"}});
+  auto count = [&](const std::string& mark) {
+    size_t n = 0;
+    for (size_t pos = run.output.find(mark); pos != std::string::npos; pos = run.output.find(mark, pos + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(run.exit_code, 1) << "failed tests exit with 1 (a crash with its signal number)\n" << run.output;
+  EXPECT_EQ(count("fatal signal"), 0u) << run.output;
+  EXPECT_EQ(count("[  FAILED  ] " + test + " ("), static_cast<size_t>(kRepeats)) << run.output;
+  // The failure is the ranks outside the mesh, named; the others' broken collectives follow it.
+  EXPECT_EQ(count("[ranks 4,5,6,7] uncaught exception in the test body: fully_shard("
+                  "dtensor::(anonymous namespace)::UnevenMLPImpl): the mesh DeviceMesh('cpu', [0, 1, 2, 3]) "
+                  "does not contain this rank"),
+            static_cast<size_t>(kRepeats))
+      << run.output;
+}
+
 // ---- Options: HSDP, offload, shard_placement_fn, ignored_params, mixed precision --------------
 
-// HSDP on a 2x2 (replicate, shard) mesh: parameters (Replicate, Shard(0)); the Transformer
-// trains like one rank for 3 steps. On 4x1 (a shard group of one rank, DDP-like) too: the blocks
-// still reshard after forward and backward (they used to stay unsharded, so the optimizer
-// stepped DTensors the modules no longer held).
+// HSDP on a (ranks / 2)x2 (replicate, shard) mesh: parameters (Replicate, Shard(0)); the
+// Transformer trains like one rank for 3 steps. On (ranks)x1 (a shard group of one rank,
+// DDP-like) too: the blocks still reshard after forward and backward (they used to stay
+// unsharded, so the optimizer stepped DTensors the modules no longer held).
 DTENSOR_TEST_F(FsdpThreads, HSDPTransformerMatchesOneRank) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
   const ModelArgs args = uneven_args();
-  for (std::vector<int64_t> shape : {std::vector<int64_t>{2, 2}, std::vector<int64_t>{4, 1}}) {
+  for (std::vector<int64_t> shape : {mesh_shape_2d(), std::vector<int64_t>{ranks(), 1}}) {
     SCOPED_TRACE("mesh " + std::to_string(shape[0]) + "x" + std::to_string(shape[1]));
     for (Optim o : {Optim::kSGD, Optim::kAdam}) {
       ParityCase c{std::nullopt, o, 3};
@@ -473,10 +562,11 @@ DTENSOR_TEST_F(FsdpThreads, HSDPTransformerMatchesOneRank) {
   }
 }
 DTENSOR_TEST_F(FsdpGloo, HSDPTransformerMatchesOneRank) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
   const ModelArgs args = uneven_args();
   ParityCase c{std::nullopt, Optim::kAdam, 3};
   check_parity<models::Transformer>(*this, [args] { return models::Transformer(args); }, shard_transformer,
-                                    tokens_for(args, 8, 6), c, [](int g) { return g - 1; }, nullptr, {2, 2});
+                                    tokens_for(args, 8, 6), c, [](int g) { return g - 1; }, nullptr, mesh_shape_2d());
 }
 
 // The offload path (sharded parameters and gradients on the CPU) trains the same.
@@ -489,6 +579,7 @@ DTENSOR_TEST_F(FsdpThreads, OffloadPolicyMatchesOneRank) {
 
 // shard_placement_fn: 2-D weights sharded on dim 1 (uneven: 7, 15, 17, 3 columns).
 DTENSOR_TEST_F(FsdpThreads, ShardPlacementFnShardsAnotherDim) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // reshard_after_forward=2
   for (Optim o : {Optim::kSGD, Optim::kAdam}) {
     ParityCase c{fsdp::ReshardAfterForward(2), o, 3};
     check_parity<UnevenMLP>(*this, [] { return UnevenMLP(); }, shard_uneven, values({8, 7}, 0.3), c,
@@ -501,11 +592,14 @@ DTENSOR_TEST_F(FsdpThreads, ShardPlacementFnShardsAnotherDim) {
   }
   UnevenMLP m;
   fsdp::FullyShardOptions opts;
-  opts.mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  opts.mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   opts.shard_placement_fn = [](const at::Tensor& p) -> std::optional<Shard> { return Shard{p.dim() - 1}; };
   fsdp::fully_shard(m, opts);
   EXPECT_EQ(std::get<Shard>(get_spec(m->head->weight).placements[0]).dim, 1);
-  EXPECT_EQ(local_tensor(m->head->weight).sizes(), (std::vector<int64_t>{7, rank() == 3 ? 0 : 1}));
+  // The head's 3 columns chunked over the ranks (none from rank 3 on).
+  const int64_t chunk = (3 + ranks() - 1) / ranks();
+  EXPECT_EQ(local_tensor(m->head->weight).sizes(),
+            (std::vector<int64_t>{7, std::max<int64_t>(0, std::min<int64_t>(chunk, 3 - rank() * chunk))}));
   EXPECT_EQ(std::get<Shard>(get_spec(m->head->bias).placements[0]).dim, 0);
 }
 
@@ -516,7 +610,7 @@ DTENSOR_TEST_F(FsdpThreads, IgnoredParamsStayPlain) {
   init_deterministic(*ref);
   init_deterministic(*m);
   fsdp::FullyShardOptions opts;
-  opts.mesh = init_device_mesh("cpu", {4}, {}, counting);
+  opts.mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
   opts.ignored_params = {m->head->weight};
   fsdp::fully_shard(m, opts);
   EXPECT_FALSE(is_dtensor(m->head->weight));
@@ -535,7 +629,7 @@ DTENSOR_TEST_F(FsdpThreads, IgnoredParamsStayPlain) {
 // parameters, gradients and optimizer stay fp32; after 3 SGD steps they are within bf16's
 // precision of fp32 training (documented tolerance: rtol 2e-2, atol 1e-2).
 DTENSOR_TEST_F(FsdpThreads, MixedPrecisionBf16ParamsFp32Reduce) {
-  auto mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   UnevenMLP ref, model;
   init_deterministic(*ref);
   init_deterministic(*model);
@@ -552,7 +646,7 @@ DTENSOR_TEST_F(FsdpThreads, MixedPrecisionBf16ParamsFp32Reduce) {
   for (int step = 0; step < 3; ++step) {
     opt_ref.zero_grad();
     opt.zero_grad();
-    at::Tensor out = nn::call(model, my_rows(global, rank(), 4));
+    at::Tensor out = nn::call(model, my_rows(global, rank(), ranks()));
     EXPECT_EQ(out.scalar_type(), at::kFloat);  // output_dtype
     mean_square(nn::call(ref, global)).backward();
     mean_square(out).backward();
@@ -613,7 +707,7 @@ void train_steps(torch::nn::Module& model, torch::optim::Optimizer& opt, const a
 // and gathers to the reference's. sharded_state_dict communicates nothing.
 DTENSOR_TEST_F(FsdpThreads, StateDictFsdpToPlainWithAdamState) {
   auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh("cpu", {4}, {}, counting);
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
   UnevenMLP ref, model, plain;
   init_deterministic(*ref);
   init_deterministic(*model);
@@ -624,7 +718,7 @@ DTENSOR_TEST_F(FsdpThreads, StateDictFsdpToPlainWithAdamState) {
   torch::optim::Adam opt(nn::parameters(*model), torch::optim::AdamOptions(0.01));
   const at::Tensor global = values({8, 7}, 0.3);
   train_steps(*ref, opt_ref, global, 2);
-  train_steps(*model, opt, my_rows(global, rank(), 4), 2);
+  train_steps(*model, opt, my_rows(global, rank(), ranks()), 2);
   nn::call(model, values({2, 7}));  // the root stays unsharded after forward: still sharded entries
   counting->reset();
   auto sharded = fsdp::sharded_state_dict(*model);
@@ -652,7 +746,7 @@ DTENSOR_TEST_F(FsdpThreads, StateDictFsdpToPlainWithAdamState) {
 // into a fresh FSDP model, which then trains like the plain one; sharded state dicts (also
 // with other placements: redistributed) load into another FSDP model.
 DTENSOR_TEST_F(FsdpThreads, StateDictPlainToFsdpAndShardedLoad) {
-  auto mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   UnevenMLP ref, model, other;
   init_deterministic(*ref);
   const at::Tensor global = values({8, 7}, 0.3);
@@ -674,7 +768,7 @@ DTENSOR_TEST_F(FsdpThreads, StateDictPlainToFsdpAndShardedLoad) {
     opt.state()[state_key(opt.state(), params[i])] = std::move(st);
   }
   train_steps(*ref, opt_ref, global, 2);
-  train_steps(*model, opt, my_rows(global, rank(), 4), 2);
+  train_steps(*model, opt, my_rows(global, rank(), ranks()), 2);
   expect_sharded_parity(*ref, *model, /*grads=*/false, "trained after loading");
 
   shard_uneven(other, mesh, opts);
@@ -710,7 +804,7 @@ DTENSOR_TEST_F(FsdpThreads, PrefetchKeepsCountsAndResults) {
   // The prefetched layer is unsharded before its own forward runs.
   UnevenMLP m;
   fsdp::FullyShardOptions opts;
-  opts.mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  opts.mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   shard_uneven(m, *opts.mesh, opts);
   auto l0 = *fsdp::get_fsdp_module(*m->layers[0]), l1 = *fsdp::get_fsdp_module(*m->layers[1]);
   l0.set_modules_to_forward_prefetch({l1});
@@ -726,7 +820,7 @@ DTENSOR_TEST_F(FsdpThreads, PrefetchKeepsCountsAndResults) {
 // stay unsharded, so the next micro-batch all-gathers nothing, and the result is unchanged.
 DTENSOR_TEST_F(FsdpThreads, AccumulationWithoutReshardAfterBackward) {
   auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh("cpu", {4}, {}, counting);
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
   UnevenMLP ref, model;
   init_deterministic(*ref);
   init_deterministic(*model);
@@ -734,9 +828,9 @@ DTENSOR_TEST_F(FsdpThreads, AccumulationWithoutReshardAfterBackward) {
   opts.mesh = mesh;
   const int groups = shard_uneven(model, mesh, opts);
   auto root = *fsdp::get_fsdp_module(*model);
-  const at::Tensor global = values({16, 7}, 0.2);
+  const at::Tensor global = values({4 * ranks(), 7}, 0.2);
   mean_square(nn::call(ref, global)).backward();
-  const at::Tensor mine = my_rows(global, rank(), 4);
+  const at::Tensor mine = my_rows(global, rank(), ranks());  // 4 rows: 2 micro-batches of 2
   for (int micro = 0; micro < 2; ++micro) {
     const bool last = micro == 1;
     root.set_requires_gradient_sync(last);
@@ -761,7 +855,7 @@ DTENSOR_TEST_F(FsdpThreads, AccumulationWithoutReshardAfterBackward) {
 DTENSOR_TEST_F(FsdpThreads, PostBackwardRunsWhenTheGroupsBackwardEnds) {
   UnevenMLP m;
   fsdp::FullyShardOptions opts;
-  opts.mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+  opts.mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   shard_uneven(m, *opts.mesh, opts);
   const at::Tensor w0 = m->layers[0]->as<BlockImpl>()->lin->weight, head = m->head->weight;
   ASSERT_TRUE(is_dtensor(w0));
@@ -778,9 +872,10 @@ DTENSOR_TEST_F(FsdpThreads, PostBackwardRunsWhenTheGroupsBackwardEnds) {
 
 // ---- FSDP x TP (2-D): fully_shard over tensor-parallel DTensors -----------------------------
 //
-// A 2x2 (dp, tp) mesh: the model is parallelized on mesh["tp"], then fully_shard-ed on
-// mesh["dp"] (NOTE: [FSDP over tensor-parallel parameters]). dp rank d trains on rows d of the
-// global batch; the two tp ranks of a dp rank see the same rows.
+// A (ranks / 2)x2 (dp, tp) mesh (mesh_shape_2d(): these tests need an even number of ranks):
+// the model is parallelized on mesh["tp"], then fully_shard-ed on mesh["dp"] (NOTE: [FSDP over
+// tensor-parallel parameters]). dp rank d trains on rows d of the global batch; the two tp ranks
+// of a dp rank see the same rows.
 
 // MLPStacked with every Linear RowwiseParallel on a replicated input: weights Shard(1), biases
 // Replicate on tp, so FSDP's dim 0 is not split by tp and the placements are (Shard(0), tp).
@@ -829,20 +924,22 @@ void check_2d_parity(testing::MultiRankTest& t, const std::function<Model()>& ma
                      const std::function<int(Model&, const DeviceMesh&, const fsdp::FullyShardOptions&)>& shard,
                      const at::Tensor& global_input, Optim optim, int steps,
                      const std::function<int(int groups)>& backward_ag,
-                     const std::function<testing::StepCollectives()>& tp_counts = nullptr,
-                     const std::vector<int64_t>& mesh_shape = {2, 2}) {
+                     const std::function<testing::StepCollectives()>& tp_counts,
+                     const std::vector<int64_t>& mesh_shape) {
   SCOPED_TRACE(optim == Optim::kSGD ? "SGD" : "Adam");
   auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
   // (dp, tp), or HSDP x TP: (replicate, shard, tp) with fully_shard on the (replicate, shard) slice.
   const bool hsdp = mesh_shape.size() == 3;
-  auto mesh = hsdp ? init_device_mesh("cpu", mesh_shape, {"replicate", "shard", "tp"}, counting)
-                   : init_device_mesh("cpu", mesh_shape, {"dp", "tp"}, counting);
+  auto mesh = hsdp ? init_device_mesh(t.device_type(), mesh_shape, {"replicate", "shard", "tp"}, counting)
+                   : init_device_mesh(t.device_type(), mesh_shape, {"dp", "tp"}, counting);
   const DeviceMesh dp_mesh = hsdp ? mesh[{"replicate", "shard"}] : mesh["dp"];
   SCOPED_TRACE("mesh " + mesh.to_string());
+  const c10::Device device(t.device_type());
   Model ref = make(), model = make(), twin = make();
   init_deterministic(*ref);
   init_deterministic(*model);
   init_deterministic(*twin);
+  for (auto* m : {&ref, &model, &twin}) (*m)->to(device);
   parallelize(model, mesh["tp"]);
   parallelize(twin, mesh["tp"]);
   counting->reset();
@@ -858,13 +955,14 @@ void check_2d_parity(testing::MultiRankTest& t, const std::function<Model()>& ma
   auto opt = make_optimizer(optim, nn::parameters(*model));
   const int64_t dp_rank = hsdp ? mesh.get_local_rank(0) * mesh_shape[1] + mesh.get_local_rank(1) : mesh.get_local_rank(0);
   const int64_t dp_size = hsdp ? mesh_shape[0] * mesh_shape[1] : mesh_shape[0];
-  const at::Tensor input = my_rows(global_input, static_cast<int>(dp_rank), static_cast<int>(dp_size));
+  const at::Tensor global = global_input.to(device);
+  const at::Tensor input = my_rows(global, static_cast<int>(dp_rank), static_cast<int>(dp_size));
   for (int step = 0; step < steps; ++step) {
     const std::string when = "step " + std::to_string(step);
     opt_ref->zero_grad();
     opt->zero_grad();
     for (auto& p : nn::parameters(*twin)) p.mutable_grad() = at::Tensor();
-    at::Tensor loss_ref = mean_square(nn::call(ref, global_input));
+    at::Tensor loss_ref = mean_square(nn::call(ref, global));
     loss_ref.backward();
     counting->reset();
     at::Tensor twin_loss = mean_square(nn::call(twin, input));
@@ -902,18 +1000,23 @@ void check_2d_parity(testing::MultiRankTest& t, const std::function<Model()>& ma
   }
 }
 
-void rowwise_mlp_2d_parity(testing::MultiRankTest& t, const std::vector<Optim>& optims) {
+void rowwise_mlp_2d_parity(testing::MultiRankTest& t, const std::vector<Optim>& optims,
+                           const std::vector<int64_t>& mesh_shape) {
   for (Optim o : optims) {
     check_2d_parity<models::MLPStacked>(
         t, [] { return models::MLPStacked(c10::Device(c10::kCPU), 3); }, rowwise_mlp_plan, shard_2d_stacked,
-        values({8, 10}, 0.1), o, 3, [](int g) { return g; });
+        values({8, 10}, 0.1), o, 3, [](int g) { return g; }, nullptr, mesh_shape);
   }
 }
 
 DTENSOR_TEST_F(FsdpThreads, FsdpTpRowwiseMLPTrainingMatchesOneRank) {
-  rowwise_mlp_2d_parity(*this, {Optim::kSGD, Optim::kAdam});
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
+  rowwise_mlp_2d_parity(*this, {Optim::kSGD, Optim::kAdam}, mesh_shape_2d());
 }
-DTENSOR_TEST_F(FsdpGloo, FsdpTpRowwiseMLPTrainingMatchesOneRank) { rowwise_mlp_2d_parity(*this, {Optim::kAdam}); }
+DTENSOR_TEST_F(FsdpGloo, FsdpTpRowwiseMLPTrainingMatchesOneRank) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
+  rowwise_mlp_2d_parity(*this, {Optim::kAdam}, mesh_shape_2d());
+}
 
 int shard_2d_transformer(models::Transformer& m, const DeviceMesh& dp, const fsdp::FullyShardOptions& opts) {
   fsdp::FullyShardOptions o = opts;
@@ -935,10 +1038,10 @@ int shard_2d_transformer(models::Transformer& m, const DeviceMesh& dp, const fsd
 // mesh["tp"], fully_shard on mesh[{"replicate", "shard"}]: parameters (Replicate(), <FSDP
 // placement>, <tp placement>) on the 3-D mesh; forward all-gathers over shard, backward
 // reduce-scatters over shard and all-reduces over replicate (one each per group), TP's
-// collectives unchanged. 4 ranks give 1x2x2 and 2x1x2 (a size-1 dim is still a real group);
-// 8 thread ranks give 2x2x2.
+// collectives unchanged. n ranks give 1x(n/2)x2 and (n/2)x1x2 (a size-1 dim is still a real
+// group); FsdpThreads8 runs 2x2x2.
 void transformer_2d_parity(testing::MultiRankTest& t, const std::vector<Optim>& optims,
-                           const std::vector<int64_t>& mesh_shape = {2, 2}) {
+                           const std::vector<int64_t>& mesh_shape) {
   const ModelArgs args = uneven_args();
   for (Optim o : optims) {
     check_2d_parity<models::Transformer>(
@@ -950,16 +1053,22 @@ void transformer_2d_parity(testing::MultiRankTest& t, const std::vector<Optim>& 
 }
 
 DTENSOR_TEST_F(FsdpThreads, FsdpTpTransformerTrainingMatchesOneRank) {
-  transformer_2d_parity(*this, {Optim::kSGD, Optim::kAdam});
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
+  transformer_2d_parity(*this, {Optim::kSGD, Optim::kAdam}, mesh_shape_2d());
 }
-DTENSOR_TEST_F(FsdpGloo, FsdpTpTransformerTrainingMatchesOneRank) { transformer_2d_parity(*this, {Optim::kAdam}); }
+DTENSOR_TEST_F(FsdpGloo, FsdpTpTransformerTrainingMatchesOneRank) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
+  transformer_2d_parity(*this, {Optim::kAdam}, mesh_shape_2d());
+}
 
 DTENSOR_TEST_F(FsdpThreads, HsdpTpTransformerTrainingMatchesOneRank) {
-  transformer_2d_parity(*this, {Optim::kSGD, Optim::kAdam}, {1, 2, 2});
-  transformer_2d_parity(*this, {Optim::kSGD, Optim::kAdam}, {2, 1, 2});
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // (replicate, shard, tp) with tp = 2
+  transformer_2d_parity(*this, {Optim::kSGD, Optim::kAdam}, {1, ranks() / 2, 2});
+  transformer_2d_parity(*this, {Optim::kSGD, Optim::kAdam}, {ranks() / 2, 1, 2});
 }
 DTENSOR_TEST_F(FsdpGloo, HsdpTpTransformerTrainingMatchesOneRank) {
-  transformer_2d_parity(*this, {Optim::kAdam}, {2, 1, 2});
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // (replicate, shard, tp) with tp = 2
+  transformer_2d_parity(*this, {Optim::kAdam}, {ranks() / 2, 1, 2});
 }
 
 class FsdpThreads8 : public testing::DTensorOpTestBase {
@@ -968,13 +1077,14 @@ class FsdpThreads8 : public testing::DTensorOpTestBase {
 };
 DTENSOR_TEST_F(FsdpThreads8, HsdpTpTransformerTrainingMatchesOneRank) {
   // DTENSOR_WORLD_SIZE (ci/main sets 4) overrides the fixture's 8: a 2x2x2 mesh needs 8 ranks.
-  if (group_ptr()->size() != 8) GTEST_SKIP() << "a 2x2x2 mesh needs 8 ranks (DTENSOR_WORLD_SIZE overrides 8)";
+  DTENSOR_REQUIRE_WORLD_SIZE(8);
   transformer_2d_parity(*this, {Optim::kAdam}, {2, 2, 2});
 }
 
 // The placements PyTorch's FSDP2 chooses for the Transformer's TP parameters.
 DTENSOR_TEST_F(FsdpThreads, FsdpTpTransformerPlacementsMatchPyTorch) {
-  auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"}, group_ptr());
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"}, group_ptr());
   const ModelArgs args = uneven_args();
   models::Transformer ref(args), m(args);
   init_deterministic(*ref);
@@ -1008,8 +1118,9 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpTransformerPlacementsMatchPyTorch) {
 // (Shard(0), <tp placement>) holding this dp rank's rows of its TP shard; full_tensor() is the
 // original parameter; while unsharded the modules hold the TP DTensors again.
 DTENSOR_TEST_F(FsdpThreads, FsdpTpParametersAre2DDTensors) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
   auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"}, counting);
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"}, counting);
   models::MLPStacked m(c10::Device(c10::kCPU), 2);
   init_deterministic(*m);
   std::vector<at::Tensor> originals;
@@ -1037,7 +1148,7 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpParametersAre2DDTensors) {
     EXPECT_EQ(spec.tensor_meta.shape, originals[i].sizes().vec());
     // This dp rank's rows of the TP shard.
     at::Tensor tp_local = _shard_tensor(originals[i], tp_specs[i].placements, mesh["tp"]);
-    at::Tensor rows = local_tensor(tp_local).chunk(2, 0)[dp];
+    at::Tensor rows = chunk_of(local_tensor(tp_local), mesh.size(0), dp);
     EXPECT_TRUE(local_tensor(p).equal(rows));
     EXPECT_TRUE(full_tensor(p).equal(originals[i]));
   }
@@ -1055,8 +1166,13 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpParametersAre2DDTensors) {
 // DTensor parameters fully_shard refuses, on every rank before anything changes, naming the
 // parameter, the meshes and what would work.
 DTENSOR_TEST_F(FsdpThreads, FsdpTpErrorsNameTheMeshes) {
-  auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"}, group_ptr());
-  auto other = init_device_mesh("cpu", {2, 2}, {"pp", "tp"}, group_ptr());  // meshes compare by value
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"}, group_ptr());
+  auto other = init_device_mesh(device_type(), mesh_shape_2d(), {"pp", "tp"}, group_ptr());  // meshes compare by value
+  // This rank's tp group (its row of the mesh) and dp group (its column), as DeviceMesh prints them.
+  std::ostringstream tp_ranks, dp_ranks;
+  tp_ranks << rank() / 2 * 2 << ", " << rank() / 2 * 2 + 1;
+  for (int r = rank() % 2; r < ranks(); r += 2) dp_ranks << (r == rank() % 2 ? "" : ", ") << r;
   auto make = [&](const DeviceMesh& tp) {
     torch::nn::Linear lin(4, 4);
     parallelize_module(*lin, tp, RowwiseParallel());
@@ -1068,14 +1184,14 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpErrorsNameTheMeshes) {
     opts.mesh = mesh["dp"];
     expect_error([&] { fsdp::fully_shard(lin, opts); },
                  "fully_shard(torch::nn::LinearImpl): parameter 'weight' is a DTensor (Shard(dim=1),) on "
-                 "DeviceMesh('cpu', [" + std::string(rank() < 2 ? "0, 1" : "2, 3") + "], mesh_dim_names=('tp',)) and the "
-                 "FSDP mesh is DeviceMesh('cpu', [" + (rank() % 2 ? "1, 3" : "0, 2") + "], mesh_dim_names=('dp',)): ");
+                 "DeviceMesh('" + device_type() + "', [" + tp_ranks.str() + "], mesh_dim_names=('tp',)) and the "
+                 "FSDP mesh is DeviceMesh('" + device_type() + "', [" + dp_ranks.str() + "], mesh_dim_names=('dp',)): ");
     expect_error([&] { fsdp::fully_shard(lin, opts); }, "the two meshes have different parent meshes");
     EXPECT_EQ(get_spec(lin->weight).mesh, other["tp"]);
   }
   {
     auto lin = make(mesh["tp"]);
-    opts.mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+    opts.mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
     expect_error([&] { fsdp::fully_shard(lin, opts); },
                  "needs the FSDP mesh and the parameter's mesh to be sub-meshes of one parent mesh, but the FSDP mesh "
                  "has no parent mesh (slice both from one mesh");
@@ -1096,8 +1212,9 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpErrorsNameTheMeshes) {
 // TP DTensors); each loads back: sharded and full into a fresh 2-D model, unsharded into a
 // TP-only model, and a TP-only model's state dict into a fresh 2-D model (TP -> FSDP x TP).
 DTENSOR_TEST_F(FsdpThreads, FsdpTpStateDictRoundTrips) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
   auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"}, counting);
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"}, counting);
   auto make_2d = [&] {
     models::MLPStacked m(c10::Device(c10::kCPU), 2);
     rowwise_mlp_plan(m, mesh["tp"]);
@@ -1121,7 +1238,8 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpStateDictRoundTrips) {
     opt_ref.zero_grad();
     opt.zero_grad();
     mean_square(nn::call(ref, global)).backward();
-    mean_square(nn::call(model, my_rows(global, static_cast<int>(mesh.get_local_rank("dp")), 2))).backward();
+    mean_square(nn::call(model, my_rows(global, static_cast<int>(mesh.get_local_rank("dp")), static_cast<int>(mesh.size(0)))))
+        .backward();
     opt_ref.step();
     opt.step();
   }
@@ -1239,7 +1357,8 @@ void expect_equal_locals(torch::nn::Module& a, torch::nn::Module& b, const std::
 // chunk_tensor and pre_load_state_dict_transform per parameter in the ShardedTensor form. Training
 // with it equals training with the default extension.
 DTENSOR_TEST_F(FsdpThreads, FsdpTpUserExtensionIsCalledAtEachCallPoint) {
-  auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"}, group_ptr());
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"}, group_ptr());
   const c10::Device cpu(c10::kCPU);
   {
     models::MLPStacked m(cpu, 2);
@@ -1248,7 +1367,7 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpUserExtensionIsCalledAtEachCallPoint) {
     EXPECT_NE(dynamic_cast<const fsdp::DTensorExtensions*>(fsdp::get_fsdp_module(*m->layers[0])->extensions()), nullptr);
     models::MLPStacked plain(cpu, 2);
     fsdp::FullyShardOptions o;
-    o.mesh = init_device_mesh("cpu", {4}, {}, group_ptr());
+    o.mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
     EXPECT_EQ(fsdp::fully_shard(plain, o).extensions(), nullptr);
   }
   auto counting = std::make_shared<CountingExtensions>();
@@ -1275,7 +1394,8 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpUserExtensionIsCalledAtEachCallPoint) {
 
   torch::optim::SGD opt_ref(nn::parameters(*ref), torch::optim::SGDOptions(0.05));
   torch::optim::SGD opt(nn::parameters(*model), torch::optim::SGDOptions(0.05));
-  const at::Tensor input = my_rows(values({8, 10}, 0.1), static_cast<int>(mesh.get_local_rank("dp")), 2);
+  const at::Tensor input =
+      my_rows(values({8, 10}, 0.1), static_cast<int>(mesh.get_local_rank("dp")), static_cast<int>(mesh.size(0)));
   for (int step = 0; step < 2; ++step) {
     opt_ref.zero_grad();
     opt.zero_grad();
@@ -1309,7 +1429,8 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpUserExtensionIsCalledAtEachCallPoint) {
 
 // A custom extension that breaks the contract is named.
 DTENSOR_TEST_F(FsdpThreads, FsdpTpExtensionContractErrors) {
-  auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"}, group_ptr());
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"}, group_ptr());
   struct NoSpec : fsdp::DTensorExtensions {
     std::pair<at::Tensor, fsdp::ParamExtension> pre_flatten_transform(const at::Tensor& t) const override {
       return {t, std::nullopt};
@@ -1338,14 +1459,15 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpExtensionContractErrors) {
 
 // FSDP1's SHARDED_STATE_DICT form (NOTE: [ShardedTensor state dicts]), PyTorch's
 // test_2d_state_dict / test_2d_load_state_dict with ShardedTensors: the Transformer (strided,
-// uneven and Replicate TP placements, plain norms) on 2x2 after 2 steps. A 2-D parameter is a
+// uneven and Replicate TP placements, plain norms) on mesh_shape_2d() after 2 steps. A 2-D parameter is a
 // ShardedTensor over the tp group covering the parameter, its box on this rank, the others on the
 // scapegoat rank, whose local shard nests this rank's TP shard chunked over dp (equal to the 2-D
 // DTensor's local tensor); a norm is a ShardedTensor over dp. It loads into a model with other
 // values (equal locals after, equal forward); a plain FSDP model's state dict loads into one
 // sharded on another dim; loading the 1-D form into the 2-D model is refused, naming the entry.
 DTENSOR_TEST_F(FsdpThreads, FsdpTpShardedTensorStateDictRoundTrips) {
-  auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"}, group_ptr());
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"}, group_ptr());
   const ModelArgs args = uneven_args();
   auto make_2d = [&](double shift) {
     models::Transformer m(args);
@@ -1360,7 +1482,8 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpShardedTensorStateDictRoundTrips) {
   };
   models::Transformer model = make_2d(0.0);
   torch::optim::SGD opt(nn::parameters(*model), torch::optim::SGDOptions(0.05));
-  const at::Tensor tokens = my_rows(tokens_for(args, 8, 6), static_cast<int>(mesh.get_local_rank("dp")), 2);
+  const at::Tensor tokens =
+      my_rows(tokens_for(args, 8, 6), static_cast<int>(mesh.get_local_rank("dp")), static_cast<int>(mesh.size(0)));
   for (int step = 0; step < 2; ++step) {
     opt.zero_grad();
     mean_square(nn::call(model, tokens)).backward();
@@ -1394,8 +1517,14 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpShardedTensorStateDictRoundTrips) {
       EXPECT_FALSE(st.local_shards()[0].is_nested());
     }
     EXPECT_EQ(inner->process_group()->global_ranks(), dp_ranks);
-    ASSERT_EQ(inner->local_shards().size(), 1u);
-    EXPECT_TRUE(inner->local_shards()[0].tensor.equal(local_tensor(*param)));
+    // No local shard where torch.chunk runs out of rows (FSDP's shard is empty: at 4 dp ranks,
+    // the last of a 3-row TP piece).
+    if (local_tensor(*param).size(0) == 0) {
+      EXPECT_TRUE(inner->local_shards().empty());
+    } else {
+      ASSERT_EQ(inner->local_shards().size(), 1u);
+      EXPECT_TRUE(inner->local_shards()[0].tensor.equal(local_tensor(*param)));
+    }
     ++checked;
   }
   EXPECT_EQ(checked, params.size());
@@ -1408,8 +1537,8 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpShardedTensorStateDictRoundTrips) {
     EXPECT_TRUE(nn::call(model, tokens).equal(nn::call(other, tokens)));
   }
 
-  // Plain FSDP (1-D over 4 ranks): Shard(0) saved, loaded into a model sharded on dim 1.
-  auto mesh1 = init_device_mesh("cpu", {4}, {}, group_ptr());
+  // Plain FSDP (1-D over all ranks): Shard(0) saved, loaded into a model sharded on dim 1.
+  auto mesh1 = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   auto make_1d = [&](double shift, bool dim1) {
     models::Transformer m(args);
     init_deterministic(*m);

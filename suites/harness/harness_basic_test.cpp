@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <numeric>
 #include <string>
 
 namespace dtensor {
@@ -17,21 +18,28 @@ namespace {
 
 using testing::SubtestParams;
 
+// The default fixture: 4 ranks on a CPU machine (DTENSOR_WORLD_SIZE changes the count and
+// DTENSOR_BACKEND the backend; the bodies hold at any of them). A body expects the group the
+// fixture asked for: run by an external launcher with another count, it fails
+// (HarnessReports.ExternalLauncherRunsInLockstepAndOnlyRankZeroPrints relies on that).
 class FourRanks : public testing::MultiProcessTest {};
 
 DTENSOR_TEST_F(FourRanks, EveryRankRunsTheBodyWithItsGroup) {
-  EXPECT_EQ(world_size(), 4);
+  const int n = effective_world_size();
   ASSERT_GE(rank(), 0);
-  ASSERT_LT(rank(), 4);
-  EXPECT_EQ(group().size(), 4);
+  ASSERT_LT(rank(), n);
+  EXPECT_EQ(group().size(), n);
+  EXPECT_EQ(ranks(), n);
   EXPECT_EQ(group().rank(), rank());
-  EXPECT_EQ(group().backend(), "gloo");
+  // gloo on a CPU machine (the default backend), or what DTENSOR_BACKEND names.
+  EXPECT_EQ(group().backend(), effective_backend());
+  if (std::getenv("DTENSOR_BACKEND") == nullptr && testing::gpu_count() == 0) EXPECT_EQ(group().backend(), "gloo");
   EXPECT_EQ(comm::default_group().get(), &group());
-  EXPECT_EQ(device_type(), "cpu");
+  EXPECT_EQ(device_type(), testing::device_type_for_backend(effective_backend()));
   // Every rank is its own process.
   auto pids = comm::all_gather_object(group(), static_cast<int64_t>(::getpid()));
   std::set<int64_t> distinct(pids.begin(), pids.end());
-  EXPECT_EQ(distinct.size(), 4u);
+  EXPECT_EQ(distinct.size(), static_cast<size_t>(n));
 }
 
 class TwoRanks : public testing::MultiProcessTest {
@@ -40,10 +48,9 @@ class TwoRanks : public testing::MultiProcessTest {
 };
 
 DTENSOR_TEST_F(TwoRanks, WorldSizeOverride) {
-  // The variable wins over the fixture by design (so CI can change every suite at once).
-  const char* env = std::getenv("DTENSOR_WORLD_SIZE");
-  if (env && *env && std::string(env) != "2")
-    GTEST_SKIP() << "DTENSOR_WORLD_SIZE=" << env << " overrides the fixture's world_size() of 2";
+  // The variable wins over the fixture by design (so CI can change every suite at once): this
+  // checks the fixture's own count, so it needs that count.
+  DTENSOR_REQUIRE_WORLD_SIZE(2);
   EXPECT_EQ(group().size(), 2);
   at::Tensor x = at::ones({1});
   group().all_reduce(x);
@@ -60,11 +67,12 @@ using SpawnRanks = Launched<testing::LaunchMode::kSpawn>;
 using PoolRanks = Launched<testing::LaunchMode::kWorkerPool>;
 
 void check_collective_and_isolation(testing::MultiRankTest& t) {
+  const int n = t.ranks();
   at::Tensor x = at::full({2}, t.rank());
   t.group().all_reduce(x);
-  EXPECT_EQ(x[0].item<float>(), 6);
+  EXPECT_EQ(x[0].item<float>(), n * (n - 1) / 2);  // 0 + 1 + ... + (n - 1)
   auto pids = comm::all_gather_object(t.group(), static_cast<int64_t>(::getpid()));
-  EXPECT_EQ(std::set<int64_t>(pids.begin(), pids.end()).size(), 4u);
+  EXPECT_EQ(std::set<int64_t>(pids.begin(), pids.end()).size(), static_cast<size_t>(n));
 }
 
 DTENSOR_TEST_F(SpawnRanks, CollectiveWorks) { check_collective_and_isolation(*this); }
@@ -111,8 +119,9 @@ DTENSOR_TEST_F(ThreadRanks, EveryThreadHasItsRankAndGroup) {
   EXPECT_EQ(comm::default_group().get(), &group());
   auto pids = comm::all_gather_object(group(), static_cast<int64_t>(::getpid()));
   EXPECT_EQ(std::set<int64_t>(pids.begin(), pids.end()).size(), 1u);
-  auto ranks = comm::all_gather_object(group(), rank());
-  EXPECT_EQ(ranks, (std::vector<int>{0, 1, 2, 3}));
+  std::vector<int> expected(static_cast<size_t>(ranks()));
+  std::iota(expected.begin(), expected.end(), 0);
+  EXPECT_EQ(comm::all_gather_object(group(), rank()), expected);
 }
 
 DTENSOR_TEST_F(FourRanks, RunSubtestsCoversTheProduct) {
@@ -120,10 +129,11 @@ DTENSOR_TEST_F(FourRanks, RunSubtestsCoversTheProduct) {
   int n = testing::run_subtests({{"dtype", {"float", "double"}}, {"dim", {0, 1, 2}}, {"flag", {true}}},
                                 [&](const SubtestParams& p) {
                                   seen.push_back(p.to_string());
-                                  // Collectives inside subtests share the test's group.
+                                  // Collectives inside subtests share the test's group (of
+                                  // the count the fixture asked for).
                                   at::Tensor x = at::ones({1});
                                   group().all_reduce(x);
-                                  EXPECT_EQ(x.item<float>(), 4);
+                                  EXPECT_EQ(x.item<float>(), effective_world_size());
                                   EXPECT_TRUE(p.get<bool>("flag"));
                                 });
   EXPECT_EQ(n, 6);
@@ -218,6 +228,11 @@ TEST(GpuDefaults, NcclOnlyWithAGpuPerRank) {
   EXPECT_EQ(testing::device_type_for_backend("cpu:gloo,cuda:nccl"), "cuda");
   EXPECT_EQ(testing::device_type_for_backend("gloo"), "cpu");
   EXPECT_EQ(testing::device_type_for_backend("mpi"), "cpu");
+  // One GPU: every rank on it, Gloo moving host copies (README, "Nightly GPU runs").
+  EXPECT_EQ(testing::device_type_for_backend("cpu:gloo,cuda:gloo"), "cuda");
+  EXPECT_EQ(testing::gpu_skip_reason("cpu:gloo,cuda:gloo", 4, 1, 0), "");
+  EXPECT_EQ(testing::gpu_skip_reason("cpu:gloo,cuda:gloo", 4, 0, 0),
+            "backend cpu:gloo,cuda:gloo moves CUDA tensors: it needs a CUDA device, this machine has none");
 }
 
 TEST(GpuDefaults, ForcedNcclWithTooFewGpusSkipsWithTheReason) {

@@ -492,12 +492,13 @@ TEST(HarnessReports, ThreadMismatchedCollectivesNameEachRanksCall) {
 // before), none of which is alive once the program has exited.
 TEST(HarnessReports, ForkServerRanksAreFreshInEveryTest) {
   testing::TempDir tmp, pids;
-  auto run = testing::run_self({"--gtest_filter=FreshRanks.*"},
-                               {{"TMPDIR", tmp.path()}, {"DTENSOR_TEST_PID_DIR", pids.path()}});
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_CONTAINS(run.output, "[  PASSED  ] 4 tests");
   const char* env = std::getenv("DTENSOR_WORLD_SIZE");
   const size_t world = env && *env ? std::stoul(env) : 4;
+  auto run = testing::run_self({"--gtest_filter=FreshRanks.*"},
+                               {{"TMPDIR", tmp.path()}, {"DTENSOR_TEST_PID_DIR", pids.path()},
+                                {"DTENSOR_WORLD_SIZE", std::to_string(world)}});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_CONTAINS(run.output, "[  PASSED  ] 4 tests");
   const auto names = pids.entries();  // one per rank process
   EXPECT_EQ(names.size(), 4 * world) << "4 tests of " << world << " ranks, each rank its own process";
   for (const auto& n : names) {

@@ -81,7 +81,7 @@ void check_equivalence(const std::function<Model()>& make, const std::function<v
   }
 }
 
-DeviceMesh tp_mesh(testing::MultiRankTest& t) { return init_device_mesh("cpu", {t.group().size()}, {}, t.group_ptr()); }
+DeviceMesh tp_mesh(testing::MultiRankTest& t) { return init_device_mesh(t.device_type(), {t.ranks()}, {}, t.group_ptr()); }
 
 
 // ---- MLPs ------------------------------------------------------------------------------------
@@ -124,6 +124,8 @@ void check_transformer(testing::MultiRankTest& t, const TransformerCase& c, int 
   args.dropout_p = 0.0;
   args.weight_tying = c.weight_tying;
   args.checkpoint_activations = c.checkpoint;
+  // Local attention outputs need whole heads on every rank (4 heads: up to 4 ranks).
+  if (c.local_output_for_attn && args.n_heads % t.ranks() != 0) args.n_heads = t.ranks();
   const at::Tensor tokens = tokens_for(args, 2, 8);
   const at::Tensor targets = tokens_for(args, 2, 8).roll(1, 1).flatten();
   check_equivalence<models::Transformer>(
@@ -167,9 +169,12 @@ void check_collectives(testing::MultiRankTest& t) {
   for (bool sp : {false, true}) {
     SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
     auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
-    auto mesh = init_device_mesh("cpu", {t.group().size()}, {}, counting);
+    auto mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, counting);
     ModelArgs args;
     args.dropout_p = 0.0;
+    // The plan's counts hold with whole heads on every rank (4 heads: up to 4 ranks); a rank
+    // with part of a head redistributes the attention activations.
+    if (args.n_heads % t.ranks() != 0) args.n_heads = t.ranks();
     models::Transformer model(args);
     models::Transformer::parallelize(model, mesh, sp);
     torch::optim::SGD opt(nn::parameters(*model), torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -235,7 +240,7 @@ DTENSOR_TEST_F(TpModelsThreads4, ParallelizeShardsParametersAsThePlanSays) {
     EXPECT_TRUE(m->output->weight.is_same(m->tok_embeddings->weight));
     EXPECT_TRUE(m->named_parameters()["output.weight"].is_same(m->tok_embeddings->weight));
     EXPECT_EQ(local_tensor(m->layers->ptr<models::TransformerBlockImpl>(0)->feed_forward->w1->weight).sizes(),
-              (c10::IntArrayRef{64 / group().size(), 16}));
+              (c10::IntArrayRef{64 / ranks(), 16}));
   }
 }
 

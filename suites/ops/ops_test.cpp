@@ -249,7 +249,8 @@ DTENSOR_TEST_F(OpCheck, ChecksTheLocalShapeAgainstTheOutputSpec) {
       },
       -1, {at::arange(32, at::kFloat).view({8, 4})}, {});
   EXPECT_EQ(r.forward.status, CheckStatus::kFail);
-  EXPECT_PRED2(contains, r.forward.reason, "local shape [8, 4] is not the [2, 4] its spec implies");
+  const std::string implied = "[" + std::to_string(8 / ranks()) + ", 4]";  // Shard(0) of 8 rows
+  EXPECT_PRED2(contains, r.forward.reason, "local shape [8, 4] is not the " + implied + " its spec implies");
 }
 
 // A backward whose forward failed somewhere is not a verified backward.
@@ -372,9 +373,13 @@ DTENSOR_TEST_F(ReductionRules, ReducingAShardedDimGivesThePartialOfTheReduction)
 }
 
 DTENSOR_TEST_F(ReductionRules, UnevenShardsCombineOnlyWhereTheReductionAllows) {
+  DTENSOR_REQUIRE_WORLD_SIZE_AT_LEAST(2);
   auto mesh = build_device_mesh();
-  // 5 rows on 4 ranks: 2, 2, 1, 0. 7 rows: 2, 2, 2, 1.
-  at::Tensor g5 = at::arange(30, at::kDouble).view({5, 6}), g7 = at::arange(28, at::kDouble).view({7, 4});
+  // x5: uneven with an empty last shard (4 ranks: 5 rows, 2, 2, 1, 0; 2 ranks: 1 row, 1, 0).
+  // x7: uneven, no shard empty (2n - 1 rows: 4 ranks, 2, 2, 2, 1).
+  const int64_t n = ranks(), rows5 = n == 2 ? 1 : n + 1, rows7 = 2 * n - 1;
+  at::Tensor g5 = at::arange(rows5 * 6, at::kDouble).view({rows5, 6});
+  at::Tensor g7 = at::arange(rows7 * 4, at::kDouble).view({rows7, 4});
   at::Tensor x5 = distribute_tensor(g5, mesh, {Shard{0}}), x7 = distribute_tensor(g7, mesh, {Shard{0}});
   EXPECT_EQ(placements_of(at::sum(x5, {0})), "(Partial(sum),)");
   // The mean of uneven shards' means is not the mean; the max of an empty shard has no value.

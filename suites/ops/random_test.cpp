@@ -21,7 +21,21 @@ using testing::contains;
 using testing::error_of;
 
 class RandomThreads : public testing::DTensorOpTestBase {};
-class RandomGloo : public testing::DTensorTestBase {};
+// Random numbers on DTensors are drawn on the CPU (dtensor/tensor/random.h: the mesh's device
+// must be the CPU): the process suite skips when its backend puts meshes on another device.
+class RandomGloo : public testing::DTensorTestBase {
+ protected:
+  void SetUpRank() override {
+    if (device_type() != "cpu")
+      GTEST_SKIP() << "DTensor random numbers need a CPU mesh; backend " << effective_backend() << " builds "
+                   << device_type() << " meshes";
+  }
+};
+
+// The meshes the value checks run on: 1-D over all ranks, and (n/2, 2).
+std::vector<std::vector<int64_t>> mesh_shapes(const testing::MultiRankTest& t) {
+  return {{t.ranks()}, t.mesh_shape_2d()};
+}
 
 // The placements tried on each mesh.
 std::vector<std::vector<Placement>> placements_of(const DeviceMesh& mesh) {
@@ -43,9 +57,9 @@ void with_default_seed(uint64_t seed, const std::function<void()>& fn) {
 
 // randn / rand under a mesh: the single-device values from the same seed; consecutive calls
 // continue the same stream (every rank draws the whole tensor, whatever its shard).
-void check_factories() {
-  for (std::vector<int64_t> mesh_shape : {std::vector<int64_t>{4}, std::vector<int64_t>{2, 2}}) {
-    auto mesh = init_device_mesh("cpu", mesh_shape);
+void check_factories(const testing::MultiRankTest& t) {
+  for (const std::vector<int64_t>& mesh_shape : mesh_shapes(t)) {
+    auto mesh = init_device_mesh(t.device_type(), mesh_shape);
     manual_seed(7, mesh);
     at::Generator expected = at::detail::createCPUGenerator(7);
     for (const auto& ps : placements_of(mesh)) {
@@ -61,14 +75,14 @@ void check_factories() {
     }
   }
 }
-DTENSOR_TEST_F(RandomThreads, FactoriesMatchSingleDeviceForEveryPlacement) { check_factories(); }
-DTENSOR_TEST_F(RandomGloo, FactoriesMatchSingleDeviceForEveryPlacement) { check_factories(); }
+DTENSOR_TEST_F(RandomThreads, FactoriesMatchSingleDeviceForEveryPlacement) { check_factories(*this); }
+DTENSOR_TEST_F(RandomGloo, FactoriesMatchSingleDeviceForEveryPlacement) { check_factories(*this); }
 
 // In-place and functional random ops and dropout on DTensors: the values the same ops give on
 // one device after at::manual_seed with the same seed.
-void check_random_ops() {
-  for (std::vector<int64_t> mesh_shape : {std::vector<int64_t>{4}, std::vector<int64_t>{2, 2}}) {
-    auto mesh = init_device_mesh("cpu", mesh_shape);
+void check_random_ops(const testing::MultiRankTest& t) {
+  for (const std::vector<int64_t>& mesh_shape : mesh_shapes(t)) {
+    auto mesh = init_device_mesh(t.device_type(), mesh_shape);
     for (const auto& ps : placements_of(mesh)) {
       for (const auto& shape : kShapes) {
         SCOPED_TRACE(::testing::Message() << mesh.to_string() << " " << to_string(ps) << " " << c10::IntArrayRef(shape));
@@ -97,14 +111,15 @@ void check_random_ops() {
     }
   }
 }
-DTENSOR_TEST_F(RandomThreads, OpsMatchSingleDeviceForEveryPlacement) { check_random_ops(); }
-DTENSOR_TEST_F(RandomGloo, OpsMatchSingleDeviceForEveryPlacement) { check_random_ops(); }
+DTENSOR_TEST_F(RandomThreads, OpsMatchSingleDeviceForEveryPlacement) { check_random_ops(*this); }
+DTENSOR_TEST_F(RandomGloo, OpsMatchSingleDeviceForEveryPlacement) { check_random_ops(*this); }
 
 // Without manual_seed, the first random op copies world rank 0's default generator state to
 // every rank (the processes' default generators differ here; the threads share one, which only
 // rank 0 touches).
-void check_first_use_syncs_from_rank_zero(int rank, bool threads, comm::Group& group) {
-  auto mesh = init_device_mesh("cpu", {4});
+void check_first_use_syncs_from_rank_zero(const testing::MultiRankTest& t, bool threads) {
+  const int rank = t.rank();
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
   EXPECT_FALSE(rng_tracker_initialized(mesh));
   at::Tensor mine;
   if (rank == 0 || !threads) {
@@ -114,14 +129,14 @@ void check_first_use_syncs_from_rank_zero(int rank, bool threads, comm::Group& g
   } else {
     mine = at::zeros({5, 6});
   }
-  group.barrier();  // rank 0's default generator is set before anyone syncs from it
+  t.group().barrier();  // rank 0's default generator is set before anyone syncs from it
   const at::Tensor rank0 = local_tensor(distribute_tensor(mine, mesh, {Replicate{}}));  // rank 0's values
   at::Tensor a = randn({5, 6}, mesh, {Shard{0}});
   EXPECT_TRUE(rng_tracker_initialized(mesh));
   EXPECT_TRUE(at::equal(full_tensor(a), rank0));
 }
-DTENSOR_TEST_F(RandomThreads, FirstUseSyncsFromRankZero) { check_first_use_syncs_from_rank_zero(rank(), true, group()); }
-DTENSOR_TEST_F(RandomGloo, FirstUseSyncsFromRankZero) { check_first_use_syncs_from_rank_zero(rank(), false, group()); }
+DTENSOR_TEST_F(RandomThreads, FirstUseSyncsFromRankZero) { check_first_use_syncs_from_rank_zero(*this, true); }
+DTENSOR_TEST_F(RandomGloo, FirstUseSyncsFromRankZero) { check_first_use_syncs_from_rank_zero(*this, false); }
 
 // An explicit generator is drawn from instead of the tracker (which stays untouched).
 DTENSOR_TEST_F(RandomThreads, ExplicitGeneratorIsUsedOnEveryRank) {
@@ -152,11 +167,22 @@ DTENSOR_TEST_F(RandomThreads, DropoutOfAPartialTensorStaysPartial) {
   EXPECT_TRUE(at::allclose(full_tensor(out), g * expected_mask * 2));
 }
 
+// PyTorch's repr of a 1-D mesh over all ranks: "DeviceMesh('cpu', [0, 1, 2, 3])".
+std::string mesh_repr(const testing::MultiRankTest& t) {
+  std::string s = "DeviceMesh('" + t.device_type() + "', [";
+  for (int r = 0; r < t.ranks(); ++r) s += (r ? ", " : "") + std::to_string(r);
+  return s + "])";
+}
+
 DTENSOR_TEST_F(RandomThreads, ManualSeedRefusesDifferentSeedsOnEveryRank) {
   auto mesh = build_device_mesh();
-  EXPECT_PRED2(contains, error_of([&] { manual_seed(rank() == 2 ? 5 : 4, mesh); }),
-               "manual_seed: the ranks of DeviceMesh('cpu', [0, 1, 2, 3]) passed different seeds (rank 0: 4, rank 1: "
-               "4, rank 2: 5, rank 3: 4); every rank of the mesh's world must pass the same seed");
+  const int odd_one = ranks() - 1;  // the last rank passes 5, the others 4
+  std::string seeds;
+  for (int r = 0; r < ranks(); ++r)
+    seeds += (r ? ", rank " : "rank ") + std::to_string(r) + ": " + (r == odd_one ? "5" : "4");
+  EXPECT_PRED2(contains, error_of([&] { manual_seed(rank() == odd_one ? 5 : 4, mesh); }),
+               "manual_seed: the ranks of " + mesh_repr(*this) + " passed different seeds (" + seeds +
+                   "); every rank of the mesh's world must pass the same seed");
   EXPECT_FALSE(rng_tracker_initialized(mesh));
 }
 
@@ -164,8 +190,8 @@ DTENSOR_TEST_F(RandomThreads, BadFactoryAndInPlaceCallsFailWithTheReason) {
   auto mesh = build_device_mesh();
   manual_seed(1, mesh);
   EXPECT_PRED2(contains, error_of([&] { randn({8, 4}, mesh, {Partial{}}); }),
-               "dtensor::randn: placements (Partial(sum),) on DeviceMesh('cpu', [0, 1, 2, 3]) hold a Partial; a "
-               "random tensor is not a sum of per-rank values: use Shard or Replicate");
+               "dtensor::randn: placements (Partial(sum),) on " + mesh_repr(*this) +
+                   " hold a Partial; a random tensor is not a sum of per-rank values: use Shard or Replicate");
   EXPECT_PRED2(contains, error_of([&] { rand({8, 4}, mesh, {Shard{0}, Shard{1}}); }),
                "dtensor::rand: 2 placements for the 1-D mesh");
   at::Tensor partial = detail::redistribute_to_any(distribute_tensor(at::ones({8, 4}), mesh, {Replicate{}}), {Partial{}});

@@ -3,7 +3,8 @@
 // in-place views, writes through views (NOTE: [In-place writes through DTensor views]),
 // Partial kept through data movement, advanced indexing layouts and index arguments,
 // in-place indexing that re-lays out its target, new_* layouts, and the DTensor factories.
-// Ranks are threads (DTensorOpTestBase); the expectations are for 4 ranks.
+// Ranks are threads (DTensorOpTestBase); the tests whose expected shards are written for 4
+// ranks declare it (DTENSOR_REQUIRE_WORLD_SIZE), the others hold at any world size.
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/tensor/dtensor_impl.h"
 #include "harness/dtensor_test_base.h"
@@ -27,16 +28,12 @@ at::Tensor partial_of(const at::Tensor& global, const DeviceMesh& mesh, comm::Re
   return from_local(global + shift, mesh, {Partial(op)});
 }
 
-#define REQUIRE_FOUR_RANKS()                                                                   \
-  if (group().size() != 4) GTEST_SKIP() << "the expected shards are for 4 ranks; this run has " \
-                                        << group().size()
-
 // ---- views -------------------------------------------------------------------------------------
 
 class ViewRules : public testing::DTensorOpTestBase {};
 
 DTENSOR_TEST_F(ViewRules, FlattenKeepsAShardOnlyWhereTheRunsOfElementsMatch) {
-  REQUIRE_FOUR_RANKS();
+  DTENSOR_REQUIRE_WORLD_SIZE(4);  // the expected shards are for 4 ranks
   auto mesh = build_device_mesh();
   struct Case {
     std::vector<int64_t> in, out;
@@ -57,8 +54,8 @@ DTENSOR_TEST_F(ViewRules, FlattenKeepsAShardOnlyWhereTheRunsOfElementsMatch) {
 // On a 2x2 mesh the second mesh dim splits what the first left: 6 rows -> 3,3 -> 2,1,2,1 rows
 // of 2 = 4,2 elements, but 12 elements -> 6,6 -> 3,3: only mesh dim 0 keeps its shard.
 DTENSOR_TEST_F(ViewRules, OnA2DMeshEachMeshDimKeepsItsShardOnlyIfEveryCoordinateMatches) {
-  REQUIRE_FOUR_RANKS();
-  auto mesh = init_device_mesh("cpu", {2, 2}, {}, group_ptr());
+  DTENSOR_REQUIRE_WORLD_SIZE(4);  // the expected shards are for 4 ranks
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {}, group_ptr());
   at::Tensor g = at::arange(12, at::kFloat).view({6, 2});
   at::Tensor y = distribute_tensor(g, mesh, {Shard{0}, Shard{0}}).view({12});
   // (Shard(0), Replicate()) or (Replicate(), Shard(0)): each is exact, at the same cost.
@@ -72,7 +69,7 @@ DTENSOR_TEST_F(ViewRules, OnA2DMeshEachMeshDimKeepsItsShardOnlyIfEveryCoordinate
 }
 
 DTENSOR_TEST_F(ViewRules, SqueezeNeverDropsADimWithAOneElementShard) {
-  REQUIRE_FOUR_RANKS();
+  DTENSOR_REQUIRE_WORLD_SIZE(4);  // the expected shards are for 4 ranks
   auto mesh = build_device_mesh();
   at::Tensor g = at::arange(8, at::kFloat).view({2, 1, 4});  // dim 0 on 4 ranks: 1,1,0,0 rows
   at::Tensor x = distribute_tensor(g, mesh, {Shard{0}});
@@ -271,12 +268,12 @@ DTENSOR_TEST_F(TensorRules, NewFactoriesFollowTheInputOnlyForItsShape) {
 class DTensorFactory : public testing::DTensorOpTestBase {};
 
 DTENSOR_TEST_F(DTensorFactory, CreatesOnlyTheLocalShard) {
-  REQUIRE_FOUR_RANKS();
+  DTENSOR_REQUIRE_WORLD_SIZE(4);  // the expected shards are for 4 ranks
   auto mesh = build_device_mesh();
   at::Tensor z = dtensor::zeros({10, 4}, mesh, {Shard{0}});
   EXPECT_EQ(local_tensor(z).sizes(), c10::IntArrayRef({rank() < 3 ? 3 : 1, 4}));  // 3,3,3,1 rows
   EXPECT_TRUE(at::equal(full_tensor(z), at::zeros({10, 4})));
-  auto mesh2 = init_device_mesh("cpu", {2, 2}, {}, group_ptr());
+  auto mesh2 = init_device_mesh(device_type(), mesh_shape_2d(), {}, group_ptr());
   at::Tensor o = dtensor::ones({5, 3}, mesh2, {Shard{0}, Shard{1}}, at::kDouble);
   EXPECT_EQ(o.scalar_type(), at::kDouble);
   EXPECT_TRUE(at::equal(full_tensor(o), at::ones({5, 3}, at::kDouble)));

@@ -88,7 +88,9 @@ torch::nn::Embedding make_embedding() {
   return e;
 }
 
-at::Tensor tokens() { return (at::arange(16, at::kLong) * 5 + 2).remainder(12).view({4, 4}); }
+// [n, n] token ids for n ranks: a Shard(0) or Shard(-1) input is even (from_local of a style's
+// input assumes even shards, as PyTorch's does).
+at::Tensor tokens(int64_t n) { return (at::arange(n * n, at::kLong) * 5 + 2).remainder(12).view({n, n}); }
 
 DTENSOR_TEST_F(StyleRanks, ColwiseParallelLinearEveryLayout) {
   auto mesh = build_device_mesh();
@@ -128,7 +130,7 @@ DTENSOR_TEST_F(StyleRanks, ColwiseParallelEmbeddingEveryLayout) {
         torch::nn::Embedding ref = make_embedding(), tp = make_embedding();
         parallelize_module(tp, mesh, ColwiseParallel().input_layouts(in).output_layouts(out).use_local_output(local));
         EXPECT_EQ(to_string(get_spec(tp->weight).placements), "(Shard(dim=1),)");
-        check_style(mesh, ref, tp, tokens(), in, out, local, false);
+        check_style(mesh, ref, tp, tokens(ranks()), in, out, local, false);
       }
 }
 
@@ -141,7 +143,7 @@ DTENSOR_TEST_F(StyleRanks, RowwiseParallelEmbeddingEveryLayout) {
         torch::nn::Embedding ref = make_embedding(), tp = make_embedding();
         parallelize_module(tp, mesh, RowwiseParallel().input_layouts(in).output_layouts(out).use_local_output(local));
         EXPECT_EQ(to_string(get_spec(tp->weight).placements), "(Shard(dim=0),)");
-        check_style(mesh, ref, tp, tokens(), in, out, local, false);
+        check_style(mesh, ref, tp, tokens(ranks()), in, out, local, false);
       }
 }
 
@@ -204,7 +206,8 @@ TORCH_MODULE(TwoOutputs);
 
 DTENSOR_TEST_F(StyleRanks, PrepareModuleInputConvertsEachPosition) {
   auto mesh = build_device_mesh();
-  const at::Tensor x = values({8, 3}), y = values({4}, 1);
+  // Shard(0) inputs even over the ranks (from_local assumes even shards).
+  const at::Tensor x = values({2 * ranks(), 3}), y = values({ranks()}, 1);
   for (bool local : {false, true}) {
     ThreeInputs m;
     parallelize_module(m, mesh,
@@ -285,10 +288,10 @@ DTENSOR_TEST_F(StyleRanks, PlanErrorsRaiseBeforeAnythingIsApplied) {
   };
   for (const auto& c : cases) EXPECT_PRED2(contains, error_of([&] { parallelize_module(m, mesh, c.plan); }), c.message);
   for (const auto& kv : m->named_parameters()) EXPECT_FALSE(is_dtensor(kv.value())) << kv.key();
-  auto mesh2 = init_device_mesh("cpu", {2, 2}, {}, group_ptr());
+  auto mesh2 = init_device_mesh(device_type(), {1, ranks()}, {}, group_ptr());
   EXPECT_PRED2(contains, error_of([&] { parallelize_module(m, mesh2, {{"layers.0.net1", ColwiseParallel()}}); }),
-               "parallelize_module: tensor parallelism takes a 1-D device mesh, got DeviceMesh('cpu', [[0, 1], [2, 3]])"
-               "; slice the tensor-parallel dim, e.g. mesh[\"tp\"]");
+               "parallelize_module: tensor parallelism takes a 1-D device mesh, got " + mesh2.to_string() +
+                   "; slice the tensor-parallel dim, e.g. mesh[\"tp\"]");
   // Applying a parameter style twice names the earlier parallelization.
   parallelize_module(m, mesh, {{"layers.0.net1", ColwiseParallel()}});
   EXPECT_PRED2(contains, error_of([&] { parallelize_module(m, mesh, {{"layers.0.net1", RowwiseParallel()}}); }),
@@ -332,11 +335,12 @@ DTENSOR_TEST_F(StyleRanks, CallErrorsNameTheStyleAndModule) {
 
 // ---- a user-written module tree (README) -----------------------------------------------------
 
-// As the README shows: children called through dtensor::nn::call.
+// As the README shows: children called through dtensor::nn::call. The hidden dim is 3 per rank:
+// column-sharded outputs are even (from_local of a style's input assumes even shards).
 struct BlockImpl : torch::nn::Module {
-  BlockImpl() {
-    up = register_module("up", torch::nn::Linear(6, 12));
-    down = register_module("down", torch::nn::Linear(12, 6));
+  explicit BlockImpl(int64_t ranks) {
+    up = register_module("up", torch::nn::Linear(6, 3 * ranks));
+    down = register_module("down", torch::nn::Linear(3 * ranks, 6));
     norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({6})));
   }
   at::Tensor forward(const at::Tensor& x) {
@@ -351,7 +355,7 @@ DTENSOR_TEST_F(StyleRanks, UserModuleTreeWithCall) {
   auto mesh = build_device_mesh();
   for (bool sp : {false, true}) {
     SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
-    Block ref, tp;
+    Block ref(ranks()), tp(ranks());
     set_parameters(*ref, 2);
     set_parameters(*tp, 2);
     ParallelizePlan plan = {{"up", ColwiseParallel()}, {"down", RowwiseParallel()}};
@@ -361,7 +365,7 @@ DTENSOR_TEST_F(StyleRanks, UserModuleTreeWithCall) {
               {"down", RowwiseParallel().output_layouts(Shard{1})}};
     }
     parallelize_module(tp, mesh, plan);
-    const at::Tensor x = values({2, 8, 6}, 1);
+    const at::Tensor x = values({2, 2 * ranks(), 6}, 1);
     // With sequence parallelism the block's input and output are this rank's sequence shard.
     at::Tensor y = nn::call(tp, sp ? shard_of(x, mesh, Shard{1}, false) : x);
     if (sp) y = from_local(y, mesh, {Shard{1}});
@@ -370,18 +374,18 @@ DTENSOR_TEST_F(StyleRanks, UserModuleTreeWithCall) {
 }
 
 // from_local keeps a contiguous local tensor (its spec's strides are contiguous).
-// PyTorch's global strides of a permuted local tensor (compute_global_tensor_info: [1, 8] for
-// a [2, 3] local with strides [1, 2] sharded 4 ways on dim 0): view() refuses as it does on a
+// PyTorch's global strides of a permuted local tensor (compute_global_tensor_info: [1, 2n] for
+// a [2, 3] local with strides [1, 2] sharded n ways on dim 0): view() refuses as it does on a
 // plain tensor with those strides, and reshape() copies.
 DTENSOR_TEST_F(StyleRanks, FromLocalOfTransposedTensorHasPyTorchStrides) {
   auto mesh = build_device_mesh();
   at::Tensor local = values({3, 2}).t();  // [2, 3], not contiguous
   at::Tensor d = from_local(local, mesh, {Shard{0}});
   EXPECT_TRUE(local_tensor(d).is_contiguous());
-  EXPECT_EQ(d.strides(), (c10::IntArrayRef{1, 8}));
-  EXPECT_PRED2(contains, error_of([&] { (void)d.view({6 * group().size()}); }), "view size is not compatible");
-  at::Tensor v = d.reshape({6 * group().size()});
-  EXPECT_TRUE(at::equal(gathered(v), at::cat({local, local, local, local}).reshape({24})));
+  EXPECT_EQ(d.strides(), (c10::IntArrayRef{1, 2 * ranks()}));
+  EXPECT_PRED2(contains, error_of([&] { (void)d.view({6 * ranks()}); }), "view size is not compatible");
+  at::Tensor v = d.reshape({6 * ranks()});
+  EXPECT_TRUE(at::equal(gathered(v), at::cat(std::vector<at::Tensor>(static_cast<size_t>(ranks()), local)).reshape({6 * ranks()})));
 }
 
 }  // namespace

@@ -64,7 +64,7 @@ DTENSOR_TEST_F(TpParity, RootKeyAppliesToTheModuleItself) {
                      {{"", PrepareModuleInput().input_layouts({Shard{0}}).desired_input_layouts({Replicate{}})}});
   at::Tensor out = nn::call(m, at::ones({2, 3}));
   EXPECT_EQ(m->seen, "(Replicate(),)");
-  EXPECT_EQ(out.sizes(), (c10::IntArrayRef{8, 3}));
+  EXPECT_EQ(out.sizes(), (c10::IntArrayRef{2 * ranks(), 3}));  // Shard(0) of [2, 3] pieces
 }
 
 DTENSOR_TEST_F(TpParity, UnmatchedPlanKeysWarnAndAreSkipped) {
@@ -96,11 +96,11 @@ DTENSOR_TEST_F(TpParity, PrepareModuleInputOutput) {
                          .use_local_input(true)
                          .output_layouts({Replicate{}})
                          .desired_output_layouts({Shard{1}}));
-  const at::Tensor full = values({8, 8});
-  at::Tensor out = nn::call(m, full.chunk(4, 0)[static_cast<size_t>(rank())]);
-  EXPECT_EQ(m->seen, "plain [8, 8]");  // use_local_input: the module sees the replicated tensor
-  EXPECT_FALSE(is_dtensor(out));         // use_local_output defaults to true
-  EXPECT_TRUE(at::equal(out, full.chunk(4, 1)[static_cast<size_t>(rank())]));
+  const at::Tensor full = values({2 * ranks(), 2 * ranks()});
+  at::Tensor out = nn::call(m, full.chunk(ranks(), 0)[static_cast<size_t>(rank())]);
+  EXPECT_EQ(m->seen, "plain " + c10::str(full.sizes()));  // use_local_input: the module sees the replicated tensor
+  EXPECT_FALSE(is_dtensor(out));                           // use_local_output defaults to true
+  EXPECT_TRUE(at::equal(out, full.chunk(ranks(), 1)[static_cast<size_t>(rank())]));
   EXPECT_PRED2(contains, PrepareModuleInputOutput().input_layouts({Shard{0}}).desired_input_layouts({Replicate{}})
                              .output_layouts({Replicate{}}).desired_output_layouts({Shard{1}}).to_string(),
                "PrepareModuleInputOutput(PrepareModuleInput(input_layouts=(Shard(dim=0),), desired_input_layouts="
@@ -130,8 +130,8 @@ DTENSOR_TEST_F(TpParity, PrepareModuleInputKeywordLayouts) {
                          .input_kwarg_layouts({{"bias", Shard{0}}})
                          .desired_input_kwarg_layouts({{"bias", Replicate{}}}));
   c10::Dict<std::string, at::Tensor> kwargs;
-  const at::Tensor bias = values({8, 2});
-  kwargs.insert("bias", bias.chunk(4, 0)[static_cast<size_t>(rank())]);
+  const at::Tensor bias = values({2 * ranks(), 2});
+  kwargs.insert("bias", bias.chunk(ranks(), 0)[static_cast<size_t>(rank())]);
   kwargs.insert("other", at::ones({1}));
   at::Tensor out = nn::call(m, at::ones({2}), kwargs);
   EXPECT_EQ(m->seen, "plain (Replicate(),) plain");
@@ -156,7 +156,7 @@ DTENSOR_TEST_F(TpParity, PrepareModuleInputKeywordLayouts) {
 // test_parallelize_api.py test_parallelize_module_src_data_rank.
 DTENSOR_TEST_F(TpParity, ParallelizeModuleSrcDataRank) {
   auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh("cpu", {4}, {}, counting);
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
   auto make = [&] {
     torch::nn::Linear lin(8, 8);
     at::NoGradGuard no_grad;
@@ -172,7 +172,9 @@ DTENSOR_TEST_F(TpParity, ParallelizeModuleSrcDataRank) {
   counting->reset();
   parallelize_module(own, mesh, {{"", ColwiseParallel()}}, /*src_data_rank=*/std::nullopt);
   EXPECT_EQ(counting->collectives(), 0);
-  EXPECT_TRUE(at::equal(local_tensor(own->weight), at::full({2, 8}, static_cast<float>(rank()))));
+  const int64_t chunk = (8 + ranks() - 1) / ranks();  // torch.chunk's rows of 8
+  const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(chunk, 8 - rank() * chunk));
+  EXPECT_TRUE(at::equal(local_tensor(own->weight), at::full({rows, 8}, static_cast<float>(rank()))));
   // Default: rank 0.
   torch::nn::Linear from_zero = make();
   parallelize_module(from_zero, mesh, RowwiseParallel());

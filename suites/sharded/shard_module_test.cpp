@@ -14,6 +14,8 @@
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/linear.h>
 
+#include <numeric>
+
 namespace dtensor {
 namespace {
 
@@ -33,6 +35,11 @@ std::shared_ptr<const ChunkShardingSpec> chunk(int64_t dim, std::vector<int> ran
 // The same input on every rank.
 at::Tensor input() { return at::arange(80, at::kFloat).view({8, 10}) / 40.0 - 1.0; }
 
+// NOTE: [Written for 4 ranks]
+// Like PyTorch's ShardedTensor suites (world_size 4), the tests across ranks below spell out
+// their sharding specs (rank:0/cpu .. rank:3/cpu), the shard each rank holds and the rank that
+// plays each part (the source, the one that errs); they declare DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4)
+// and skip, with that reason, at other world sizes.
 DTENSOR_RANK_FIXTURES(ShardModuleGloo, ShardModuleThreads);
 
 // A Linear whose weight holds `value + row index` (so ranks can start with different values).
@@ -46,6 +53,7 @@ torch::nn::Linear linear_filled(double value) {
 // ---- shard_parameter --------------------------------------------------------------------------
 
 DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, ShardParameterPutsAShardedTensorInPlace) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   torch::nn::Linear lin = linear_filled(100 * r);  // rank 1 is the source
   sharded::shard_parameter(*lin, "weight", *chunk(0), /*src_rank=*/1);
@@ -67,6 +75,7 @@ struct ScaleImpl : torch::nn::Module {
 TORCH_MODULE(Scale);
 
 DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, ShardParameterErrorsReachEveryRank) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   torch::nn::Linear lin = linear_filled(0);
   EXPECT_PRED2(contains, error_of([&] { sharded::shard_parameter(*lin, "biass", *chunk(0)); }),
@@ -104,6 +113,7 @@ ShardingPlan megatron_plan() {
 }
 
 DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, ShardModuleMLPMatchesThePlainModuleForwardAndBackward) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   models::MLPModule plain, mlp;
   sharded::shard_module(*mlp, megatron_plan());
   EXPECT_EQ(*ShardedTensor::from_dtensor(mlp->net1->weight).sharding_spec(), *chunk(0));
@@ -128,6 +138,7 @@ DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, ShardModuleMLPMatchesTheP
 }
 
 DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, ShardModuleOutputPlanAndLocalShards) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   models::MLPModule plain;
   const at::Tensor expected = nn::call(plain, input());
@@ -168,6 +179,7 @@ DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, ShardModuleOutputPlanAndL
 }
 
 DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, ShardModuleEveryParameterWithAPlanner) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   // PyTorch's ChunkAllShardingPlanner: every parameter chunked on dim 0.
   struct ChunkAll : sharded::ShardingPlanner {
     ShardingPlan build_plan(torch::nn::Module& module) override {
@@ -188,6 +200,7 @@ DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, ShardModuleEveryParameter
 }
 
 DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, ShardModuleOnASubProcessGroup) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   comm::GroupPtr pair = comm::new_group({2, 3});
   if (!pair) return;  // ranks 0 and 1 take no part, as in PyTorch's test
@@ -218,6 +231,7 @@ struct WrapSharder : sharded::Sharder {
 };
 
 DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, ShardModulePlanErrorsReachEveryRankBeforeAnythingMoves) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   models::MLPModule mlp;
   auto shard = [&](const ShardingPlan& plan) { return error_of([&] { sharded::shard_module(*mlp, plan); }); };
@@ -291,6 +305,7 @@ DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, ShardModuleRunsCustomShar
 // ---- the hooks alone ----------------------------------------------------------------------------------
 
 DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, OutputHooksLeaveOtherOutputsAlone) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   torch::nn::Linear lin = linear_filled(0);
   auto h1 = sharded::reshard_output(*lin, chunk(0));
   auto h2 = sharded::collect_local_shard(*lin);
@@ -310,16 +325,19 @@ DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, OutputHooksLeaveOtherOutp
 
 // Issue 15, item 19: an output on a 2-D mesh used to pass through unchanged, silently.
 DTENSOR_TEST_F(ShardModuleThreads, ReshardOutputOnA2DMeshRaises) {
-  auto mesh = init_device_mesh("cpu", {2, 2});
+  auto mesh = init_device_mesh(device_type(), {1, ranks()});
   torch::nn::Identity id;
-  sharded::reshard_output(*id, chunk(0));
+  std::vector<int> all_ranks(static_cast<size_t>(ranks()));
+  std::iota(all_ranks.begin(), all_ranks.end(), 0);
+  sharded::reshard_output(*id, chunk(0, all_ranks));
   at::Tensor x = distribute_tensor(input(), mesh, {Shard{0}, Replicate{}});
   EXPECT_PRED2(contains, error_of([&] { nn::call(*id, x); }),
-               "the output is a DTensor on the 2-D mesh DeviceMesh('cpu', [[0, 1], [2, 3]]) with placements "
+               "the output is a DTensor on the 2-D mesh " + mesh.to_string() + " with placements "
                "(Shard(dim=0), Replicate()), but ChunkShardingSpec");
 }
 
 DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, ReshardOutputInAnotherOrderNeedsNoGrad) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   models::MLPModule mlp;
   ShardingPlan plan = megatron_plan();
   plan.output_plan = {{{"net2", chunk(0, {1, 0, 3, 2})}}};

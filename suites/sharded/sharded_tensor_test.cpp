@@ -181,6 +181,7 @@ TEST(Shard, ChecksItsTensorAgainstItsMetadata) {
 
 // ---- 4 ranks ------------------------------------------------------------------------------------
 
+// NOTE: [Written for 4 ranks] in suites/sharded/shard_module_test.cpp.
 DTENSOR_RANK_FIXTURES(ShardedGloo, ShardedThreads);
 
 // Only `src`'s values count: other ranks pass a tensor of the same shape filled with -1.
@@ -189,6 +190,7 @@ at::Tensor input_on(const testing::MultiRankTest& t, int src, int64_t rows, int6
 }
 
 DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ShardTensorScattersTorchChunkPieces) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   testing::run_subtests({{"dim", {0, 1}}, {"rows", {10, 5, 8}}, {"src", {0, 2}}}, [&](const testing::SubtestParams& p) {
     const int64_t dim = p.get<int64_t>("dim"), rows = p.get<int64_t>("rows");
@@ -208,6 +210,7 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ShardTensorScattersTorchChunkPiec
 }
 
 DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ShardTensorFollowsPlacementOrderAndRequiresGrad) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   at::Tensor in = input_on(t, 0, 8, 2).requires_grad_();
   ShardedTensor st = sharded::shard_tensor(in, chunk(0, {3, 2, 1, 0}));
@@ -219,6 +222,7 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ShardTensorFollowsPlacementOrderA
 }
 
 DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ShardTensorChecksEveryRankBeforeMovingData) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   at::Tensor in = full_tensor_of(8, 4);
   // src_rank: rank 3 disagrees. Every rank raises, naming itself and the first other rank.
@@ -249,6 +253,7 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ShardTensorChecksEveryRankBeforeM
 }
 
 DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ShardTensorSpecErrors) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   at::Tensor in = full_tensor_of(8, 4);
   // A spec on a subset of the ranks is fine (rank 3 holds nothing; EnumerableAndSubsetSpecs).
   EXPECT_EQ(sharded::shard_tensor(in, chunk(0, {0, 1, 2})).local_shards().size(), t.rank() < 3 ? 1u : 0u);
@@ -266,6 +271,7 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ShardTensorSpecErrors) {
 }
 
 DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, GatherAssemblesTheWholeTensorOnDst) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   for (int64_t rows : {9, 3}) {  // uneven, and empty shards
     SCOPED_TRACE("rows " + std::to_string(rows));
@@ -285,6 +291,7 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, GatherAssemblesTheWholeTensorOnDs
 }
 
 DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, GatherOutputMistakesRaiseOnTheirRankOnly) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   ShardedTensor st = sharded::shard_tensor(full_tensor_of(8, 2), chunk(0));
   // dst 0 passes nothing: rank 0 raises after the gather; the others return.
@@ -308,6 +315,7 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, GatherOutputMistakesRaiseOnTheirR
 }
 
 DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ReshardMovesDataToTheNewLayout) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   const at::Tensor full = full_tensor_of(9, 8);
   ShardedTensor st = sharded::shard_tensor(full, chunk(0));
@@ -335,6 +343,7 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ReshardMovesDataToTheNewLayout) {
 }
 
 DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ReshardRefusesSpecsThatDifferAcrossRanks) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   ShardedTensor st = sharded::shard_tensor(full_tensor_of(8, 8), chunk(0));
   EXPECT_PRED2(contains, error_of([&] { st.reshard(chunk(t.rank() == 2 ? 0 : 1)); }),
                "ShardedTensor.reshard: rank 2 passed");
@@ -348,6 +357,7 @@ sharded::Shard rows_of(int r, at::ScalarType dtype = at::kFloat) {
 }
 
 DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, InitFromLocalShardsBuildsGlobalMetadata) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   ShardedTensor st = ShardedTensor::init_from_local_shards({rows_of(r)}, {8, 3});
   EXPECT_EQ(st.metadata().shards_metadata.size(), 4u);
@@ -373,6 +383,7 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, InitFromLocalShardsBuildsGlobalMe
 }
 
 DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, InitFromLocalShardsErrorsReachEveryRank) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   auto init = [&](std::vector<sharded::Shard> shards, std::vector<int64_t> size = {8, 3}) {
     return error_of([&] { ShardedTensor::init_from_local_shards(std::move(shards), size); });
@@ -426,6 +437,7 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, InitFromLocalShardsErrorsReachEve
 }
 
 DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, InitFromGlobalMetadataValidatesLocalShards) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   const auto meta = chunk(0).build_metadata({8, 3}, {});
   auto init = [&](std::vector<sharded::Shard> shards, sharded::ShardedTensorMetadata m) {
@@ -470,6 +482,7 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, InitFromGlobalMetadataValidatesLo
 }
 
 DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ConvertsToAndFromDTensor) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   const at::Tensor full = full_tensor_of(5, 4);
   for (auto order : {std::vector<int>{0, 1, 2, 3}, std::vector<int>{3, 1, 0, 2}}) {
@@ -486,7 +499,7 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ConvertsToAndFromDTensor) {
     EXPECT_EQ(back.local_tensor().data_ptr(), st.local_tensor().data_ptr());
   }
   // A DTensor distributed by DTensor's own shard math is the same chunk layout.
-  auto mesh = init_device_mesh("cpu", {4});
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
   ShardedTensor from_dt = ShardedTensor::from_dtensor(distribute_tensor(full, mesh, {Shard{1}}));
   EXPECT_EQ(from_dt.metadata().shards_metadata, chunk(1).build_metadata({5, 4}, {}).shards_metadata);
   EXPECT_TRUE(at::equal(from_dt.local_tensor(), full.narrow(1, r, 1)));
@@ -496,7 +509,7 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ConvertsToAndFromDTensor) {
   ShardedTensor reversed = sharded::shard_tensor(full, chunk(0, {3, 2, 1, 0}));
   EXPECT_PRED2(
       contains, error_of([&] { reversed.to_dtensor(&mesh); }),
-      "ShardedTensor.to_dtensor: DeviceMesh('cpu', [0, 1, 2, 3]) is not the 1-D mesh of the spec's ranks [3, 2, 1, 0]");
+      "ShardedTensor.to_dtensor: " + mesh.to_string() + " is not the 1-D mesh of the spec's ranks [3, 2, 1, 0]");
   // Requires grad: the DTensor is a leaf that does.
   at::Tensor leaf = sharded::shard_tensor(full.clone().requires_grad_(), chunk(0)).to_dtensor(&mesh);
   EXPECT_TRUE(leaf.requires_grad());
@@ -511,6 +524,7 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, ConvertsToAndFromDTensor) {
 }
 
 DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, LoadWithProcessGroupSetsTheLoadingGroup) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   EXPECT_EQ(sharded::get_current_process_group().get(), comm::default_group().get());
   comm::GroupPtr pair = comm::new_group({2, 3});  // collective; nullptr on ranks 0 and 1
@@ -555,6 +569,7 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, LoadWithProcessGroupSetsTheLoadin
 // _rand, test_sharded_tensor_like) --------------------------------------------------------------
 
 DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, FactoriesCreateOnlyTheLocalShards) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   ChunkShardingSpec spec(0, cpu_ranks({0, 1, 2, 3}));
   const int64_t h = 10, w = 20;
@@ -595,6 +610,7 @@ DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, FactoriesCreateOnlyTheLocalShards
 // test_sharded_tensor.py TestShardedTensorEnumerable (test_grid_sharding, test_uneven_shards)
 // and TestShardedTensorChunked test_partial_world_size: specs placing shards on some ranks only.
 DTENSOR_TEST_BOTH(ShardedGloo, ShardedThreads, EnumerableAndSubsetSpecs) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE(4);  // NOTE: [Written for 4 ranks]
   const int r = t.rank();
   const at::Tensor full = full_tensor_of(10, 10);
   // The 2x2 grid: one 5x5 block per rank, by factory and by shard().

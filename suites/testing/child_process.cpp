@@ -29,6 +29,8 @@ ChildRun run_program(const std::string& exe, const std::vector<std::string>& arg
   const std::string out_path = out_dir.path() + "/out.txt";
   auto e = boost::this_process::environment();
   bp::environment child_env = e;
+  for (const char* name : {"DTENSOR_WORLD_SIZE", "DTENSOR_RANK_KIND"})
+    if (child_env.find(name) != child_env.end()) child_env.erase(name);
   for (auto& kv : env) child_env[kv.first] = kv.second;
   const auto t0 = std::chrono::steady_clock::now();
   // Output goes to a file: a pipe over 64 KiB would block the child (DESIGN.md D3).

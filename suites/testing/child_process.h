@@ -16,7 +16,10 @@ struct ChildRun {
   double seconds = 0;
 };
 
-// Runs `exe` with `args` and extra `env`, killing it after `limit`.
+// Runs `exe` with `args` and extra `env`, killing it after `limit`. The child runs with its
+// fixtures' own rank count and rank kinds: DTENSOR_WORLD_SIZE and DTENSOR_RANK_KIND of this
+// process (a CI pass at world size 2 or 8) are not passed on, unless `env` sets them; the
+// fault programs it runs are written for their fixtures' ranks (a hang in rank 2, ...).
 ChildRun run_program(const std::string& exe, const std::vector<std::string>& args,
                      const std::map<std::string, std::string>& env = {},
                      std::chrono::seconds limit = std::chrono::seconds(120));

@@ -3,7 +3,7 @@
 // benchmarks that check how much a computation communicates.
 //
 //   auto counting = std::make_shared<dtensor::testing::CountingGroup>(group_ptr());
-//   auto mesh = dtensor::init_device_mesh("cpu", {4}, {}, counting);
+//   auto mesh = dtensor::init_device_mesh(device_type(), {ranks()}, {}, counting);  // in a rank body
 //   counting->reset();
 //   ...                                   // run something on `mesh`
 //   counting->counts();                   // {"all_gather_into": 3, "reduce_scatter_into": 2}

@@ -278,25 +278,27 @@ DTENSOR_TEST_BOTH(UtilsGloo, UtilsThreads, VerifyParamShapeAcceptsEqualShapes) {
 }
 
 DTENSOR_TEST_BOTH(UtilsGloo, UtilsThreads, VerifyParamShapeNamesFirstMismatch) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_AT_LEAST(2);  // ranks that differ from rank 0
   const int r = t.rank();
-  // Count: rank 2 has one more tensor. Every rank raises the same error.
+  const int last = t.ranks() - 1;
+  // Count: the last rank has one more tensor. Every rank raises the same error.
   std::vector<at::Tensor> ps{at::zeros({4, 3}), at::zeros({3})};
-  if (r == 2) ps.push_back(at::zeros({1}));
+  if (r == last) ps.push_back(at::zeros({1}));
   EXPECT_PRED2(contains, error_of([&] { utils::verify_param_shape_across_processes(t.group(), ps); }),
-               "DDP expects same model across all ranks, but rank 2 has 3 params, while rank 0 has inconsistent 2 "
-               "params");
-  // Sizes: ranks 1 and 3 differ; rank 1 is the first.
-  at::Tensor w = (r == 1 || r == 3) ? at::zeros({3, 4}) : at::zeros({4, 3});
+               "DDP expects same model across all ranks, but rank " + std::to_string(last) +
+                   " has 3 params, while rank 0 has inconsistent 2 params");
+  // Sizes: rank 1 and the last rank differ; rank 1 is the first.
+  at::Tensor w = (r == 1 || r == last) ? at::zeros({3, 4}) : at::zeros({4, 3});
   EXPECT_PRED2(contains, error_of([&] {
                  utils::verify_param_shape_across_processes(t.group(), {at::zeros({3}), w}, {"b", "w"});
                }),
                "params[1] ('w') on rank 1 has sizes [3, 4], strides [4, 1], dtype Float, which do not match sizes "
                "[4, 3], strides [3, 1], dtype Float of the same param on rank 0");
   // Strides (a transposed view) and dtypes count too.
-  at::Tensor s = r == 3 ? at::zeros({3, 4}).t() : at::zeros({4, 3});
+  at::Tensor s = r == last ? at::zeros({3, 4}).t() : at::zeros({4, 3});
   EXPECT_PRED2(contains, error_of([&] { utils::verify_param_shape_across_processes(t.group(), {s}); }),
-               "params[0] on rank 3 has sizes [4, 3], strides [1, 4], dtype Float");
-  at::Tensor d = at::zeros({2}, r == 2 ? at::kDouble : at::kFloat);
+               "params[0] on rank " + std::to_string(last) + " has sizes [4, 3], strides [1, 4], dtype Float");
+  at::Tensor d = at::zeros({2}, r == last ? at::kDouble : at::kFloat);
   EXPECT_PRED2(contains, error_of([&] { utils::verify_param_shape_across_processes(t.group(), {d}); }),
                "dtype Double, which do not match sizes [2], strides [1], dtype Float");
   EXPECT_PRED2(contains, error_of([&] { utils::verify_param_shape_across_processes(t.group(), {d}, {"a", "b"}); }),
@@ -328,14 +330,16 @@ struct Net : torch::nn::Module {
 }
 
 DTENSOR_TEST_BOTH(UtilsGloo, UtilsThreads, SyncModuleStatesCopiesSourceRank) {
-  // Buckets of 16 bytes: several buckets, single-tensor ones included; and one bucket for all.
+  // From the last rank (not rank 0, the default). Buckets of 16 bytes: several buckets,
+  // single-tensor ones included; and one bucket for all.
+  const int src = t.ranks() - 1;
   for (int64_t bucket : {int64_t{16}, utils::kDefaultBroadcastBucketSize}) {
     SCOPED_TRACE("bucket " + std::to_string(bucket));
     Net net(t.rank());
-    Net expected(2);
+    Net expected(src);
     utils::SyncModuleStatesOptions o;
     o.broadcast_bucket_size = bucket;
-    o.src = 2;
+    o.src = src;
     utils::sync_module_states(net, t.group(), o);
     EXPECT_TRUE(same_states(net, expected));
     EXPECT_TRUE(net.fc->weight.requires_grad());
@@ -357,15 +361,19 @@ DTENSOR_TEST_BOTH(UtilsGloo, UtilsThreads, SyncModuleStatesIgnoresNamedStatesAnd
 }
 
 DTENSOR_TEST_BOTH(UtilsGloo, UtilsThreads, SyncModuleStatesRefusesDifferentModelsBeforeBroadcasting) {
-  Net net(t.rank(), t.rank() == 3 ? 5 : 3);
-  Net before(t.rank(), t.rank() == 3 ? 5 : 3);
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_AT_LEAST(2);  // a rank whose model differs from rank 0's
+  const int last = t.ranks() - 1;
+  Net net(t.rank(), t.rank() == last ? 5 : 3);
+  Net before(t.rank(), t.rank() == last ? 5 : 3);
   EXPECT_PRED2(contains, error_of([&] { utils::sync_module_states(net, t.group()); }),
-               "params[0] ('fc.weight') on rank 3 has sizes [5, 4]");
+               "params[0] ('fc.weight') on rank " + std::to_string(last) + " has sizes [5, 4]");
   EXPECT_TRUE(same_states(net, before));  // nothing moved
 }
 
 DTENSOR_TEST_BOTH(UtilsGloo, UtilsThreads, BroadcastCoalescedNonContiguousAndMixedDtypes) {
+  DTENSOR_BOTH_REQUIRE_WORLD_SIZE_AT_LEAST(2);  // src 1
   const int r = t.rank();
+  const int src3 = t.ranks() - 1;  // the source of the second broadcast: the last rank
   at::Tensor base = at::full({3, 2}, r, at::kFloat);
   at::Tensor strided = base.t();  // non-contiguous, alone in its bucket and with others
   at::Tensor ints = at::full({5}, r, at::kInt);
@@ -383,14 +391,15 @@ DTENSOR_TEST_BOTH(UtilsGloo, UtilsThreads, BroadcastCoalescedNonContiguousAndMix
   // then [d, e].
   std::vector<at::Tensor> small;
   for (int64_t n : {1, 1, 3, 1, 2}) small.push_back(at::full({n}, r * 10 + n, at::kFloat));
-  utils::broadcast_coalesced(t.group(), small, 16, 3);
-  for (const auto& s : small) EXPECT_TRUE(at::equal(s, at::full_like(s, 30 + s.numel()))) << s;
+  utils::broadcast_coalesced(t.group(), small, 16, src3);
+  for (const auto& s : small) EXPECT_TRUE(at::equal(s, at::full_like(s, src3 * 10 + s.numel()))) << s;
   utils::sync_params_and_buffers(t.group(), {}, 16, 0);  // nothing to do, no collective
 }
 
 DTENSOR_TEST_BOTH(UtilsGloo, UtilsThreads, BroadcastCoalescedArgumentErrors) {
   at::Tensor x = at::zeros({2});
-  EXPECT_PRED2(contains, error_of([&] { utils::broadcast_coalesced(t.group(), {x}, 16, 4); }), "src=4 is not a rank");
+  EXPECT_PRED2(contains, error_of([&] { utils::broadcast_coalesced(t.group(), {x}, 16, t.ranks()); }),
+               "src=" + std::to_string(t.ranks()) + " is not a rank");
   EXPECT_PRED2(contains, error_of([&] { utils::broadcast_coalesced(t.group(), {x}, 0, 0); }),
                "buffer_size must be positive, got 0");
   EXPECT_PRED2(contains, error_of([&] { utils::broadcast_coalesced(t.group(), {x, x.to_sparse()}, 16, 0); }),
