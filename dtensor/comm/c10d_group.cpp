@@ -157,28 +157,26 @@ NativeCollectives native_collectives(const std::string& backend) {
   return n;
 }
 
-bool backend_uses_cuda(const std::string& spec) {
+namespace {
+// True when some entry of `spec` satisfies `pred`; false for a spec that does not parse.
+template <class Pred>
+bool any_entry(const std::string& spec, Pred pred) {
   std::vector<BackendEntry> entries;
   try {
     entries = parse_backend(spec);
   } catch (const c10::Error&) {
     return false;
   }
-  for (const auto& e : entries)
-    if (e.backend == "nccl" || e.device == "cuda") return true;
-  return false;
+  return std::any_of(entries.begin(), entries.end(), pred);
+}
+}  // namespace
+
+bool backend_uses_cuda(const std::string& spec) {
+  return any_entry(spec, [](const BackendEntry& e) { return e.backend == "nccl" || e.device == "cuda"; });
 }
 
 bool backend_uses_nccl(const std::string& spec) {
-  std::vector<BackendEntry> entries;
-  try {
-    entries = parse_backend(spec);
-  } catch (const c10::Error&) {
-    return false;
-  }
-  for (const auto& e : entries)
-    if (e.backend == "nccl") return true;
-  return false;
+  return any_entry(spec, [](const BackendEntry& e) { return e.backend == "nccl"; });
 }
 
 }  // namespace detail
