@@ -29,4 +29,5 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/dtensor_cppConfigVersion.
   COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/dtensor_cppConfig.cmake
               ${PROJECT_BINARY_DIR}/dtensor_cppConfigVersion.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/DtensorTorchWheel.cmake
         DESTINATION ${DTENSOR_INSTALL_CMAKEDIR})
