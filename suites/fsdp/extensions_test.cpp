@@ -1,4 +1,4 @@
-// Seed 004 (dtensor/fsdp/extensions.h): each helper as the seed describes it, on thread ranks
+// dtensor/fsdp/extensions.h (PyTorch: tensor/parallel/fsdp.py): each helper as PyTorch has it, on thread ranks
 // (the 2-D _chunk_dtensor case on Gloo processes too), at any even world size (2-D meshes are
 // mesh_shape_2d()): _chunk_dtensor's two errors and its 2-D / 3-D layouts, _all_gather_dtensor, boxes of
 // uneven shards, the scapegoat metadata, _chunk_tensor's nested ShardedTensors (TP by
