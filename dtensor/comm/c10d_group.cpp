@@ -2,7 +2,6 @@
 #include "dtensor/comm/c10d_group.h"
 
 #include "dtensor/comm/abort.h"
-#include "dtensor/comm/async_work.h"
 #include "dtensor/comm/trace.h"
 
 #include "dtensor/comm/c10d_guard.h"
@@ -284,7 +283,7 @@ struct C10dGroup::Impl {
   uint64_t subgroups_created = 0;
   // A wait on this group was aborted (NOTE: [Aborting waits]): a backend thread may be
   // blocked in that operation, and destroying the process group would join it.
-  std::atomic<bool> poisoned{false};
+  std::shared_ptr<std::atomic<bool>> poisoned = std::make_shared<std::atomic<bool>>(false);
 
   // Where the collective on `t` runs (NOTE: [Backend routing]).
   struct Target {
@@ -368,7 +367,7 @@ static void creation_barrier(c10d::Store& store, int size, std::chrono::millisec
 C10dGroup::C10dGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 C10dGroup::~C10dGroup() {
   if (!impl_) return;
-  if (impl_->poisoned) {
+  if (*impl_->poisoned) {
     for (auto& pg : impl_->pgs) (void)pg.release();  // leaked on purpose (Impl::poisoned)
     for (auto& t : impl_->tickers) (void)t.release();  // their loops live on
     return;
@@ -418,42 +417,67 @@ std::mutex g_abort_mu;
 std::string g_abort_reason;
 constexpr std::chrono::milliseconds kAbortSlice{20};
 
-// Waits for `work`, turning c10d/Gloo failures into CollectiveError with context.
-void wait_work(const Group& g, std::atomic<bool>& poisoned, const char* op,
-               const c10::intrusive_ptr<c10d::Work>& work, std::chrono::milliseconds timeout) {
-  try {
-    if (!g_abortable.load()) {
-      work->wait(timeout);
-      return;
-    }
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      if (auto why = waits_aborted()) {
-        poisoned = true;  // the operation stays pending in the backend (~C10dGroup)
-        throw CollectiveError(std::string(op) + " on " + g.describe() + " aborted: " + *why);
-      }
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      try {
-        work->wait(std::max(std::chrono::milliseconds(1), std::min(left, kAbortSlice)));
-        return;
-      } catch (const std::exception&) {
-        // A slice that ended without completion is no error until the deadline.
-        if (work->isCompleted()) {
-          work->wait(kAbortSlice);  // rethrows the operation's own error
-          return;
-        }
-        if (left <= kAbortSlice) throw;
-      }
-    }
-  } catch (const CollectiveError&) {
-    throw;
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    if (auto* ce = dynamic_cast<const c10::Error*>(&e)) what = ce->what_without_backtrace();
-    throw CollectiveError(std::string(op) + " on " + g.describe() + " failed: " + what);
-  }
+std::string error_text(const std::exception& e) {
+  if (auto* ce = dynamic_cast<const c10::Error*>(&e)) return ce->what_without_backtrace();
+  return e.what();
 }
+
+// A c10d operation as a Work source: waits in slices while waits are abortable, turns c10d and
+// backend failures into CollectiveError naming the op and the group, and records when the
+// backend completed it (through the operation's future, where the backend has one).
+class C10dSource final : public Work::Source {
+ public:
+  C10dSource(c10::intrusive_ptr<c10d::Work> work, std::shared_ptr<std::atomic<bool>> poisoned, std::string what)
+      : work_(std::move(work)), poisoned_(std::move(poisoned)), what_(std::move(what)) {
+    try {
+      auto done = done_at_;
+      work_->getFuture()->addCallback([done](c10::ivalue::Future&) {
+        done->store(Work::Clock::now().time_since_epoch().count());
+      });
+    } catch (const std::exception&) {
+      // No future for this backend's work: the Work records when it saw the completion.
+    }
+  }
+
+  bool wait_until(Work::Clock::time_point deadline) override {
+    for (;;) {
+      if (g_abortable.load()) {
+        if (auto why = waits_aborted()) {
+          *poisoned_ = true;  // the operation stays pending in the backend (~C10dGroup)
+          error_ = std::make_exception_ptr(CollectiveError(what_ + " aborted: " + *why));
+          return true;
+        }
+      }
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Work::Clock::now());
+      const auto slice = g_abortable.load() ? std::min(left, kAbortSlice) : left;
+      try {
+        work_->wait(std::max(std::chrono::milliseconds(1), slice));
+        return true;
+      } catch (const std::exception& e) {
+        if (work_->isCompleted()) {  // the operation's own error
+          error_ = std::make_exception_ptr(CollectiveError(what_ + " failed: " + error_text(e)));
+          return true;
+        }
+        if (left <= slice) return false;  // a slice that ended without completion is no error
+      }
+    }
+  }
+  bool is_completed() override { return error_ != nullptr || work_->isCompleted(); }
+  std::exception_ptr error() override { return error_; }
+  std::optional<Work::Clock::time_point> completed_at() override {
+    const int64_t t = done_at_->load();
+    if (t == 0) return std::nullopt;
+    return Work::Clock::time_point(Work::Clock::duration(t));
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::shared_ptr<std::atomic<bool>> poisoned_;
+  std::string what_;  // "<op> on <group>"
+  std::exception_ptr error_;
+  std::shared_ptr<std::atomic<int64_t>> done_at_ = std::make_shared<std::atomic<int64_t>>(0);
+};
 
 using Target = C10dGroup::Impl::Target;
 
@@ -465,156 +489,224 @@ at::Tensor for_backend(const at::Tensor& t, const Target& tg) {
   return x.is_contiguous() ? x : x.contiguous();
 }
 
-// Runs `fn` on for_backend(t) and copies the result back into `t` when it was a copy.
-template <class Fn>
-void in_place(at::Tensor& t, const Target& tg, Fn fn) {
-  at::Tensor x = for_backend(t, tg);
-  fn(x);
-  if (!x.is_same(t)) t.copy_(x);
+// Finish step that copies a backend's result back into the caller's tensor when the backend
+// was given a copy (then `then` runs on the caller's tensor), or just runs `then`.
+std::function<void()> copy_back(at::Tensor dst, at::Tensor src, std::function<void(at::Tensor&)> then = nullptr) {
+  if (src.is_same(dst) && !then) return nullptr;
+  return [dst, src, then]() mutable {
+    if (!src.is_same(dst)) dst.copy_(src);
+    if (then) then(dst);
+  };
+}
+
+void check_avg(const Group& g, const char* op, const at::Tensor& t, ReduceOp r) {
+  TORCH_CHECK(r != ReduceOp::AVG || at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()),
+              op, " on ", g.describe(), ": ReduceOp::AVG needs a floating dtype, got ", t.scalar_type());
 }
 
 }  // namespace
 
-void C10dGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
-  wait_launched_work();  // NOTE: [Async collectives]
-  if (guard::all_reduce(*this, tensor, op)) return;
-  TORCH_CHECK(op != ReduceOp::AVG || at::isFloatingType(tensor.scalar_type()) ||
-                  at::isComplexType(tensor.scalar_type()),
-              "all_reduce on ", describe(), ": ReduceOp::AVG needs a floating dtype, got ",
-              tensor.scalar_type());
-  const Target tg = impl_->target(tensor);
-  in_place(tensor, tg, [&](at::Tensor& t) {
-    std::vector<at::Tensor> ts{t};
-    c10d::AllreduceOptions o;
-    o.reduceOp = op == ReduceOp::AVG && tg.native.avg ? c10d::ReduceOp(c10d::ReduceOp::AVG) : to_c10d(op);
-    wait_work(*this, impl_->poisoned, "all_reduce", tg.pg->allreduce(ts, o), impl_->options.timeout);
-    if (op == ReduceOp::AVG && !tg.native.avg) t.div_(static_cast<double>(size()));
-  });
+namespace {
+
+// The Work of a c10d operation issued on `g`.
+WorkPtr issue(const C10dGroup& g, const C10dGroup::Impl& impl, const char* op, c10::intrusive_ptr<c10d::Work> work,
+              std::function<void()> finish) {
+  const std::string where = g.describe();
+  auto source = std::make_unique<C10dSource>(std::move(work), impl.poisoned, std::string(op) + " on " + where);
+  return std::make_shared<Work>(op, where, std::move(source), std::move(finish), impl.options.timeout);
 }
 
-void C10dGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
-  wait_launched_work();  // NOTE: [Async collectives]
-  if (guard::all_gather_into(*this, output, input)) return;
+}  // namespace
+
+WorkPtr C10dGroup::all_reduce_async(const at::Tensor& tensor, ReduceOp op) {
+  at::Tensor t = tensor;
+  if (guard::all_reduce(*this, t, op)) return Work::completed("all_reduce", describe());
+  check_avg(*this, "all_reduce", tensor, op);
+  const Target tg = impl_->target(tensor);
+  const bool divide = op == ReduceOp::AVG && !tg.native.avg;  // composed AVG: SUM, then divide
+  std::vector<at::Tensor> ts{for_backend(tensor, tg)};
+  c10d::AllreduceOptions o;
+  o.reduceOp = op == ReduceOp::AVG && tg.native.avg ? c10d::ReduceOp(c10d::ReduceOp::AVG) : to_c10d(op);
+  auto work = tg.pg->allreduce(ts, o);
+  const double n = size();
+  return issue(*this, *impl_, "all_reduce", work,
+               copy_back(tensor, ts[0], divide ? std::function<void(at::Tensor&)>([n](at::Tensor& x) { x.div_(n); })
+                                               : nullptr));
+}
+
+WorkPtr C10dGroup::all_gather_into_async(const at::Tensor& output, const at::Tensor& input) {
+  at::Tensor out_arg = output;
+  if (guard::all_gather_into(*this, out_arg, input)) return Work::completed("all_gather_into", describe());
   detail::check_all_gather_shapes(*this, output, input);
   const Target tg = impl_->target(input);
   at::Tensor in = for_backend(input, tg);
-  in_place(output, tg, [&](at::Tensor& out) {
-    if (tg.native.all_gather_base) {
-      wait_work(*this, impl_->poisoned, "all_gather_into", tg.pg->_allgather_base(out, in), impl_->options.timeout);
-      return;
-    }
-    // Emulated: 1.13 Gloo has no _allgather_base. Blocks of a contiguous output along dim 0
-    // are contiguous views, so the backend writes straight into them.
+  at::Tensor out = for_backend(output, tg);
+  c10::intrusive_ptr<c10d::Work> work;
+  if (tg.native.all_gather_base) {
+    work = tg.pg->_allgather_base(out, in);
+  } else {
+    // Gloo's allgather into the blocks of the output: blocks of a contiguous tensor along dim 0
+    // are contiguous views, so the backend writes straight into them (same bytes as one buffer).
     std::vector<std::vector<at::Tensor>> outs{out.chunk(size(), 0)};
     std::vector<at::Tensor> ins{in};
-    wait_work(*this, impl_->poisoned, "all_gather_into", tg.pg->allgather(outs, ins), impl_->options.timeout);
-  });
-}
-
-void C10dGroup::reduce_scatter_into(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
-  wait_launched_work();  // NOTE: [Async collectives]
-  if (guard::reduce_scatter_into(*this, output, input, op)) return;
-  detail::check_reduce_scatter_shapes(*this, output, input);
-  const Target tg = impl_->target(input);
-  if (tg.native.reduce_scatter_base) {
-    TORCH_CHECK(op != ReduceOp::AVG || at::isFloatingType(input.scalar_type()) ||
-                    at::isComplexType(input.scalar_type()),
-                "reduce_scatter_into on ", describe(), ": ReduceOp::AVG needs a floating dtype, got ",
-                input.scalar_type());
-    at::Tensor in = for_backend(input, tg);
-    in_place(output, tg, [&](at::Tensor& out) {
-      c10d::ReduceScatterOptions o;
-      o.reduceOp = op == ReduceOp::AVG && tg.native.avg ? c10d::ReduceOp(c10d::ReduceOp::AVG) : to_c10d(op);
-      wait_work(*this, impl_->poisoned, "reduce_scatter_into", tg.pg->_reduce_scatter_base(out, in, o), impl_->options.timeout);
-      if (op == ReduceOp::AVG && !tg.native.avg) out.div_(static_cast<double>(size()));
-    });
-    return;
+    work = tg.pg->allgather(outs, ins);
   }
-  // Emulated: 1.13 Gloo has no reduce_scatter. All-reduce a copy, keep this rank's block.
-  at::Tensor tmp = input.clone(at::MemoryFormat::Contiguous);
-  all_reduce(tmp, op);
-  output.copy_(tmp.chunk(size(), 0)[rank()]);
+  return issue(*this, *impl_, "all_gather_into", work, copy_back(output, out));
 }
 
-void C10dGroup::all_to_all_single(at::Tensor& output, const at::Tensor& input,
-                                  const std::vector<int64_t>& output_splits,
-                                  const std::vector<int64_t>& input_splits) {
-  wait_launched_work();  // NOTE: [Async collectives]
-  if (guard::all_to_all_single(*this, output, input, output_splits, input_splits)) return;
+// NOTE: [Composed reduce_scatter]
+// NCCL reduce-scatters natively. Gloo's own reduce_scatter (libtorch 2.x) is an all-reduce of
+// the whole input followed by keeping one block, and 1.13's Gloo has none: an all-reduce moves
+// about 2(n-1)/n of the input's bytes per rank (ring), twice what a reduce-scatter needs. So
+// for every backend without a native one, reduce_scatter is composed here, in one place, as an
+// all_to_all (block r of every rank goes to rank r: (n-1)/n of the input's bytes sent and
+// received per rank, what a ring reduce-scatter moves) followed by a local reduction of the n
+// received blocks in rank order (deterministic; needs one input-sized receive buffer). AVG is
+// the SUM divided by n. DTENSOR_GLOO_REDUCE_SCATTER=all_reduce selects the all-reduce instead
+// (to measure the difference: fsdp_benchmark's bytes per step).
+static bool reduce_scatter_through_all_reduce() {
+  static const bool on = [] {
+    const char* v = std::getenv("DTENSOR_GLOO_REDUCE_SCATTER");
+    if (!v || std::string(v).empty() || std::string(v) == "all_to_all") return false;
+    TORCH_CHECK(std::string(v) == "all_reduce", "DTENSOR_GLOO_REDUCE_SCATTER='", v,
+                "': expected all_to_all (the default) or all_reduce");
+    return true;
+  }();
+  return on;
+}
+
+WorkPtr C10dGroup::reduce_scatter_into_async(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  at::Tensor out_arg = output;
+  if (guard::reduce_scatter_into(*this, out_arg, input, op)) return Work::completed("reduce_scatter_into", describe());
+  detail::check_reduce_scatter_shapes(*this, output, input);
+  check_avg(*this, "reduce_scatter_into", input, op);
+  const Target tg = impl_->target(input);
+  at::Tensor in = for_backend(input, tg);
+  const double n = size();
+  if (tg.native.reduce_scatter_base) {
+    at::Tensor out = for_backend(output, tg);
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = op == ReduceOp::AVG && tg.native.avg ? c10d::ReduceOp(c10d::ReduceOp::AVG) : to_c10d(op);
+    const bool divide = op == ReduceOp::AVG && !tg.native.avg;
+    return issue(*this, *impl_, "reduce_scatter_into", tg.pg->_reduce_scatter_base(out, in, o),
+                 copy_back(output, out, divide ? std::function<void(at::Tensor&)>([n](at::Tensor& x) { x.div_(n); })
+                                               : nullptr));
+  }
+  if (reduce_scatter_through_all_reduce()) {
+    at::Tensor all = input.clone(at::MemoryFormat::Contiguous);
+    return Work::chain(all_reduce_async(all, op), [dst = output, all, n, me = rank()]() mutable {
+      dst.copy_(all.chunk(static_cast<int64_t>(n), 0)[me]);
+    });
+  }
+  at::Tensor received = at::empty_like(in, at::MemoryFormat::Contiguous);
+  std::vector<int64_t> equal;  // equal blocks
+  auto work = tg.pg->alltoall_base(received, in, equal, equal);
+  at::Tensor dst = output;
+  auto reduce = [dst, received, op, n]() mutable {
+    const auto blocks = received.chunk(static_cast<int64_t>(n), 0);
+    at::Tensor acc = blocks[0].clone();
+    for (size_t i = 1; i < blocks.size(); ++i) {
+      switch (op) {
+        case ReduceOp::SUM:
+        case ReduceOp::AVG: acc.add_(blocks[i]); break;
+        case ReduceOp::PRODUCT: acc.mul_(blocks[i]); break;
+        case ReduceOp::MIN: acc = at::minimum(acc, blocks[i]); break;
+        case ReduceOp::MAX: acc = at::maximum(acc, blocks[i]); break;
+      }
+    }
+    if (op == ReduceOp::AVG) acc.div_(n);
+    dst.copy_(acc);
+  };
+  return issue(*this, *impl_, "reduce_scatter_into", work, reduce);
+}
+
+WorkPtr C10dGroup::all_to_all_single_async(const at::Tensor& output, const at::Tensor& input,
+                                           const std::vector<int64_t>& output_splits,
+                                           const std::vector<int64_t>& input_splits) {
+  at::Tensor out_arg = output;
+  if (guard::all_to_all_single(*this, out_arg, input, output_splits, input_splits)) return Work::completed("all_to_all_single", describe());
   auto splits = detail::resolve_all_to_all_splits(*this, output, input, output_splits, input_splits);
   const Target tg = impl_->target(input);
   at::Tensor in = for_backend(input, tg);
-  in_place(output, tg, [&](at::Tensor& out) {
-    wait_work(*this, impl_->poisoned, "all_to_all_single", tg.pg->alltoall_base(out, in, splits.first, splits.second),
-              impl_->options.timeout);
-  });
+  at::Tensor out = for_backend(output, tg);
+  return issue(*this, *impl_, "all_to_all_single", tg.pg->alltoall_base(out, in, splits.first, splits.second),
+               copy_back(output, out));
 }
 
-void C10dGroup::broadcast(at::Tensor& tensor, int src) {
-  wait_launched_work();  // NOTE: [Async collectives]
-  if (guard::broadcast(*this, tensor, src)) return;
+WorkPtr C10dGroup::broadcast_async(const at::Tensor& tensor, int src) {
+  at::Tensor t = tensor;
+  if (guard::broadcast(*this, t, src)) return Work::completed("broadcast", describe());
   detail::check_rank_arg(*this, "broadcast", "src", src);
   const Target tg = impl_->target(tensor);
-  in_place(tensor, tg, [&](at::Tensor& t) {
-    std::vector<at::Tensor> ts{t};
-    c10d::BroadcastOptions o;
-    o.rootRank = src;
-    wait_work(*this, impl_->poisoned, "broadcast", tg.pg->broadcast(ts, o), impl_->options.timeout);
-  });
+  std::vector<at::Tensor> ts{for_backend(tensor, tg)};
+  c10d::BroadcastOptions o;
+  o.rootRank = src;
+  return issue(*this, *impl_, "broadcast", tg.pg->broadcast(ts, o), copy_back(tensor, ts[0]));
 }
 
-void C10dGroup::barrier() {
-  wait_launched_work();  // NOTE: [Async collectives]
-  if (guard::barrier(*this)) return;
-  wait_work(*this, impl_->poisoned, "barrier", impl_->default_pg().barrier(), impl_->options.timeout);
+WorkPtr C10dGroup::barrier_async() {
+  if (guard::barrier(*this)) return Work::completed("barrier", describe());
+  return issue(*this, *impl_, "barrier", impl_->default_pg().barrier(), nullptr);
 }
 
-void C10dGroup::send(const at::Tensor& tensor, int dst, int tag) {
-  wait_launched_work();  // NOTE: [Async collectives]
-  if (guard::send(*this, tensor, dst, tag)) return;
+WorkPtr C10dGroup::send_async(const at::Tensor& tensor, int dst, int tag) {
+  if (guard::send(*this, tensor, dst, tag)) return Work::completed("send", describe());
   detail::check_rank_arg(*this, "send", "dst", dst);
   TORCH_CHECK(dst != rank(), "send on ", describe(), ": a rank cannot send to itself");
   const Target tg = impl_->target(tensor);
   std::vector<at::Tensor> ts{for_backend(tensor, tg)};
-  wait_work(*this, impl_->poisoned, "send", tg.pg->send(ts, dst, tag), impl_->options.timeout);
+  return issue(*this, *impl_, "send", tg.pg->send(ts, dst, tag), nullptr);
 }
 
-void C10dGroup::recv(at::Tensor& tensor, int src, int tag) {
-  wait_launched_work();  // NOTE: [Async collectives]
-  if (guard::recv(*this, tensor, src, tag)) return;
+WorkPtr C10dGroup::recv_async(const at::Tensor& tensor, int src, int tag) {
+  at::Tensor t = tensor;
+  if (guard::recv(*this, t, src, tag)) return Work::completed("recv", describe());
   detail::check_rank_arg(*this, "recv", "src", src);
   TORCH_CHECK(src != rank(), "recv on ", describe(), ": a rank cannot receive from itself");
   const Target tg = impl_->target(tensor);
-  in_place(tensor, tg, [&](at::Tensor& t) {
-    std::vector<at::Tensor> ts{t};
-    wait_work(*this, impl_->poisoned, "recv", tg.pg->recv(ts, src, tag), impl_->options.timeout);
-  });
+  std::vector<at::Tensor> ts{for_backend(tensor, tg)};
+  return issue(*this, *impl_, "recv", tg.pg->recv(ts, src, tag), copy_back(tensor, ts[0]));
 }
 
-void C10dGroup::gather(const at::Tensor& input, std::vector<at::Tensor>& outputs, int dst) {
-  wait_launched_work();  // NOTE: [Async collectives]
-  if (guard::gather(*this, input, outputs, dst)) return;
+WorkPtr C10dGroup::gather_async(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int dst) {
   detail::check_rank_arg(*this, "gather", "dst", dst);
+  if (rank() == dst) {
+    TORCH_CHECK(static_cast<int>(outputs.size()) == size(), "gather on ", describe(), ": dst rank passed ",
+                outputs.size(), " output tensors, expected ", size());
+    for (const auto& t : outputs)
+      TORCH_CHECK(t.sizes() == input.sizes() && t.scalar_type() == input.scalar_type(), "gather on ", describe(),
+                  ": an output is ", t.scalar_type(), t.sizes(), " but the input is ", input.scalar_type(),
+                  input.sizes());
+  }
+  std::vector<at::Tensor> outs_arg = outputs;
+  if (guard::gather(*this, input, outs_arg, dst)) {
+    if (rank() == dst)
+      for (size_t i = 0; i < outputs.size(); ++i) outputs[i].copy_(outs_arg[i]);
+    return Work::completed("gather", describe());
+  }
   const Target tg = impl_->target(input);
   std::vector<at::Tensor> ins{for_backend(input, tg)};
   std::vector<std::vector<at::Tensor>> outs;
   if (rank() == dst) {
     outs.emplace_back();
-    for (int r = 0; r < size(); ++r) outs[0].push_back(at::empty_like(ins[0]));
+    for (const auto& t : outputs) outs[0].push_back(for_backend(t, tg));
   }
   c10d::GatherOptions o;
   o.rootRank = dst;
-  wait_work(*this, impl_->poisoned, "gather", tg.pg->gather(outs, ins, o), impl_->options.timeout);
+  auto work = tg.pg->gather(outs, ins, o);
+  std::function<void()> finish;
   if (rank() == dst) {
-    outputs = std::move(outs[0]);
-    if (tg.stage)
-      for (auto& t : outputs) t = t.to(input.device());
+    finish = [dsts = outputs, srcs = outs[0]]() mutable {
+      for (size_t i = 0; i < dsts.size(); ++i)
+        if (!srcs[i].is_same(dsts[i])) dsts[i].copy_(srcs[i]);
+    };
   }
+  return issue(*this, *impl_, "gather", work, std::move(finish));
 }
 
-void C10dGroup::scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) {
-  wait_launched_work();  // NOTE: [Async collectives]
-  if (guard::scatter(*this, output, inputs, src)) return;
+WorkPtr C10dGroup::scatter_async(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) {
+  at::Tensor out_arg = output;
+  if (guard::scatter(*this, out_arg, inputs, src)) return Work::completed("scatter", describe());
   detail::check_rank_arg(*this, "scatter", "src", src);
   const Target tg = impl_->target(output);
   std::vector<std::vector<at::Tensor>> ins;
@@ -631,10 +723,8 @@ void C10dGroup::scatter(at::Tensor& output, const std::vector<at::Tensor>& input
   }
   c10d::ScatterOptions o;
   o.rootRank = src;
-  in_place(output, tg, [&](at::Tensor& out) {
-    std::vector<at::Tensor> outs{out};
-    wait_work(*this, impl_->poisoned, "scatter", tg.pg->scatter(outs, ins, o), impl_->options.timeout);
-  });
+  std::vector<at::Tensor> outs{for_backend(output, tg)};
+  return issue(*this, *impl_, "scatter", tg.pg->scatter(outs, ins, o), copy_back(output, outs[0]));
 }
 
 std::shared_ptr<Group> C10dGroup::new_subgroup(const std::vector<int>& ranks) {

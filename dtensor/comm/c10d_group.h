@@ -23,10 +23,13 @@
 // it, and the host copy is right for every collective.
 // Barriers go to the first entry.
 //
-// What a backend lacks is emulated here (native_collectives says which): Gloo in libtorch
-// 1.13 has no all_gather into one tensor (gather into views instead), no reduce_scatter
-// (all_reduce, then keep this rank's block) and no AVG (SUM, then divide). NCCL does all
-// of them natively (_allgather_base, _reduce_scatter_base, ReduceOp::AVG).
+// Collectives are issued asynchronously: each returns c10d's own Work, wrapped as a
+// comm::Work (NOTE: [Async collectives] in work.h).
+// What a backend lacks is composed here (native_collectives says which): Gloo has no
+// reduce_scatter that moves less than an all-reduce (NOTE: [Composed reduce_scatter]: an
+// all_to_all and a local reduction), gathers into one tensor through views of its blocks, and
+// has no AVG (SUM, then divide). NCCL does all of them natively (_allgather_base,
+// _reduce_scatter_base, ReduceOp::AVG).
 // Errors from c10d (a peer died, a timeout) surface as CollectiveError naming the op and group.
 #pragma once
 
@@ -102,19 +105,19 @@ class C10dGroup final : public Group {
   std::string backend() const override;
   const std::vector<int>& global_ranks() const override;
 
-  void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::SUM) override;
-  void all_gather_into(at::Tensor& output, const at::Tensor& input) override;
-  void reduce_scatter_into(at::Tensor& output, const at::Tensor& input,
-                           ReduceOp op = ReduceOp::SUM) override;
-  void all_to_all_single(at::Tensor& output, const at::Tensor& input,
-                         const std::vector<int64_t>& output_splits = {},
-                         const std::vector<int64_t>& input_splits = {}) override;
-  void broadcast(at::Tensor& tensor, int src) override;
-  void barrier() override;
-  void send(const at::Tensor& tensor, int dst, int tag = 0) override;
-  void recv(at::Tensor& tensor, int src, int tag = 0) override;
-  void gather(const at::Tensor& input, std::vector<at::Tensor>& outputs, int dst) override;
-  void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) override;
+  WorkPtr all_reduce_async(const at::Tensor& tensor, ReduceOp op = ReduceOp::SUM) override;
+  WorkPtr all_gather_into_async(const at::Tensor& output, const at::Tensor& input) override;
+  WorkPtr reduce_scatter_into_async(const at::Tensor& output, const at::Tensor& input,
+                                    ReduceOp op = ReduceOp::SUM) override;
+  WorkPtr all_to_all_single_async(const at::Tensor& output, const at::Tensor& input,
+                                  const std::vector<int64_t>& output_splits = {},
+                                  const std::vector<int64_t>& input_splits = {}) override;
+  WorkPtr broadcast_async(const at::Tensor& tensor, int src) override;
+  WorkPtr barrier_async() override;
+  WorkPtr send_async(const at::Tensor& tensor, int dst, int tag = 0) override;
+  WorkPtr recv_async(const at::Tensor& tensor, int src, int tag = 0) override;
+  WorkPtr gather_async(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int dst) override;
+  WorkPtr scatter_async(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) override;
   std::shared_ptr<Group> new_subgroup(const std::vector<int>& ranks) override;
 
   struct Impl;

@@ -1,6 +1,6 @@
 // dtensor/comm/comm.h: umbrella header of the communication layer.
 #pragma once
-#include "dtensor/comm/async_work.h"
+#include "dtensor/comm/work.h"
 #include "dtensor/comm/c10d_group.h"
 #include "dtensor/comm/group.h"
 #include "dtensor/comm/object_collectives.h"

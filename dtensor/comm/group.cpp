@@ -43,6 +43,14 @@ int Group::group_rank_of(int global_rank) const {
   return it == g.end() ? -1 : static_cast<int>(it - g.begin());
 }
 
+void Group::gather(const at::Tensor& input, std::vector<at::Tensor>& outputs, int dst) {
+  std::vector<at::Tensor> outs;
+  if (rank() == dst)
+    for (int r = 0; r < size(); ++r) outs.push_back(at::empty_like(input, at::MemoryFormat::Contiguous));
+  gather_async(input, outs, dst)->wait();
+  if (rank() == dst) outputs = std::move(outs);
+}
+
 std::string Group::describe() const {
   std::ostringstream os;
   os << backend() << " group of " << size() << " (ranks ";

@@ -11,8 +11,11 @@
 // contract as c10d's ProcessGroup). Two implementations exist:
 //   - C10dGroup (c10d_group.h): Gloo on CPU, NCCL when libtorch has CUDA.
 //   - ThreadGroup (thread_group.h): ranks are threads of one process, in memory.
-// All calls are blocking: when they return, output tensors hold the result.
+// Each collective is blocking (when it returns, output tensors hold the result) or issued
+// asynchronously with its `_async` spelling (NOTE: [Async collectives] in work.h).
 #pragma once
+
+#include "dtensor/comm/work.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -54,34 +57,58 @@ class Group {
   // Ranks of this group in the world (the group's global ranks), index = group rank.
   virtual const std::vector<int>& global_ranks() const = 0;
 
+  // Every collective has a blocking spelling and an `_async` one (PyTorch's async_op=True)
+  // that issues it and returns at once with a Work: NOTE: [Async collectives] (work.h). The
+  // blocking spelling is issue-then-wait. Implementations override the `_async` ones.
+
   // Collective. In place: every rank ends with the reduction of all ranks' `tensor`.
   // AVG is supported for floating dtypes only.
-  virtual void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::SUM) = 0;
+  void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::SUM) { all_reduce_async(tensor, op)->wait(); }
+  virtual WorkPtr all_reduce_async(const at::Tensor& tensor, ReduceOp op = ReduceOp::SUM) = 0;
   // Collective. `output` is `size()` inputs concatenated along dim 0:
   // output.size(0) == size() * input.size(0), other dims equal.
-  virtual void all_gather_into(at::Tensor& output, const at::Tensor& input) = 0;
+  void all_gather_into(at::Tensor& output, const at::Tensor& input) { all_gather_into_async(output, input)->wait(); }
+  virtual WorkPtr all_gather_into_async(const at::Tensor& output, const at::Tensor& input) = 0;
   // Collective. `input` holds `size()` equal blocks along dim 0; rank r receives the
   // reduction of every rank's block r into `output`.
-  virtual void reduce_scatter_into(at::Tensor& output, const at::Tensor& input,
-                                   ReduceOp op = ReduceOp::SUM) = 0;
+  void reduce_scatter_into(at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::SUM) {
+    reduce_scatter_into_async(output, input, op)->wait();
+  }
+  virtual WorkPtr reduce_scatter_into_async(const at::Tensor& output, const at::Tensor& input,
+                                            ReduceOp op = ReduceOp::SUM) = 0;
   // Collective. Rank r sends input block j (along dim 0, `input_splits[j]` rows, equal
   // blocks when empty) to rank j and receives `output_splits[i]` rows from rank i.
-  virtual void all_to_all_single(at::Tensor& output, const at::Tensor& input,
-                                 const std::vector<int64_t>& output_splits = {},
-                                 const std::vector<int64_t>& input_splits = {}) = 0;
+  void all_to_all_single(at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_splits = {},
+                         const std::vector<int64_t>& input_splits = {}) {
+    all_to_all_single_async(output, input, output_splits, input_splits)->wait();
+  }
+  virtual WorkPtr all_to_all_single_async(const at::Tensor& output, const at::Tensor& input,
+                                          const std::vector<int64_t>& output_splits = {},
+                                          const std::vector<int64_t>& input_splits = {}) = 0;
   // Collective. Every rank's `tensor` ends equal to rank `src`'s.
-  virtual void broadcast(at::Tensor& tensor, int src) = 0;
+  void broadcast(at::Tensor& tensor, int src) { broadcast_async(tensor, src)->wait(); }
+  virtual WorkPtr broadcast_async(const at::Tensor& tensor, int src) = 0;
   // Collective.
-  virtual void barrier() = 0;
-  // Point to point; `tag` distinguishes concurrent messages between the same pair.
-  virtual void send(const at::Tensor& tensor, int dst, int tag = 0) = 0;
-  virtual void recv(at::Tensor& tensor, int src, int tag = 0) = 0;
+  void barrier() { barrier_async()->wait(); }
+  virtual WorkPtr barrier_async() = 0;
+  // Point to point; `tag` distinguishes concurrent messages between the same pair. Messages
+  // between a pair with one tag are received in the order they were sent.
+  void send(const at::Tensor& tensor, int dst, int tag = 0) { send_async(tensor, dst, tag)->wait(); }
+  virtual WorkPtr send_async(const at::Tensor& tensor, int dst, int tag = 0) = 0;
+  void recv(at::Tensor& tensor, int src, int tag = 0) { recv_async(tensor, src, tag)->wait(); }
+  virtual WorkPtr recv_async(const at::Tensor& tensor, int src, int tag = 0) = 0;
   // Collective. On `dst`, `outputs` is resized to size() tensors shaped like `input`;
   // elsewhere it is left untouched.
-  virtual void gather(const at::Tensor& input, std::vector<at::Tensor>& outputs, int dst) = 0;
+  void gather(const at::Tensor& input, std::vector<at::Tensor>& outputs, int dst);
+  // As gather; on `dst`, `outputs` are size() tensors shaped like `input` (allocated by the
+  // caller, as c10d's gather), written by the time wait() returns. Ignored elsewhere.
+  virtual WorkPtr gather_async(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int dst) = 0;
   // Collective. On `src`, `inputs` holds size() tensors shaped like `output`; rank r
   // receives inputs[r]. Elsewhere `inputs` is ignored.
-  virtual void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) = 0;
+  void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) {
+    scatter_async(output, inputs, src)->wait();
+  }
+  virtual WorkPtr scatter_async(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) = 0;
 
   // Collective over THIS group: every rank must call it with the same `ranks` (group
   // ranks of this group, sorted or not, no duplicates). Members get the new group,

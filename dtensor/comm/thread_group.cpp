@@ -1,51 +1,111 @@
 // dtensor/comm/thread_group.cpp
 //
-// NOTE: [ThreadGroup collective protocol]
-// Every collective is one "round" of the world:
-//   1. Each rank publishes a Call (op, signature, arguments) and waits at barrier A.
-//   2. After A every Call is visible. Each rank checks that all ranks called the same op
-//      with the same signature (else every rank throws the same CollectiveError), then
-//      computes ITS OWN result into a fresh tensor, reading the others' inputs.
-//   3. Barrier B: nobody writes an output before every rank has finished reading inputs
-//      (in-place all_reduce reads and writes the same tensor).
-//   4. Each rank copies its result into its output.
-// Barriers are generation-counted; a timeout or abort() wakes everybody with an error.
+// NOTE: [ThreadGroup rounds]
+// The n-th collective a rank issues on a world belongs to round n of that world (a per-rank
+// issue counter; the world keeps the rounds not yet running by sequence number), so the
+// ranks' n-th calls meet whatever mix of async and blocking spellings they used.
+//   1. Issuing publishes the rank's Call (op, signature, copies of its tensor handles) into
+//      its round and returns at once with a Work whose Source waits for that round.
+//   2. The rank whose Call completes the round (the last to issue it) runs it, outside the
+//      world's lock: it checks that all Calls have the same op and signature (else the round
+//      fails with a message naming every rank's call), computes every rank's result from the
+//      inputs into fresh tensors and only then writes every rank's outputs (in-place
+//      all_reduce reads and writes the same tensors), under at::NoGradGuard. Shared results
+//      are computed once and in rank order (one reduction for all_reduce and reduce_scatter,
+//      one cat for all_gather), so all ranks get bit-identical results.
+//   3. Rounds run one at a time, in sequence order: a rank completing round n+1 while round n
+//      is still running leaves it to round n's runner, which goes on with every fully issued
+//      round after its own. Collectives thus complete in issue order (NOTE: [Async
+//      collectives]) and one may read what the previous one wrote.
+//   4. The runner marks the round done and wakes the waiters. An error raised while running
+//      (a split mismatch in all_to_all_single, ...) is the round's: every rank's wait()
+//      rethrows it.
+// A waiter waits on the world's condition variable until its round is done, the world is
+// aborted, or its deadline. When the world's timeout has passed since it issued and some rank
+// still has not issued the round, it aborts the world naming those ranks. A round already
+// running when the world is aborted still completes (it needs no peer), so no output is
+// written after its wait() returned; rounds not yet running fail with the abort's reason.
+// The world forgets a round when it starts running, the runner drops the Calls (the callers'
+// tensors) when it is done, and each rank's Source drops the round when it observes the
+// completion: memory stays bounded by the Works alive.
 //
 // NOTE: [Calls outlive an aborted round]
-// Between barriers A and B a rank reads the other ranks' Calls (their op names, signatures
-// and input tensors). After abort() a rank may leave the round early, throwing at barrier B
-// (or at the mismatch barrier) while its peers are still in step 2; a Call on the caller's
-// stack would then be freed under the peers, which read freed memory (a SIGSEGV while
-// formatting the mismatch message, when 8 thread ranks ran a test whose mesh held only 4 of
-// them and the 4 outside threw). So the world holds each rank's Call by shared_ptr, and every
-// rank keeps the Calls it reads alive until it leaves the round.
+// The runner reads every rank's Call (op names, signatures, tensors) without the world's
+// lock, and after abort() the waiters leave while peers may still be issuing or running. With
+// Calls on the callers' stacks a rank leaving early freed them under its peers (a SIGSEGV
+// while formatting the mismatch message, when 8 thread ranks ran a test whose mesh held only 4
+// of them and the 4 outside threw). So a Call holds copies of the tensor handles (never
+// references to the caller's variables), a round owns its Calls by shared_ptr, and the
+// world's round table, the runner and every rank's Source own the round by shared_ptr: a rank
+// leaving drops only its own reference.
+//
+// NOTE: [ThreadGroup point to point]
+// Each (src, dst, tag) is a channel numbering its messages and its receives. send_async
+// queues a copy of the tensor under the next message number and completes at once;
+// recv_async takes the next receive number (its ticket) at issue time, so receives posted in
+// order get messages in send order whatever order they are waited in. The receiver's Source
+// takes message `ticket` out of the channel when it has arrived; the Work's finish step (on
+// the waiting thread) checks its shape and dtype and copies it into the receive buffer. A
+// receive unanswered for the world's timeout fails alone (as before): it blocks no peer, so
+// it does not abort the world.
 #include "dtensor/comm/thread_group.h"
-
-#include "dtensor/comm/async_work.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <condition_variable>
-#include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <tuple>
+#include <utility>
 
 namespace dtensor {
 namespace comm {
 
 namespace {
 
+using Clock = Work::Clock;
+
+struct Call;
+using Calls = std::vector<std::shared_ptr<const Call>>;  // index: rank
+// Computes every rank's result, then writes every rank's outputs (step 2).
+using RunFn = void (*)(const Calls&);
+
 struct Call {
   std::string op;
   std::string signature;  // must match across ranks
-  std::vector<at::Tensor> tensors;
+  RunFn run = nullptr;
+  // Handles, never references: NOTE: [Calls outlive an aborted round].
+  std::vector<at::Tensor> inputs;
+  std::vector<at::Tensor> outputs;
   ReduceOp reduce = ReduceOp::SUM;
+  int root = -1;  // broadcast and scatter: src; gather: dst
   std::vector<int64_t> out_splits, in_splits;
-  std::vector<int> ranks;  // new_subgroup
 };
+
+struct Round {
+  explicit Round(int size) : calls(size) {}
+  Calls calls;  // nullptr: that rank has not issued yet; cleared when done
+  int issued = 0;
+  bool started = false;  // a runner took it: it completes without peers
+  bool done = false;
+  // Outcome, as text: each rank raises its own CollectiveError (rank threads never share one
+  // exception object).
+  std::string mismatch;  // the Calls, when they differ
+  std::optional<std::string> failure;  // the message of an error raised while running
+  Clock::time_point completed_at;
+};
+
+// The messages of one (src, dst, tag): NOTE: [ThreadGroup point to point].
+struct Channel {
+  std::map<uint64_t, at::Tensor> messages;  // by send number, until received
+  uint64_t sent = 0;
+  uint64_t tickets = 0;  // receives posted
+};
+using ChannelKey = std::tuple<int, int, int>;  // (src, dst, tag)
 
 std::string sig_of(const at::Tensor& t) {
   std::ostringstream os;
@@ -53,61 +113,88 @@ std::string sig_of(const at::Tensor& t) {
   return os.str();
 }
 
+std::string aborted_error(const std::string& op, const std::string& where, const std::string& reason) {
+  return op + " on " + where + ": aborted: " + reason;
+}
+
 }  // namespace
 
 struct ThreadWorld::State {
-  int size;
-  std::chrono::milliseconds timeout;
-  mutable std::mutex mu;
-  std::condition_variable cv;
-  uint64_t generation = 0;
-  int arrived = 0;
-  std::vector<bool> present;
-  std::vector<std::shared_ptr<const Call>> calls;  // NOTE: [Calls outlive an aborted round]
+  int size = 0;
+  std::chrono::milliseconds timeout{0};
+  mutable std::mutex mu;       // everything below
+  std::condition_variable cv;  // a round done, a message sent, the world aborted
   bool aborted = false;
   std::string reason;
-  std::map<std::tuple<int, int, int>, std::deque<at::Tensor>> mail;  // (src, dst, tag)
-  std::vector<uint64_t> subgroup_calls;                               // per rank
+  std::vector<uint64_t> issued;                        // per rank: collectives issued
+  std::map<uint64_t, std::shared_ptr<Round>> rounds;  // by sequence number, until running
+  uint64_t next_to_run = 0;
+  bool running = false;  // a thread is running round next_to_run
+  std::map<ChannelKey, Channel> channels;
   std::map<std::pair<uint64_t, std::vector<int>>, std::shared_ptr<ThreadWorld>> children;
 
-  // Waits at a generation-counted barrier; `lk` holds `mu`.
-  void arrive_and_wait(std::unique_lock<std::mutex>& lk, int rank, const std::string& what,
-                       const std::string& group_desc) {
-    if (aborted) throw CollectiveError(what + " on " + group_desc + ": aborted: " + reason);
-    const uint64_t gen = generation;
-    present[rank] = true;
-    if (++arrived == size) {
-      arrived = 0;
-      std::fill(present.begin(), present.end(), false);
-      ++generation;
-      cv.notify_all();
-      return;
-    }
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (generation == gen && !aborted) {
-      if (cv.wait_until(lk, deadline) == std::cv_status::timeout && generation == gen &&
-          !aborted) {
-        std::ostringstream os;
-        os << what << " on " << group_desc << " timed out after " << timeout.count()
-           << " ms; ranks that had not arrived:";
-        for (int r = 0; r < size; ++r)
-          if (!present[r]) os << " " << r;
-        aborted = true;
-        reason = os.str();
-        cv.notify_all();
-      }
-    }
-    if (generation == gen) throw CollectiveError(what + " on " + group_desc + ": " + reason);
-  }
+  // Steps 2-4 of NOTE: [ThreadGroup rounds] for every round ready to run; `lk` holds `mu`.
+  void run_ready_rounds(std::unique_lock<std::mutex>& lk);
 };
 
-ThreadWorld::ThreadWorld(int size, std::chrono::milliseconds timeout)
-    : state_(std::make_unique<State>()) {
+namespace {
+
+std::string describe_calls(const Calls& calls) {
+  std::ostringstream os;
+  for (size_t r = 0; r < calls.size(); ++r)
+    os << " [rank " << r << ": " << calls[r]->op << "(" << calls[r]->signature << ")]";
+  return os.str();
+}
+
+// Step 2, without the world's lock: the round is ours and its Calls are complete.
+void run_round(Round& round) {
+  const Calls& calls = round.calls;
+  for (const auto& c : calls) {
+    if (c->op != calls[0]->op || c->signature != calls[0]->signature) {
+      round.mismatch = describe_calls(calls);
+      return;
+    }
+  }
+  try {
+    at::NoGradGuard no_grad;
+    calls[0]->run(calls);
+  } catch (const c10::Error& e) {
+    round.failure = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    round.failure = e.what();
+  } catch (...) {
+    round.failure = "unknown error";
+  }
+}
+
+}  // namespace
+
+void ThreadWorld::State::run_ready_rounds(std::unique_lock<std::mutex>& lk) {
+  // One runner at a time keeps rounds in issue order (step 3); an aborted world runs nothing
+  // new, so the waiters of rounds not yet running can leave.
+  while (!running && !aborted) {
+    auto it = rounds.find(next_to_run);
+    if (it == rounds.end() || it->second->issued < size) return;
+    std::shared_ptr<Round> round = std::move(it->second);
+    rounds.erase(it);  // every rank issued it: nobody looks it up again
+    round->started = true;
+    running = true;
+    lk.unlock();
+    run_round(*round);
+    lk.lock();
+    round->calls.clear();  // release the callers' tensors
+    round->completed_at = Clock::now();
+    round->done = true;
+    running = false;
+    ++next_to_run;
+    cv.notify_all();
+  }
+}
+
+ThreadWorld::ThreadWorld(int size, std::chrono::milliseconds timeout) : state_(std::make_unique<State>()) {
   state_->size = size;
   state_->timeout = timeout;
-  state_->present.assign(size, false);
-  state_->calls.assign(size, nullptr);
-  state_->subgroup_calls.assign(size, 0);
+  state_->issued.assign(size, 0);
 }
 
 ThreadWorld::~ThreadWorld() = default;
@@ -140,65 +227,129 @@ bool ThreadWorld::aborted() const {
   return state_->aborted;
 }
 
-ThreadGroup::ThreadGroup(std::shared_ptr<ThreadWorld> world, int rank, std::vector<int> global_ranks)
-    : world_(std::move(world)), rank_(rank), global_ranks_(std::move(global_ranks)) {
-  TORCH_CHECK(world_ != nullptr, "ThreadGroup: world is null");
-  TORCH_CHECK(rank >= 0 && rank < world_->size(), "ThreadGroup: rank ", rank,
-              " out of range for a world of ", world_->size());
-  if (global_ranks_.empty()) {
-    for (int r = 0; r < world_->size(); ++r) global_ranks_.push_back(r);
-  }
-  TORCH_CHECK(static_cast<int>(global_ranks_.size()) == world_->size(),
-              "ThreadGroup: global_ranks has ", global_ranks_.size(), " entries for a world of ",
-              world_->size());
-}
-
-int ThreadGroup::size() const { return world_->size(); }
-
 namespace {
 
-// Runs one round of NOTE: [ThreadGroup collective protocol]. `compute` sees every rank's
-// Call and returns this rank's results; `finish` writes them into the outputs.
-template <class Compute, class Finish>
-void run_round(ThreadWorld& world, int rank, const std::string& group_desc, const Call& call,
-               Compute compute, Finish finish) {
-  wait_launched_work();  // NOTE: [Async collectives]
-  auto& s = world.state();
-  auto mine = std::make_shared<const Call>(call);  // NOTE: [Calls outlive an aborted round]
-  std::unique_lock<std::mutex> lk(s.mu);
-  s.calls[rank] = mine;
-  s.arrive_and_wait(lk, rank, call.op, group_desc);
-  // A peer that left an aborted round early may already have published its next Call: report
-  // the abort, not a mismatch with that Call (barrier B would throw anyway).
-  if (s.aborted) throw CollectiveError(call.op + " on " + group_desc + ": aborted: " + s.reason);
-  // Step 2: all Calls are published and stay alive until barrier B.
-  bool same = true;
-  for (int r = 0; r < s.size; ++r) {
-    same = same && s.calls[r]->op == call.op && s.calls[r]->signature == s.calls[0]->signature;
+// One rank's view of one round: NOTE: [ThreadGroup rounds]. Every member is guarded by the
+// world's mutex (Work may call is_completed() while another thread waits).
+class RoundSource final : public Work::Source {
+ public:
+  RoundSource(std::shared_ptr<ThreadWorld> world, std::shared_ptr<Round> round, std::string op, std::string where)
+      : world_(std::move(world)),
+        round_(std::move(round)),
+        op_(std::move(op)),
+        where_(std::move(where)),
+        give_up_at_(Clock::now() + world_->timeout()) {}
+
+  bool wait_until(Clock::time_point deadline) override {
+    auto& s = world_->state();
+    std::unique_lock<std::mutex> lk(s.mu);
+    while (!settle()) {
+      // A fully issued round runs without peers: the world's timeout no longer applies.
+      const bool may_time_out = round_->issued < s.size;
+      s.cv.wait_until(lk, may_time_out ? std::min(deadline, give_up_at_) : deadline);
+      if (settle()) break;
+      const auto now = Clock::now();
+      if (round_->issued < s.size && now >= give_up_at_) {
+        const std::string reason = timeout_reason();
+        lk.unlock();
+        world_->abort(reason);  // wakes the peers and sub-worlds; settle() then reports it
+        lk.lock();
+      } else if (now >= deadline) {
+        return false;
+      }
+    }
+    return true;
   }
-  if (!same) {
+
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lk(world_->state().mu);
+    return settle();
+  }
+
+  std::exception_ptr error() override {
+    std::lock_guard<std::mutex> lk(world_->state().mu);
+    return error_;
+  }
+
+  std::optional<Clock::time_point> completed_at() override {
+    std::lock_guard<std::mutex> lk(world_->state().mu);
+    return completed_at_;
+  }
+
+ private:
+  // The world's mutex is held. Records the outcome once the round is done or can no longer
+  // run, and drops the round (the last rank to observe it frees it).
+  bool settle() {
+    if (settled_) return true;
+    const auto& s = world_->state();
+    if (round_->done) {
+      completed_at_ = round_->completed_at;
+      if (!round_->mismatch.empty()) {
+        error_ = std::make_exception_ptr(CollectiveError(
+            "ranks called different collectives (or the same one with mismatched arguments) on " + where_ + ":" +
+            round_->mismatch));
+      } else if (round_->failure) {
+        error_ = std::make_exception_ptr(CollectiveError(op_ + " on " + where_ + " failed: " + *round_->failure));
+      }
+    } else if (s.aborted && !round_->started) {
+      error_ = std::make_exception_ptr(CollectiveError(aborted_error(op_, where_, s.reason)));
+    } else {
+      return false;
+    }
+    settled_ = true;
+    round_.reset();
+    return true;
+  }
+
+  std::string timeout_reason() const {
     std::ostringstream os;
-    os << "ranks called different collectives (or the same one with mismatched arguments) on "
-       << group_desc << ":";
-    for (int r = 0; r < s.size; ++r)
-      os << " [rank " << r << ": " << s.calls[r]->op << "(" << s.calls[r]->signature << ")]";
-    const std::string msg = os.str();
-    // Every rank reaches this point with the same view, so every rank throws; a second
-    // barrier keeps the Calls alive until all have read them.
-    s.arrive_and_wait(lk, rank, call.op, group_desc);
-    throw CollectiveError(msg);
+    os << op_ << " on " << where_ << " timed out after " << world_->timeout().count()
+       << " ms; ranks that had not arrived:";
+    for (size_t r = 0; r < round_->calls.size(); ++r)
+      if (!round_->calls[r]) os << " " << r;
+    return os.str();
   }
-  const std::vector<std::shared_ptr<const Call>> held = s.calls;  // alive until we leave
-  std::vector<const Call*> calls;
-  for (const auto& k : held) calls.push_back(k.get());
-  lk.unlock();
-  auto result = compute(calls);
-  lk.lock();
-  s.arrive_and_wait(lk, rank, call.op, group_desc);  // barrier B
-  s.calls[rank].reset();  // everybody has read it; do not hold the caller's tensors longer
-  lk.unlock();
-  finish(result);
+
+  std::shared_ptr<ThreadWorld> world_;
+  std::shared_ptr<Round> round_;  // until settled
+  std::string op_, where_;
+  Clock::time_point give_up_at_;  // issued + the world's timeout
+  bool settled_ = false;
+  std::exception_ptr error_;
+  std::optional<Clock::time_point> completed_at_;
+};
+
+// Step 1 of NOTE: [ThreadGroup rounds]: publishes `call` into this rank's next round, runs
+// what became ready, and returns the rank's Work. `seq`, when given, receives the round's
+// sequence number.
+WorkPtr issue(const std::shared_ptr<ThreadWorld>& world, int rank, const std::string& where,
+              std::shared_ptr<Call> call, uint64_t* seq = nullptr) {
+  auto& s = world->state();
+  const std::string op = call->op;
+  std::unique_lock<std::mutex> lk(s.mu);
+  if (s.aborted) throw CollectiveError(aborted_error(op, where, s.reason));
+  const uint64_t n = s.issued[rank]++;
+  if (seq) *seq = n;
+  std::shared_ptr<Round>& slot = s.rounds[n];
+  if (!slot) slot = std::make_shared<Round>(s.size);
+  std::shared_ptr<Round> round = slot;
+  round->calls[rank] = std::move(call);
+  ++round->issued;
+  auto work = std::make_shared<Work>(op, where, std::make_unique<RoundSource>(world, round, op, where), nullptr,
+                                     s.timeout);
+  s.run_ready_rounds(lk);
+  return work;
 }
+
+std::shared_ptr<Call> make_call(std::string op, std::string signature, RunFn run) {
+  auto c = std::make_shared<Call>();
+  c->op = std::move(op);
+  c->signature = std::move(signature);
+  c->run = run;
+  return c;
+}
+
+// ---- Step 2 of each collective: every rank's result first, then every output ------------
 
 at::Tensor reduce_tensors(const std::vector<at::Tensor>& xs, ReduceOp op) {
   at::Tensor acc = xs[0].clone(at::MemoryFormat::Contiguous);
@@ -215,191 +366,336 @@ at::Tensor reduce_tensors(const std::vector<at::Tensor>& xs, ReduceOp op) {
   return acc;
 }
 
+std::vector<at::Tensor> first_inputs(const Calls& calls) {
+  std::vector<at::Tensor> xs;
+  for (const auto& c : calls) xs.push_back(c->inputs[0]);
+  return xs;
+}
+
+void run_all_reduce(const Calls& calls) {
+  const at::Tensor result = reduce_tensors(first_inputs(calls), calls[0]->reduce);
+  for (const auto& c : calls) c->outputs[0].copy_(result);
+}
+
+void run_all_gather(const Calls& calls) {
+  const at::Tensor result = at::cat(first_inputs(calls), 0);
+  for (const auto& c : calls) c->outputs[0].copy_(result);
+}
+
+void run_reduce_scatter(const Calls& calls) {
+  // Reducing the whole input once gives each rank's block the same values (elementwise, in
+  // rank order) as reducing that block alone.
+  const at::Tensor reduced = reduce_tensors(first_inputs(calls), calls[0]->reduce);
+  const int64_t rows = reduced.size(0) / static_cast<int64_t>(calls.size());
+  for (size_t r = 0; r < calls.size(); ++r)
+    calls[r]->outputs[0].copy_(reduced.narrow(0, static_cast<int64_t>(r) * rows, rows));
+}
+
+// Rank `to`'s all_to_all_single output: its rows from every rank, in rank order.
+at::Tensor all_to_all_rows_for(const Calls& calls, int to) {
+  std::vector<at::Tensor> parts;
+  for (size_t from = 0; from < calls.size(); ++from) {
+    const Call& k = *calls[from];
+    const int64_t rows = k.in_splits[to];
+    const int64_t expected = calls[to]->out_splits[from];
+    TORCH_CHECK(rows == expected, "rank ", from, " sends ", rows, " rows to rank ", to, " but rank ", to,
+                " expects ", expected);
+    int64_t offset = 0;
+    for (int j = 0; j < to; ++j) offset += k.in_splits[j];
+    parts.push_back(k.inputs[0].narrow(0, offset, rows));
+  }
+  return at::cat(parts, 0);
+}
+
+void run_all_to_all(const Calls& calls) {
+  std::vector<at::Tensor> results;
+  for (size_t to = 0; to < calls.size(); ++to) results.push_back(all_to_all_rows_for(calls, static_cast<int>(to)));
+  for (size_t to = 0; to < calls.size(); ++to) calls[to]->outputs[0].copy_(results[to]);
+}
+
+void run_broadcast(const Calls& calls) {
+  const int src = calls[0]->root;
+  const at::Tensor value = calls[src]->inputs[0].clone();
+  for (size_t r = 0; r < calls.size(); ++r)
+    if (static_cast<int>(r) != src) calls[r]->outputs[0].copy_(value);
+}
+
+void run_gather(const Calls& calls) {
+  const Call& dst = *calls[calls[0]->root];
+  std::vector<at::Tensor> values;  // clones: an output may alias some rank's input
+  for (const auto& c : calls) values.push_back(c->inputs[0].clone());
+  for (size_t r = 0; r < calls.size(); ++r) dst.outputs[r].copy_(values[r]);
+}
+
+void run_scatter(const Calls& calls) {
+  const Call& src = *calls[calls[0]->root];
+  std::vector<at::Tensor> values;  // clones: an output may alias one of src's inputs
+  for (const auto& t : src.inputs) values.push_back(t.clone());
+  for (size_t r = 0; r < calls.size(); ++r) calls[r]->outputs[0].copy_(values[r]);
+}
+
+void run_nothing(const Calls&) {}
+
 void check_avg(const Group& g, const char* op, const at::Tensor& t, ReduceOp r) {
-  TORCH_CHECK(r != ReduceOp::AVG || at::isFloatingType(t.scalar_type()) ||
-                  at::isComplexType(t.scalar_type()),
-              op, " on ", g.describe(), ": ReduceOp::AVG needs a floating dtype, got ",
-              t.scalar_type(), "; use SUM and divide");
+  TORCH_CHECK(r != ReduceOp::AVG || at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()), op,
+              " on ", g.describe(), ": ReduceOp::AVG needs a floating dtype, got ", t.scalar_type(),
+              "; use SUM and divide");
 }
 
 }  // namespace
 
-void ThreadGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
+ThreadGroup::ThreadGroup(std::shared_ptr<ThreadWorld> world, int rank, std::vector<int> global_ranks)
+    : world_(std::move(world)), rank_(rank), global_ranks_(std::move(global_ranks)) {
+  TORCH_CHECK(world_ != nullptr, "ThreadGroup: world is null");
+  TORCH_CHECK(rank >= 0 && rank < world_->size(), "ThreadGroup: rank ", rank, " out of range for a world of ",
+              world_->size());
+  if (global_ranks_.empty()) {
+    for (int r = 0; r < world_->size(); ++r) global_ranks_.push_back(r);
+  }
+  TORCH_CHECK(static_cast<int>(global_ranks_.size()) == world_->size(), "ThreadGroup: global_ranks has ",
+              global_ranks_.size(), " entries for a world of ", world_->size());
+}
+
+int ThreadGroup::size() const { return world_->size(); }
+
+WorkPtr ThreadGroup::all_reduce_async(const at::Tensor& tensor, ReduceOp op) {
   check_avg(*this, "all_reduce", tensor, op);
-  Call c{"all_reduce", sig_of(tensor) + "," + to_string(op), {tensor}, op};
-  run_round(
-      *world_, rank_, describe(), c,
-      [&](const std::vector<const Call*>& calls) {
-        std::vector<at::Tensor> xs;
-        for (auto* k : calls) xs.push_back(k->tensors[0]);
-        return reduce_tensors(xs, op);
-      },
-      [&](const at::Tensor& r) { tensor.copy_(r); });
+  auto c = make_call("all_reduce", sig_of(tensor) + "," + to_string(op), run_all_reduce);
+  c->inputs = {tensor};
+  c->outputs = {tensor};
+  c->reduce = op;
+  return issue(world_, rank_, describe(), std::move(c));
 }
 
-void ThreadGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
+WorkPtr ThreadGroup::all_gather_into_async(const at::Tensor& output, const at::Tensor& input) {
   detail::check_all_gather_shapes(*this, output, input);
-  Call c{"all_gather_into", sig_of(input), {input}};
-  run_round(
-      *world_, rank_, describe(), c,
-      [&](const std::vector<const Call*>& calls) {
-        std::vector<at::Tensor> xs;
-        for (auto* k : calls) xs.push_back(k->tensors[0]);
-        return at::cat(xs, 0);
-      },
-      [&](const at::Tensor& r) { output.copy_(r); });
+  auto c = make_call("all_gather_into", sig_of(input), run_all_gather);
+  c->inputs = {input};
+  c->outputs = {output};
+  return issue(world_, rank_, describe(), std::move(c));
 }
 
-void ThreadGroup::reduce_scatter_into(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+WorkPtr ThreadGroup::reduce_scatter_into_async(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   detail::check_reduce_scatter_shapes(*this, output, input);
   check_avg(*this, "reduce_scatter_into", input, op);
-  Call c{"reduce_scatter_into", sig_of(input) + "," + to_string(op), {input}, op};
-  const int me = rank_, n = size();
-  run_round(
-      *world_, rank_, describe(), c,
-      [&](const std::vector<const Call*>& calls) {
-        std::vector<at::Tensor> xs;
-        for (auto* k : calls) xs.push_back(k->tensors[0].chunk(n, 0)[me]);
-        return reduce_tensors(xs, op);
-      },
-      [&](const at::Tensor& r) { output.copy_(r); });
+  auto c = make_call("reduce_scatter_into", sig_of(input) + "," + to_string(op), run_reduce_scatter);
+  c->inputs = {input};
+  c->outputs = {output};
+  c->reduce = op;
+  return issue(world_, rank_, describe(), std::move(c));
 }
 
-void ThreadGroup::all_to_all_single(at::Tensor& output, const at::Tensor& input,
-                                    const std::vector<int64_t>& output_splits,
-                                    const std::vector<int64_t>& input_splits) {
+WorkPtr ThreadGroup::all_to_all_single_async(const at::Tensor& output, const at::Tensor& input,
+                                             const std::vector<int64_t>& output_splits,
+                                             const std::vector<int64_t>& input_splits) {
   auto splits = detail::resolve_all_to_all_splits(*this, output, input, output_splits, input_splits);
-  Call c{"all_to_all_single", std::string(c10::toString(input.scalar_type())), {input}};
-  c.out_splits = splits.first;
-  c.in_splits = splits.second;
-  const int me = rank_;
-  run_round(
-      *world_, rank_, describe(), c,
-      [&](const std::vector<const Call*>& calls) {
-        std::vector<at::Tensor> parts;
-        for (size_t i = 0; i < calls.size(); ++i) {
-          const Call& k = *calls[i];
-          int64_t off = 0;
-          for (int j = 0; j < me; ++j) off += k.in_splits[j];
-          TORCH_CHECK(k.in_splits[me] == c.out_splits[i], "all_to_all_single on ", describe(),
-                      ": rank ", i, " sends ", k.in_splits[me], " rows to rank ", me,
-                      " but rank ", me, " expects ", c.out_splits[i]);
-          parts.push_back(k.tensors[0].narrow(0, off, k.in_splits[me]));
-        }
-        return at::cat(parts, 0);
-      },
-      [&](const at::Tensor& r) { output.copy_(r); });
+  // Shapes differ across ranks by design; the splits are checked against each other in step 2.
+  auto c = make_call("all_to_all_single", std::string(c10::toString(input.scalar_type())), run_all_to_all);
+  c->inputs = {input};
+  c->outputs = {output};
+  c->out_splits = std::move(splits.first);
+  c->in_splits = std::move(splits.second);
+  return issue(world_, rank_, describe(), std::move(c));
 }
 
-void ThreadGroup::broadcast(at::Tensor& tensor, int src) {
+WorkPtr ThreadGroup::broadcast_async(const at::Tensor& tensor, int src) {
   detail::check_rank_arg(*this, "broadcast", "src", src);
-  Call c{"broadcast", sig_of(tensor) + ",src=" + std::to_string(src), {tensor}};
-  run_round(
-      *world_, rank_, describe(), c,
-      [&](const std::vector<const Call*>& calls) { return calls[src]->tensors[0].clone(); },
-      [&](const at::Tensor& r) {
-        if (rank_ != src) tensor.copy_(r);
-      });
+  auto c = make_call("broadcast", sig_of(tensor) + ",src=" + std::to_string(src), run_broadcast);
+  c->inputs = {tensor};
+  c->outputs = {tensor};
+  c->root = src;
+  return issue(world_, rank_, describe(), std::move(c));
 }
 
-void ThreadGroup::barrier() {
-  Call c{"barrier", ""};
-  run_round(
-      *world_, rank_, describe(), c, [](const std::vector<const Call*>&) { return 0; },
-      [](int) {});
+WorkPtr ThreadGroup::barrier_async() {
+  return issue(world_, rank_, describe(), make_call("barrier", "", run_nothing));
 }
 
-void ThreadGroup::send(const at::Tensor& tensor, int dst, int tag) {
-  detail::check_rank_arg(*this, "send", "dst", dst);
-  TORCH_CHECK(dst != rank_, "send on ", describe(), ": a rank cannot send to itself");
-  auto& s = world_->state();
-  std::lock_guard<std::mutex> lk(s.mu);
-  if (s.aborted) throw CollectiveError("send on " + describe() + ": aborted: " + s.reason);
-  s.mail[{rank_, dst, tag}].push_back(tensor.clone());
-  s.cv.notify_all();
-}
-
-void ThreadGroup::recv(at::Tensor& tensor, int src, int tag) {
-  detail::check_rank_arg(*this, "recv", "src", src);
-  TORCH_CHECK(src != rank_, "recv on ", describe(), ": a rank cannot receive from itself");
-  auto& s = world_->state();
-  std::unique_lock<std::mutex> lk(s.mu);
-  auto key = std::make_tuple(src, rank_, tag);
-  const auto deadline = std::chrono::steady_clock::now() + s.timeout;
-  while (!s.aborted && s.mail[key].empty()) {
-    if (s.cv.wait_until(lk, deadline) == std::cv_status::timeout && s.mail[key].empty()) {
-      throw CollectiveError("recv from rank " + std::to_string(src) + " (tag " +
-                            std::to_string(tag) + ") on " + describe() + " timed out after " +
-                            std::to_string(s.timeout.count()) + " ms");
-    }
-  }
-  if (s.mail[key].empty()) throw CollectiveError("recv on " + describe() + ": aborted: " + s.reason);
-  at::Tensor msg = s.mail[key].front();
-  s.mail[key].pop_front();
-  lk.unlock();
-  TORCH_CHECK(msg.sizes() == tensor.sizes() && msg.scalar_type() == tensor.scalar_type(),
-              "recv on ", describe(), ": rank ", src, " sent ", sig_of(msg), " but the receive buffer is ",
-              sig_of(tensor));
-  tensor.copy_(msg);
-}
-
-void ThreadGroup::gather(const at::Tensor& input, std::vector<at::Tensor>& outputs, int dst) {
+WorkPtr ThreadGroup::gather_async(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int dst) {
   detail::check_rank_arg(*this, "gather", "dst", dst);
-  Call c{"gather", sig_of(input) + ",dst=" + std::to_string(dst), {input}};
-  run_round(
-      *world_, rank_, describe(), c,
-      [&](const std::vector<const Call*>& calls) {
-        std::vector<at::Tensor> xs;
-        if (rank_ == dst)
-          for (auto* k : calls) xs.push_back(k->tensors[0].clone());
-        return xs;
-      },
-      [&](std::vector<at::Tensor>& xs) {
-        if (rank_ == dst) outputs = std::move(xs);
-      });
+  auto c = make_call("gather", sig_of(input) + ",dst=" + std::to_string(dst), run_gather);
+  c->inputs = {input};
+  c->root = dst;
+  if (rank_ == dst) {
+    TORCH_CHECK(static_cast<int>(outputs.size()) == size(), "gather on ", describe(), ": dst rank passed ",
+                outputs.size(), " output tensors, expected ", size());
+    for (const auto& t : outputs)
+      TORCH_CHECK(t.sizes() == input.sizes() && t.scalar_type() == input.scalar_type(), "gather on ", describe(),
+                  ": output ", sig_of(t), " does not match input ", sig_of(input));
+    c->outputs = outputs;
+  }
+  return issue(world_, rank_, describe(), std::move(c));
 }
 
-void ThreadGroup::scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) {
+WorkPtr ThreadGroup::scatter_async(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) {
   detail::check_rank_arg(*this, "scatter", "src", src);
+  auto c = make_call("scatter", sig_of(output) + ",src=" + std::to_string(src), run_scatter);
+  c->outputs = {output};
+  c->root = src;
   if (rank_ == src) {
     TORCH_CHECK(static_cast<int>(inputs.size()) == size(), "scatter on ", describe(), ": src rank passed ",
                 inputs.size(), " tensors, expected ", size());
-    for (auto& t : inputs)
-      TORCH_CHECK(t.sizes() == output.sizes() && t.scalar_type() == output.scalar_type(),
-                  "scatter on ", describe(), ": input ", sig_of(t), " does not match output ",
-                  sig_of(output));
+    for (const auto& t : inputs)
+      TORCH_CHECK(t.sizes() == output.sizes() && t.scalar_type() == output.scalar_type(), "scatter on ",
+                  describe(), ": input ", sig_of(t), " does not match output ", sig_of(output));
+    c->inputs = inputs;
   }
-  Call c{"scatter", sig_of(output) + ",src=" + std::to_string(src), inputs};
-  run_round(
-      *world_, rank_, describe(), c,
-      [&](const std::vector<const Call*>& calls) { return calls[src]->tensors[rank_].clone(); },
-      [&](const at::Tensor& r) { output.copy_(r); });
+  return issue(world_, rank_, describe(), std::move(c));
 }
+
+// ---- Point to point: NOTE: [ThreadGroup point to point] ----------------------------------
+
+namespace {
+
+// Completes when message `ticket` of its channel has arrived, taking it into `message`.
+class RecvSource final : public Work::Source {
+ public:
+  RecvSource(std::shared_ptr<ThreadWorld> world, ChannelKey key, uint64_t ticket,
+             std::shared_ptr<at::Tensor> message, std::string where)
+      : world_(std::move(world)),
+        key_(key),
+        ticket_(ticket),
+        message_(std::move(message)),
+        where_(std::move(where)),
+        give_up_at_(Clock::now() + world_->timeout()) {}
+
+  bool wait_until(Clock::time_point deadline) override {
+    auto& s = world_->state();
+    std::unique_lock<std::mutex> lk(s.mu);
+    while (!settle()) {
+      s.cv.wait_until(lk, std::min(deadline, give_up_at_));
+      if (settle()) break;
+      const auto now = Clock::now();
+      if (now >= give_up_at_) {
+        // Unlike a round, a late message stops nobody else: fail this receive only.
+        error_ = std::make_exception_ptr(CollectiveError(
+            "recv from rank " + std::to_string(std::get<0>(key_)) + " (tag " + std::to_string(std::get<2>(key_)) +
+            ") on " + where_ + " timed out after " + std::to_string(world_->timeout().count()) + " ms"));
+        settled_ = true;
+        break;
+      }
+      if (now >= deadline) return false;
+    }
+    return true;
+  }
+
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lk(world_->state().mu);
+    return settle();
+  }
+
+  std::exception_ptr error() override {
+    std::lock_guard<std::mutex> lk(world_->state().mu);
+    return error_;
+  }
+
+ private:
+  // The world's mutex is held.
+  bool settle() {
+    if (settled_) return true;
+    auto& s = world_->state();
+    auto ch = s.channels.find(key_);  // exists while this ticket is pending
+    if (ch != s.channels.end()) {
+      auto m = ch->second.messages.find(ticket_);
+      if (m != ch->second.messages.end()) {
+        *message_ = std::move(m->second);
+        ch->second.messages.erase(m);
+        // Nothing queued, nobody waiting: forget the channel (its numbering restarts at 0
+        // on both sides).
+        if (ch->second.messages.empty() && ch->second.sent == ch->second.tickets) s.channels.erase(ch);
+        settled_ = true;
+        return true;
+      }
+    }
+    if (s.aborted) {
+      error_ = std::make_exception_ptr(CollectiveError(aborted_error("recv", where_, s.reason)));
+      settled_ = true;
+    }
+    return settled_;
+  }
+
+  std::shared_ptr<ThreadWorld> world_;
+  ChannelKey key_;
+  uint64_t ticket_;
+  std::shared_ptr<at::Tensor> message_;  // shared with the Work's finish step
+  std::string where_;
+  Clock::time_point give_up_at_;  // issued + the world's timeout
+  bool settled_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+WorkPtr ThreadGroup::send_async(const at::Tensor& tensor, int dst, int tag) {
+  detail::check_rank_arg(*this, "send", "dst", dst);
+  TORCH_CHECK(dst != rank_, "send on ", describe(), ": a rank cannot send to itself");
+  at::Tensor message;
+  {
+    at::NoGradGuard no_grad;  // the receiver gets data, not a piece of the sender's graph
+    message = tensor.clone();
+  }
+  auto& s = world_->state();
+  {
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.aborted) throw CollectiveError(aborted_error("send", describe(), s.reason));
+    Channel& ch = s.channels[ChannelKey{rank_, dst, tag}];
+    ch.messages.emplace(ch.sent++, std::move(message));
+  }
+  s.cv.notify_all();
+  return Work::completed("send", describe());
+}
+
+WorkPtr ThreadGroup::recv_async(const at::Tensor& tensor, int src, int tag) {
+  detail::check_rank_arg(*this, "recv", "src", src);
+  TORCH_CHECK(src != rank_, "recv on ", describe(), ": a rank cannot receive from itself");
+  const std::string where = describe();
+  const ChannelKey key{src, rank_, tag};
+  uint64_t ticket;
+  {
+    auto& s = world_->state();
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.aborted) throw CollectiveError(aborted_error("recv", where, s.reason));
+    ticket = s.channels[key].tickets++;
+  }
+  auto message = std::make_shared<at::Tensor>();
+  auto finish = [message, tensor, src, where] {
+    TORCH_CHECK(message->sizes() == tensor.sizes() && message->scalar_type() == tensor.scalar_type(), "recv on ",
+                where, ": rank ", src, " sent ", sig_of(*message), " but the receive buffer is ", sig_of(tensor));
+    at::NoGradGuard no_grad;
+    tensor.copy_(*message);
+  };
+  return std::make_shared<Work>("recv", where, std::make_unique<RecvSource>(world_, key, ticket, message, where),
+                                std::move(finish), world_->timeout());
+}
+
+// ---- Sub-groups --------------------------------------------------------------------------
+
+namespace {
+
+// The sub-world made by round `seq` of `world` for `ranks`: the first member to get here
+// creates it, the others share it.
+std::shared_ptr<ThreadWorld> child_world(ThreadWorld& world, uint64_t seq, const std::vector<int>& ranks) {
+  auto& s = world.state();
+  std::lock_guard<std::mutex> lk(s.mu);
+  auto& slot = s.children[{seq, ranks}];
+  if (!slot) slot = ThreadWorld::create(static_cast<int>(ranks.size()), s.timeout);
+  if (s.aborted) slot->abort(s.reason);
+  return slot;
+}
+
+}  // namespace
 
 std::shared_ptr<Group> ThreadGroup::new_subgroup(const std::vector<int>& ranks) {
   detail::check_subgroup_ranks(*this, ranks);
   std::ostringstream sig;
   for (int r : ranks) sig << r << ",";
-  Call c{"new_subgroup", sig.str()};
-  c.ranks = ranks;
-  auto& s = world_->state();
-  uint64_t seq;
-  {
-    std::lock_guard<std::mutex> lk(s.mu);
-    seq = s.subgroup_calls[rank_]++;
-  }
-  std::shared_ptr<ThreadWorld> child;
-  run_round(
-      *world_, rank_, describe(), c, [](const std::vector<const Call*>&) { return 0; },
-      [&](int) {
-        std::lock_guard<std::mutex> lk(s.mu);
-        auto& slot = s.children[{seq, ranks}];
-        if (!slot) slot = std::shared_ptr<ThreadWorld>(ThreadWorld::create(ranks.size(), s.timeout));
-        child = slot;
-        if (s.aborted) child->abort(s.reason);
-      });
+  // One round checks that every rank passed the same ranks; its sequence number, the same on
+  // every rank, names the sub-world.
+  uint64_t seq = 0;
+  issue(world_, rank_, describe(), make_call("new_subgroup", sig.str(), run_nothing), &seq)->wait();
   auto it = std::find(ranks.begin(), ranks.end(), rank_);
   if (it == ranks.end()) return nullptr;
+  std::shared_ptr<ThreadWorld> child = child_world(*world_, seq, ranks);
   std::vector<int> globals;
   for (int r : ranks) globals.push_back(global_ranks_[r]);
   return std::make_shared<ThreadGroup>(child, static_cast<int>(it - ranks.begin()), globals);

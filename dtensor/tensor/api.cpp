@@ -1,7 +1,7 @@
 // dtensor/tensor/api.cpp: distribute_tensor, from_local, to_local, redistribute, full_tensor,
 // printing, and their autograd (hand-written autograd Nodes: the saved state is a DTensorSpec,
 // which is not an IValue, so torch::autograd::Function's saved_data does not fit).
-#include "dtensor/comm/async_work.h"
+#include "dtensor/comm/work.h"
 #include "dtensor/comm/c10d_guard.h"
 #include "dtensor/comm/object_collectives.h"
 #include "dtensor/compat.h"
@@ -394,14 +394,22 @@ at::Tensor redistribute_unchecked(const at::Tensor& dt, const DeviceMesh& mesh, 
     }
     DTensorSpec to(mesh, placements, from.tensor_meta);
     if (options.async_op && from.placements != placements && mesh.get_coordinate().has_value()) {
-      // NOTE: [Async DTensors]: the input is read on the comm stream while the caller may write
-      // into the DTensor it came from, so the stream gets its own copy (PyTorch's CUDA stream
-      // order gives the same guarantee).
+      // NOTE: [Async DTensors]: the last collective reads its input while the caller goes on
+      // and may write into the DTensor it came from, so it gets its own copy (PyTorch's CUDA
+      // stream order gives the same guarantee).
       at::Tensor input = local.is_same(impl->local()) ? local.clone() : local;
+      auto pending = detail::redistribute_local_async(input, from, placements);
       auto result = std::make_shared<at::Tensor>();
-      auto work = comm::launch_async([input, from, placements, result] {
-        *result = detail::redistribute_local(input, from, placements).detach();
-      });
+      comm::WorkPtr work;
+      if (pending.work) {
+        work = comm::Work::chain(pending.work, [then = std::move(pending.then), result]() {
+          at::NoGradGuard no_grad_at_wait;
+          *result = then().detach();
+        });
+      } else {
+        *result = pending.value.detach();
+        work = comm::Work::completed("redistribute", mesh.to_string());
+      }
       out = make_async_dtensor(std::move(work), std::move(result), input.device(), std::move(to));
     } else {
       out = make_dtensor(detail::redistribute_local(local, from, placements), std::move(to));

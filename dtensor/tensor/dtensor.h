@@ -82,12 +82,13 @@ at::Tensor to_local(const at::Tensor& dtensor,
 
 // Options of redistribute (PyTorch's keyword arguments).
 struct RedistributeOptions {
-  // Return at once with the collectives in flight (PyTorch's AsyncCollectiveTensor): the
-  // result's local tensor is computed on this thread's comm stream (NOTE: [Async collectives]
-  // in dtensor/comm/async_work.h) while the caller goes on; the first use of the result (any
-  // op on it, to_local, full_tensor, redistribute, printing, wait_tensor) waits for it. A result
-  // dropped unused is waited for when its last handle goes away, so every rank still completes
-  // the collectives. The next blocking collective on this thread also completes them first.
+  // Return at once with the last collective in flight (PyTorch's AsyncCollectiveTensor):
+  // collectives before it complete first, the last one is issued asynchronously (NOTE: [Async
+  // collectives] in dtensor/comm/work.h) and runs while the caller goes on; the first use of the
+  // result (any op on it, to_local, full_tensor, redistribute, printing, wait_tensor) waits for
+  // it and runs the local steps after it. A result dropped unused is waited for when its last
+  // handle goes away, so every rank still completes the collective. Later collectives on the
+  // same groups may be issued before waiting: they run after it, in issue order.
   // Unlike PyTorch, to_local() and view ops wait too (a plain at::Tensor cannot wait lazily).
   // Without communication (same placements, ranks outside the mesh) the result is not async.
   bool async_op = false;

@@ -1,7 +1,7 @@
 // dtensor/tensor/dtensor_impl.cpp
 #include "dtensor/tensor/dtensor_impl.h"
 
-#include "dtensor/comm/async_work.h"
+#include "dtensor/comm/work.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

@@ -12,7 +12,26 @@
 namespace dtensor {
 namespace detail {
 
+at::Tensor PendingLocal::get() {
+  if (work) {
+    work->wait();
+    value = then();
+    work = nullptr;
+    then = nullptr;
+  }
+  return value;
+}
+
 namespace {
+
+PendingLocal ready(at::Tensor t) { return PendingLocal{nullptr, std::move(t), nullptr}; }
+
+// The local step `f` after `p`: applied now when `p` is ready, else when its collective completed.
+PendingLocal map(PendingLocal p, std::function<at::Tensor(const at::Tensor&)> f) {
+  if (!p.work) return ready(f(p.value));
+  p.then = [prev = std::move(p.then), f = std::move(f)]() { return f(prev()); };
+  return p;
+}
 
 // Size of tensor dim `d` before mesh dim `i` splits it, given the current placements.
 int64_t size_before_split(const DTensorSpec& spec, const std::vector<Placement>& cur, int64_t d,
@@ -32,28 +51,35 @@ at::Tensor pad_dim(const at::Tensor& t, int64_t d, int64_t to) {
 
 // Undoes the split of tensor dim d (n rows before it) over group g: all_gather of padded
 // blocks, then unpad.
-at::Tensor gather_rows(const at::Tensor& local, const comm::GroupPtr& g, int64_t d, int64_t n) {
+PendingLocal gather_rows_async(const at::Tensor& local, const comm::GroupPtr& g, int64_t d, int64_t n) {
   const int64_t k = g->size();
   const int64_t c = (n + k - 1) / k;
   at::Tensor block = pad_dim(local, d, c).transpose(0, d).contiguous();
   auto out_shape = block.sizes().vec();
   out_shape[0] = c * k;
   at::Tensor out = at::empty(out_shape, block.options());
-  g->all_gather_into(out, block);
-  if (c * k == n && d == 0) return out;  // even shards of dim 0: the gathered buffer is the result
-  std::vector<at::Tensor> parts;
-  for (int64_t r = 0; r < k; ++r) {
-    const int64_t s = shard_size_and_offset(n, k, r).first;
-    if (s > 0) parts.push_back(out.narrow(0, r * c, s));
-  }
-  at::Tensor full = parts.empty() ? out.narrow(0, 0, 0) : at::cat(parts, 0);
-  return full.transpose(0, d).contiguous();
+  comm::WorkPtr work = g->all_gather_into_async(out, block);
+  auto unpad = [out, n, k, c, d]() -> at::Tensor {
+    if (c * k == n && d == 0) return out;  // even shards of dim 0: the gathered buffer is the result
+    std::vector<at::Tensor> parts;
+    for (int64_t r = 0; r < k; ++r) {
+      const int64_t s = shard_size_and_offset(n, k, r).first;
+      if (s > 0) parts.push_back(out.narrow(0, r * c, s));
+    }
+    at::Tensor full = parts.empty() ? out.narrow(0, 0, 0) : at::cat(parts, 0);
+    return full.transpose(0, d).contiguous();
+  };
+  return PendingLocal{std::move(work), at::Tensor(), std::move(unpad)};
+}
+
+at::Tensor gather_rows(const at::Tensor& local, const comm::GroupPtr& g, int64_t d, int64_t n) {
+  return gather_rows_async(local, g, d, n).get();
 }
 
 // S(d) -> R over mesh dim i.
-at::Tensor gather_dim(const at::Tensor& local, const DTensorSpec& spec,
-                      const std::vector<Placement>& cur, int64_t d, int64_t i) {
-  return gather_rows(local, spec.mesh.get_group(i), d, size_before_split(spec, cur, d, i));
+PendingLocal gather_dim(const at::Tensor& local, const DTensorSpec& spec, const std::vector<Placement>& cur,
+                        int64_t d, int64_t i) {
+  return gather_rows_async(local, spec.mesh.get_group(i), d, size_before_split(spec, cur, d, i));
 }
 
 // R -> S(d) over mesh dim i: this rank's chunk.
@@ -65,8 +91,8 @@ at::Tensor chunk_dim(const at::Tensor& full, const DTensorSpec& spec, int64_t d,
 }
 
 // P -> S(d) over mesh dim i: reduce_scatter of padded blocks.
-at::Tensor reduce_scatter_dim(const at::Tensor& full, const DTensorSpec& spec, int64_t d, int64_t i,
-                              comm::ReduceOp op) {
+PendingLocal reduce_scatter_dim(const at::Tensor& full, const DTensorSpec& spec, int64_t d, int64_t i,
+                                comm::ReduceOp op) {
   auto g = spec.mesh.get_group(i);
   const int64_t k = g->size();
   const int64_t n = full.size(d);
@@ -75,22 +101,27 @@ at::Tensor reduce_scatter_dim(const at::Tensor& full, const DTensorSpec& spec, i
   auto out_shape = in.sizes().vec();
   out_shape[0] = c;
   at::Tensor out = at::empty(out_shape, in.options());
-  g->reduce_scatter_into(out, in, op);
+  comm::WorkPtr work = g->reduce_scatter_into_async(out, in, op);
   const int64_t s = shard_size_and_offset(n, k, g->rank()).first;
-  return out.narrow(0, 0, s).transpose(0, d).contiguous();
+  return PendingLocal{std::move(work), at::Tensor(),
+                      [out, s, d]() { return out.narrow(0, 0, s).transpose(0, d).contiguous(); }};
+}
+
+PendingLocal all_reduce_copy_async(const at::Tensor& t, const DTensorSpec& spec, int64_t i, comm::ReduceOp op) {
+  at::Tensor out = t.clone(at::MemoryFormat::Contiguous);
+  comm::WorkPtr work = spec.mesh.get_group(i)->all_reduce_async(out, op);
+  return PendingLocal{std::move(work), at::Tensor(), [out]() { return out; }};
 }
 
 at::Tensor all_reduce_copy(const at::Tensor& t, const DTensorSpec& spec, int64_t i, comm::ReduceOp op) {
-  at::Tensor out = t.clone(at::MemoryFormat::Contiguous);
-  spec.mesh.get_group(i)->all_reduce(out, op);
-  return out;
+  return all_reduce_copy_async(t, spec, i, op).get();
 }
 
 // S(a) -> S(b) over mesh dim i with all_to_all: this rank cuts its shard along b into the
 // pieces every rank owns, sends piece r to rank r, and concatenates what it receives along a.
 // Pieces travel flattened, so uneven shards need no padding.
-at::Tensor all_to_all_dim(const at::Tensor& local, const DTensorSpec& spec, const std::vector<Placement>& cur,
-                          int64_t a, int64_t b, int64_t i) {
+PendingLocal all_to_all_dim(const at::Tensor& local, const DTensorSpec& spec, const std::vector<Placement>& cur,
+                            int64_t a, int64_t b, int64_t i) {
   auto g = spec.mesh.get_group(i);
   const int64_t k = g->size();
   const int64_t me = g->rank();
@@ -112,17 +143,20 @@ at::Tensor all_to_all_dim(const at::Tensor& local, const DTensorSpec& spec, cons
   int64_t total = 0;
   for (auto x : out_splits) total += x;
   at::Tensor out = at::empty({total}, local.options());
-  g->all_to_all_single(out, in, out_splits, in_splits);
-  std::vector<at::Tensor> parts;
-  int64_t off = 0;
-  for (int64_t r = 0; r < k; ++r) {
-    auto shape = local.sizes().vec();
-    shape[a] = shard_size_and_offset(n_a, k, r).first;
-    shape[b] = mine_b;
-    parts.push_back(out.narrow(0, off, out_splits[r]).view(shape));
-    off += out_splits[r];
-  }
-  return at::cat(parts, a);
+  comm::WorkPtr work = g->all_to_all_single_async(out, in, out_splits, in_splits);
+  auto assemble = [out, out_splits, shape0 = local.sizes().vec(), n_a, k, mine_b, a, b]() {
+    std::vector<at::Tensor> parts;
+    int64_t off = 0;
+    for (int64_t r = 0; r < k; ++r) {
+      auto shape = shape0;
+      shape[a] = shard_size_and_offset(n_a, k, r).first;
+      shape[b] = mine_b;
+      parts.push_back(out.narrow(0, off, out_splits[r]).view(shape));
+      off += out_splits[r];
+    }
+    return at::cat(parts, a);
+  };
+  return PendingLocal{std::move(work), at::Tensor(), std::move(assemble)};
 }
 
 // R -> P(op): the reduction over the mesh dim must give the value back.
@@ -203,23 +237,29 @@ at::Tensor redistribute_by_order(const at::Tensor& local, const DTensorSpec& fro
 
 }  // namespace
 
-at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from,
-                              const std::vector<Placement>& to_in) {
+at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from, const std::vector<Placement>& to) {
+  return redistribute_local_async(local, from, to).get();
+}
+
+PendingLocal redistribute_local_async(const at::Tensor& local, const DTensorSpec& from,
+                                      const std::vector<Placement>& to_in) {
   const int64_t m = from.mesh.ndim();
   TORCH_CHECK(static_cast<int64_t>(to_in.size()) == m, "redistribute: ", to_in.size(),
               " placements given for a ", m, "-D mesh ", from.mesh.to_string());
   const std::vector<Placement> to = normalize_placements(to_in, from.ndim());
-  if (!from.mesh.get_coordinate().has_value()) return local;  // not in the mesh
+  if (!from.mesh.get_coordinate().has_value()) return ready(local);  // not in the mesh
   if (has_strided(from.placements) || has_strided(to)) {
-    if (from.placements == to) return local;
-    return redistribute_by_order(local, from, to);
+    if (from.placements == to) return ready(local);
+    return ready(redistribute_by_order(local, from, to));
   }
   std::vector<Placement> cur = from.placements;
   // On a mesh dim of one rank every placement holds the same local tensor (the whole dim,
   // the whole sum): nothing to communicate.
   for (int64_t i = 0; i < m; ++i)
     if (from.mesh.size(i) == 1) cur[i] = to[i];
-  at::Tensor t = local;
+  // Each collective step starts from the completed result of the previous one (get()); the
+  // last one stays in flight, with the local steps after it chained onto it (map()).
+  PendingLocal t = ready(local);
   // S(a) -> S(b) on a mesh dim that is the only one sharding a and b: one all_to_all.
   for (int64_t i = 0; i < m; ++i) {
     if (!is_shard(cur[i]) || !is_shard(to[i]) || cur[i] == to[i]) continue;
@@ -229,7 +269,7 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from,
       if (j != i)
         for (const auto& p : {cur[j], to[j]}) alone = alone && !is_shard(p, a) && !is_shard(p, b);
     if (!alone) continue;
-    t = all_to_all_dim(t, from, cur, a, b, i);
+    t = all_to_all_dim(t.get(), from, cur, a, b, i);
     cur[i] = to[i];
   }
   // Phase A (innermost mesh dim first): leave Shard placements that change, and every inner
@@ -244,7 +284,7 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from,
   }
   for (int64_t i = m - 1; i >= 0; --i) {
     if (gather[i]) {
-      t = gather_dim(t, from, cur, std::get<Shard>(cur[i]).dim, i);
+      t = gather_dim(t.get(), from, cur, std::get<Shard>(cur[i]).dim, i);
       cur[i] = Replicate{};
     }
   }
@@ -254,17 +294,22 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from,
     if (is_partial(cur[i])) {
       const auto op = std::get<Partial>(cur[i]).reduce_op;
       if (is_shard(to[i])) {
-        t = reduce_scatter_dim(t, from, std::get<Shard>(to[i]).dim, i, op);
+        t = reduce_scatter_dim(t.get(), from, std::get<Shard>(to[i]).dim, i, op);
         cur[i] = to[i];
         continue;
       }
-      t = all_reduce_copy(t, from, i, op);
+      t = all_reduce_copy_async(t.get(), from, i, op);
       cur[i] = Replicate{};
     }
     if (cur[i] == to[i]) continue;
     // cur[i] is Replicate here.
-    if (is_shard(to[i])) t = chunk_dim(t, from, std::get<Shard>(to[i]).dim, i);
-    else if (is_partial(to[i])) t = to_partial(t, from, i, std::get<Partial>(to[i]).reduce_op);
+    if (is_shard(to[i])) {
+      const int64_t d = std::get<Shard>(to[i]).dim;
+      t = map(std::move(t), [from, d, i](const at::Tensor& x) { return chunk_dim(x, from, d, i); });
+    } else if (is_partial(to[i])) {
+      const auto op = std::get<Partial>(to[i]).reduce_op;
+      t = map(std::move(t), [from, op, i](const at::Tensor& x) { return to_partial(x, from, i, op); });
+    }
     cur[i] = to[i];
   }
   return t;

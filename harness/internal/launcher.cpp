@@ -2,7 +2,6 @@
 #define BOOST_PROCESS_USE_STD_FS
 #include "harness/internal/launcher.h"
 
-#include "dtensor/comm/async_work.h"
 #include "dtensor/comm/c10d_group.h"
 #include "dtensor/comm/device.h"
 #include "dtensor/comm/trace.h"
@@ -563,8 +562,6 @@ void stop_fork_server() {
     comm::trace_event("rank.run", req.rank);
     last_id = j.at("run").get<std::string>();
     res = run_one(last_id);
-    // Work the body launched and dropped has run (as the barrier would have waited for it).
-    if (barrier_on_demand) comm::wait_launched_work();
     can_close = barrier_on_demand && needs_closing_barrier(res, group);
     std::cout.flush();
     std::fflush(nullptr);

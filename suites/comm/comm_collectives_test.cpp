@@ -5,11 +5,15 @@
 // native NCCL collective runs) and "cpu:gloo,cuda:nccl". Each behaviour is written once
 // (COMM_TEST) and instantiated for every fixture; the NCCL ones skip, with the reason, where
 // this build has no NCCL or the machine too few GPUs.
+#include "dtensor/comm/c10d_guard.h"
 #include "dtensor/comm/comm.h"
 #include "dtensor/comm/device.h"
 #include "harness/harness.h"
 
 #include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstdlib>
 
 namespace dtensor {
 namespace {
@@ -118,6 +122,25 @@ COMM_TEST(ReduceScatterInto) {
   EXPECT_TRUE(at::allclose(out, at::full({1, 2}, t.rank() * n * (n + 1) / 2.0, at::kFloat))) << out;
   g.reduce_scatter_into(out, in, ReduceOp::AVG);
   EXPECT_TRUE(at::allclose(out, at::full({1, 2}, t.rank() * (n + 1) / 2.0, at::kFloat))) << out;
+  // Block b of rank r is (b + 1) * (r + 1): the max is (b + 1) * n, the min b + 1, the
+  // product (b + 1)^n * n!.
+  at::Tensor pos = (at::arange(n, at::kDouble) + 1).unsqueeze(1).repeat({1, 2}) * (t.rank() + 1);
+  at::Tensor o = at::empty({1, 2}, at::kDouble);
+  const double b = t.rank() + 1;
+  double fact = 1;
+  for (int k = 1; k <= n; ++k) fact *= k;
+  g.reduce_scatter_into(o, pos, ReduceOp::MAX);
+  EXPECT_TRUE(at::allclose(o, at::full({1, 2}, b * n, at::kDouble))) << o;
+  g.reduce_scatter_into(o, pos, ReduceOp::MIN);
+  EXPECT_TRUE(at::allclose(o, at::full({1, 2}, b, at::kDouble))) << o;
+  g.reduce_scatter_into(o, pos, ReduceOp::PRODUCT);
+  EXPECT_TRUE(at::allclose(o, at::full({1, 2}, std::pow(b, n) * fact, at::kDouble))) << o;
+  // A non-contiguous output gets the result too.
+  at::Tensor wide = at::zeros({2, 2}, at::kDouble);
+  at::Tensor col = wide.t().narrow(0, 0, 1);  // [1, 2] with strides (1, 2)
+  ASSERT_FALSE(col.is_contiguous());
+  g.reduce_scatter_into(col, pos, ReduceOp::SUM);
+  EXPECT_TRUE(at::allclose(col, at::full({1, 2}, b * n * (n + 1) / 2.0, at::kDouble))) << col;
 }
 
 COMM_TEST(AllToAllSingleEvenAndUneven) {
@@ -313,6 +336,149 @@ DTENSOR_TEST_F(ThreadCollectives, MismatchedCollectivesRaiseOnEveryRank) {
   // The group stays usable after the error.
   group().all_reduce(x);
   EXPECT_EQ(x[0].item<float>(), ranks());
+}
+
+// ---- Asynchronous collectives (NOTE: [Async collectives] in dtensor/comm/work.h) ----------
+
+// Async and blocking calls interleaved, on the world and on a sub-group, waited for in reverse
+// order: every rank issues the same sequence, and each result is the one the blocking call
+// gives (c10d's program-order contract).
+COMM_TEST(AsyncAndBlockingCallsInterleaved) {
+  auto& g = t.group();
+  const int n = g.size(), r = t.rank();
+  at::Tensor a = at::full({4}, r + 1.0);
+  comm::WorkPtr w_reduce = g.all_reduce_async(a);
+  at::Tensor gathered = at::empty({n, 2});
+  g.all_gather_into(gathered, at::full({1, 2}, static_cast<double>(r)));  // blocking, in between
+  at::Tensor rs_out = at::empty({1, 3});
+  comm::WorkPtr w_rs = g.reduce_scatter_into_async(rs_out, at::ones({n, 3}) * (r + 1));
+  at::Tensor b = r == n - 1 ? at::full({2}, 7.0) : at::zeros({2});
+  comm::WorkPtr w_bc = g.broadcast_async(b, n - 1);
+  at::Tensor a2a = at::empty({n});
+  comm::WorkPtr w_a2a = g.all_to_all_single_async(a2a, at::arange(n, at::kFloat) + 10 * r);
+  // A sub-group of the even ranks runs its own collective between the world's.
+  std::vector<int> evens;
+  for (int k = 0; k < n; k += 2) evens.push_back(k);
+  comm::GroupPtr sub = g.new_subgroup(evens);
+  comm::WorkPtr w_sub;
+  at::Tensor s = at::ones({1});
+  if (sub) w_sub = sub->all_reduce_async(s);
+  comm::WorkPtr w_barrier = g.barrier_async();
+  for (const auto& w : {w_barrier, w_sub, w_a2a, w_bc, w_rs, w_reduce})
+    if (w) w->wait();
+  EXPECT_TRUE(at::equal(a, at::full({4}, n * (n + 1) / 2.0)));
+  EXPECT_TRUE(at::equal(gathered, at::arange(n, at::kFloat).unsqueeze(1).repeat({1, 2})));
+  EXPECT_TRUE(at::equal(rs_out, at::full({1, 3}, n * (n + 1) / 2.0)));
+  EXPECT_TRUE(at::equal(b, at::full({2}, 7.0)));
+  EXPECT_TRUE(at::equal(a2a, at::arange(n, at::kFloat) * 10 + r));  // element k came from rank k
+  if (sub) EXPECT_EQ(s.item<float>(), static_cast<float>(evens.size()));
+  for (const auto& w : {w_barrier, w_a2a, w_bc, w_rs, w_reduce}) {
+    EXPECT_TRUE(w->is_completed());
+    EXPECT_TRUE(w->was_waited());
+    EXPECT_EQ(w->exception(), nullptr);
+  }
+}
+
+// A Work may be waited on twice (the second wait returns at once, the result unchanged), reports
+// completion without blocking, and knows when it was issued and completed.
+COMM_TEST(WaitTwiceAndTimestamps) {
+  auto& g = t.group();
+  at::Tensor x = at::ones({3});
+  comm::WorkPtr w = g.all_reduce_async(x);
+  EXPECT_EQ(w->op(), "all_reduce");
+  EXPECT_FALSE(w->was_waited());
+  w->wait();
+  w->wait();
+  EXPECT_TRUE(at::equal(x, at::full({3}, static_cast<double>(g.size()))));
+  EXPECT_TRUE(w->is_completed());
+  ASSERT_TRUE(w->completed_at().has_value());
+  EXPECT_LE(w->issued_at(), *w->completed_at());
+}
+
+// A Work dropped without wait() still completes on this rank (its destructor waits), so the
+// peers that wait and the collectives issued after it are unaffected.
+COMM_TEST(DroppedWorkStillCompletes) {
+  auto& g = t.group();
+  at::Tensor x = at::ones({2});
+  if (t.rank() % 2 == 0) {
+    (void)g.all_reduce_async(x);  // dropped at once
+  } else {
+    g.all_reduce_async(x)->wait();
+  }
+  EXPECT_TRUE(at::equal(x, at::full({2}, static_cast<double>(g.size()))));  // the destructor waited
+  at::Tensor y = at::full({2}, 1.0 + t.rank());
+  g.all_reduce(y, ReduceOp::MAX);
+  EXPECT_TRUE(at::equal(y, at::full({2}, static_cast<double>(g.size()))));
+}
+
+// wait(timeout) gives up while a peer has not issued the collective yet, leaving it in flight;
+// a later wait() completes it. Rank 0 issues only after every other rank has seen its timeout
+// (told through send/recv, which do not take part in the collectives' order). On c10d groups the
+// call check is turned off for this test: with it, issuing is itself a rendezvous of the ranks
+// (NOTE: [Call check]), so no rank could issue before rank 0.
+COMM_TEST(WaitWithATimeoutLeavesTheCollectiveInFlight) {
+  auto& g = t.group();
+  if (g.backend().find("nccl") != std::string::npos) GTEST_SKIP() << "NCCL's wait() does not block the host";
+  const int n = g.size();
+  if (n < 2) GTEST_SKIP() << "needs a peer";
+  if (g.backend() != "threads" && std::getenv("DTENSOR_CHECK_COLLECTIVES"))
+    GTEST_SKIP() << "DTENSOR_CHECK_COLLECTIVES is set: the call check makes issuing a rendezvous";
+  struct CheckOff {
+    bool was = comm::check_collectives_enabled();
+    CheckOff() { comm::set_check_collectives_default(false); }
+    ~CheckOff() { comm::set_check_collectives_default(was); }
+  } check_off;
+  at::Tensor x = at::ones({2});
+  at::Tensor token = at::zeros({1});
+  if (t.rank() == 0) {
+    for (int k = 1; k < n; ++k) g.recv(token, k, /*tag=*/7);
+    g.all_reduce(x);
+  } else {
+    comm::WorkPtr w = g.all_reduce_async(x);
+    try {
+      w->wait(std::chrono::milliseconds(5));
+      ADD_FAILURE() << "wait(5 ms) returned while rank 0 had not issued the all_reduce";
+    } catch (const comm::CollectiveError& e) {
+      EXPECT_NE(std::string(e.what()).find("still in flight"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(w->is_completed());
+    g.send(token, 0, /*tag=*/7);
+    w->wait();
+  }
+  EXPECT_TRUE(at::equal(x, at::full({2}, static_cast<double>(n))));
+}
+
+// A collective that fails (ranks disagree on the shape) raises on every rank, at the issue or
+// at the wait, and never hangs; the group stays usable.
+COMM_TEST(FailedAsyncCollectiveRaisesOnEveryRank) {
+  auto& g = t.group();
+  if (!comm::check_collectives_enabled() && g.backend() != "threads")
+    GTEST_SKIP() << "without the call check (DTENSOR_CHECK_COLLECTIVES=0) c10d cannot see the mismatch";
+  at::Tensor x = at::ones({t.rank() == 0 ? 2 : 3});
+  try {
+    comm::WorkPtr w = g.all_reduce_async(x);
+    w->wait();
+    ADD_FAILURE() << "mismatched shapes did not raise";
+  } catch (const comm::CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("all_reduce"), std::string::npos) << e.what();
+  }
+  at::Tensor y = at::ones({2});
+  g.all_reduce(y);
+  EXPECT_TRUE(at::equal(y, at::full({2}, static_cast<double>(g.size()))));
+}
+
+// A group destroyed while a Work on it is in flight: the Work still completes.
+COMM_TEST(GroupDestroyedWithWorkInFlight) {
+  auto& g = t.group();
+  std::vector<int> all;
+  for (int k = 0; k < g.size(); ++k) all.push_back(k);
+  comm::GroupPtr sub = g.new_subgroup(all);
+  ASSERT_NE(sub, nullptr);
+  at::Tensor x = at::ones({2});
+  comm::WorkPtr w = sub->all_reduce_async(x);
+  sub.reset();
+  w->wait();
+  EXPECT_TRUE(at::equal(x, at::full({2}, static_cast<double>(g.size()))));
 }
 
 }  // namespace

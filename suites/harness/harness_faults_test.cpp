@@ -407,7 +407,7 @@ TEST(HarnessReports, HangIsKilledAtTimeoutWithStacks) {
       << f.run.output;
   EXPECT_CONTAINS(f.run.output, "Their stacks:\n[dtensor] stack of rank 0");
   EXPECT_CONTAINS(f.run.output, "[dtensor] stack of rank 2");
-  EXPECT_CONTAINS(f.run.output, "C10dGroup7barrier");  // where ranks 0, 1, 3 wait
+  EXPECT_CONTAINS(f.run.output, "C10dGroup13barrier_async");  // where ranks 0, 1, 3 wait
   EXPECT_CONTAINS(f.xml, "name=\"failing_ranks\" value=\"0,1,2,3\"");
   EXPECT_TRUE(f.leftovers.empty());
 }

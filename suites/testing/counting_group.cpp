@@ -35,47 +35,48 @@ void CountingGroup::reset() {
   counters_->counts.clear();
 }
 
-void CountingGroup::all_reduce(at::Tensor& tensor, comm::ReduceOp op) {
+comm::WorkPtr CountingGroup::all_reduce_async(const at::Tensor& tensor, comm::ReduceOp op) {
   bump("all_reduce");
-  inner_->all_reduce(tensor, op);
+  return inner_->all_reduce_async(tensor, op);
 }
-void CountingGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
+comm::WorkPtr CountingGroup::all_gather_into_async(const at::Tensor& output, const at::Tensor& input) {
   bump("all_gather_into");
-  inner_->all_gather_into(output, input);
+  return inner_->all_gather_into_async(output, input);
 }
-void CountingGroup::reduce_scatter_into(at::Tensor& output, const at::Tensor& input, comm::ReduceOp op) {
+comm::WorkPtr CountingGroup::reduce_scatter_into_async(const at::Tensor& output, const at::Tensor& input,
+                                                       comm::ReduceOp op) {
   bump("reduce_scatter_into");
-  inner_->reduce_scatter_into(output, input, op);
+  return inner_->reduce_scatter_into_async(output, input, op);
 }
-void CountingGroup::all_to_all_single(at::Tensor& output, const at::Tensor& input,
-                                      const std::vector<int64_t>& output_splits,
-                                      const std::vector<int64_t>& input_splits) {
+comm::WorkPtr CountingGroup::all_to_all_single_async(const at::Tensor& output, const at::Tensor& input,
+                                                     const std::vector<int64_t>& output_splits,
+                                                     const std::vector<int64_t>& input_splits) {
   bump("all_to_all_single");
-  inner_->all_to_all_single(output, input, output_splits, input_splits);
+  return inner_->all_to_all_single_async(output, input, output_splits, input_splits);
 }
-void CountingGroup::broadcast(at::Tensor& tensor, int src) {
+comm::WorkPtr CountingGroup::broadcast_async(const at::Tensor& tensor, int src) {
   bump("broadcast");
-  inner_->broadcast(tensor, src);
+  return inner_->broadcast_async(tensor, src);
 }
-void CountingGroup::barrier() {
+comm::WorkPtr CountingGroup::barrier_async() {
   bump("barrier");
-  inner_->barrier();
+  return inner_->barrier_async();
 }
-void CountingGroup::send(const at::Tensor& tensor, int dst, int tag) {
+comm::WorkPtr CountingGroup::send_async(const at::Tensor& tensor, int dst, int tag) {
   bump("send");
-  inner_->send(tensor, dst, tag);
+  return inner_->send_async(tensor, dst, tag);
 }
-void CountingGroup::recv(at::Tensor& tensor, int src, int tag) {
+comm::WorkPtr CountingGroup::recv_async(const at::Tensor& tensor, int src, int tag) {
   bump("recv");
-  inner_->recv(tensor, src, tag);
+  return inner_->recv_async(tensor, src, tag);
 }
-void CountingGroup::gather(const at::Tensor& input, std::vector<at::Tensor>& outputs, int dst) {
+comm::WorkPtr CountingGroup::gather_async(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int dst) {
   bump("gather");
-  inner_->gather(input, outputs, dst);
+  return inner_->gather_async(input, outputs, dst);
 }
-void CountingGroup::scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) {
+comm::WorkPtr CountingGroup::scatter_async(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) {
   bump("scatter");
-  inner_->scatter(output, inputs, src);
+  return inner_->scatter_async(output, inputs, src);
 }
 std::shared_ptr<comm::Group> CountingGroup::new_subgroup(const std::vector<int>& ranks) {
   bump("new_subgroup");

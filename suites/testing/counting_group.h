@@ -8,7 +8,7 @@
 //   ...                                   // run something on `mesh`
 //   counting->counts();                   // {"all_gather_into": 3, "reduce_scatter_into": 2}
 //
-// Counts are this rank's calls (per-rank, not summed over ranks). Collectivity is that of the
+// Counts are this rank's calls (per-rank, not summed over ranks), blocking and `_async` alike. Collectivity is that of the
 // wrapped group.
 #pragma once
 
@@ -38,18 +38,19 @@ class CountingGroup final : public comm::Group {
   int size() const override { return inner_->size(); }
   std::string backend() const override { return inner_->backend(); }
   const std::vector<int>& global_ranks() const override { return inner_->global_ranks(); }
-  void all_reduce(at::Tensor& tensor, comm::ReduceOp op = comm::ReduceOp::SUM) override;
-  void all_gather_into(at::Tensor& output, const at::Tensor& input) override;
-  void reduce_scatter_into(at::Tensor& output, const at::Tensor& input,
-                           comm::ReduceOp op = comm::ReduceOp::SUM) override;
-  void all_to_all_single(at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_splits = {},
-                         const std::vector<int64_t>& input_splits = {}) override;
-  void broadcast(at::Tensor& tensor, int src) override;
-  void barrier() override;
-  void send(const at::Tensor& tensor, int dst, int tag = 0) override;
-  void recv(at::Tensor& tensor, int src, int tag = 0) override;
-  void gather(const at::Tensor& input, std::vector<at::Tensor>& outputs, int dst) override;
-  void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) override;
+  comm::WorkPtr all_reduce_async(const at::Tensor& tensor, comm::ReduceOp op = comm::ReduceOp::SUM) override;
+  comm::WorkPtr all_gather_into_async(const at::Tensor& output, const at::Tensor& input) override;
+  comm::WorkPtr reduce_scatter_into_async(const at::Tensor& output, const at::Tensor& input,
+                                          comm::ReduceOp op = comm::ReduceOp::SUM) override;
+  comm::WorkPtr all_to_all_single_async(const at::Tensor& output, const at::Tensor& input,
+                                        const std::vector<int64_t>& output_splits = {},
+                                        const std::vector<int64_t>& input_splits = {}) override;
+  comm::WorkPtr broadcast_async(const at::Tensor& tensor, int src) override;
+  comm::WorkPtr barrier_async() override;
+  comm::WorkPtr send_async(const at::Tensor& tensor, int dst, int tag = 0) override;
+  comm::WorkPtr recv_async(const at::Tensor& tensor, int src, int tag = 0) override;
+  comm::WorkPtr gather_async(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int dst) override;
+  comm::WorkPtr scatter_async(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) override;
   std::shared_ptr<comm::Group> new_subgroup(const std::vector<int>& ranks) override;
 
  private:
