@@ -38,13 +38,29 @@ namespace bench {
 
 constexpr std::chrono::milliseconds kProcessBenchTimeout{300000};
 
+// Bytes this machine has sent over its loopback interface (every rank process of a Gloo world
+// on one host talks through it), or -1 where the kernel does not say.
+inline double loopback_tx_bytes() {
+  std::FILE* f = std::fopen("/sys/class/net/lo/statistics/tx_bytes", "r");
+  if (!f) return -1;
+  double v = -1;
+  if (std::fscanf(f, "%lf", &v) != 1) v = -1;
+  std::fclose(f);
+  return v;
+}
+
 // Collective (in a rank body): `step` once to warm up, then `iters` times between barriers;
 // rank 0 prints "BENCH_MS <median milliseconds>", then "BENCH_COUNTER <name> <value>" for each
-// of `counters` (figures the body measured, reported as benchmark counters).
+// of `counters` (figures the body measured, reported as benchmark counters). For ranks that are
+// processes, also the counter lo_bytes_per_rank_step: the loopback interface's bytes sent during
+// the timed steps over (steps x ranks): what each rank sends per step, with TCP/IP headers, the
+// barriers around each step and anything else on the machine using loopback (run it quiet).
 inline void report_median_ms(testing::MultiRankTest& t, int iters, const std::function<void()>& step,
                              const std::vector<std::pair<std::string, double>>& counters = {}) {
   step();
   std::vector<double> ms;
+  t.group().barrier();
+  const double lo_before = loopback_tx_bytes();
   for (int i = 0; i < iters; ++i) {
     t.group().barrier();
     const auto t0 = std::chrono::steady_clock::now();
@@ -52,10 +68,13 @@ inline void report_median_ms(testing::MultiRankTest& t, int iters, const std::fu
     t.group().barrier();
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
+  const double lo_after = loopback_tx_bytes();
   std::sort(ms.begin(), ms.end());
   if (t.rank() == 0) {
     std::printf("BENCH_MS %.4f\n", ms[ms.size() / 2]);
     for (const auto& [name, value] : counters) std::printf("BENCH_COUNTER %s %.17g\n", name.c_str(), value);
+    if (t.group().backend() != "threads" && lo_before >= 0 && lo_after >= lo_before)
+      std::printf("BENCH_COUNTER lo_bytes_per_rank_step %.17g\n", (lo_after - lo_before) / (iters * t.ranks()));
   }
   std::fflush(stdout);
 }

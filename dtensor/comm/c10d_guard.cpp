@@ -201,7 +201,8 @@ bool reduce_scatter_into(Group& g, at::Tensor& out, const at::Tensor& in, Reduce
   check_call(g, "reduce_scatter_into", sig_of(in) + "," + to_string(op));
   detail::check_reduce_scatter_shapes(g, out, in);
   if (in.numel() == 0) return true;
-  if (!via_gloo(g, in)) return false;
+  // Dtypes Gloo moves are reduce-scattered by the adapter (NOTE: [Composed reduce_scatter]).
+  if (!via_gloo(g, in) || gloo_native(in.scalar_type())) return false;
   at::Tensor tmp = in.clone(at::MemoryFormat::Contiguous);
   if (!all_reduce_fixed(g, tmp, op)) g.all_reduce(tmp, op);
   out.copy_(tmp.chunk(g.size(), 0)[g.rank()]);
