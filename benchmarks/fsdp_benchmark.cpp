@@ -10,6 +10,15 @@
 //           sequences per dp rank (issue 13);
 //   mode 4: tensor parallel only, 4-way (Transformer::parallelize on the 4 ranks), the whole
 //           batch on every rank;
+//   mode 5: mode 1 without any prefetch: every module's backward prefetch list is itself, which
+//           turns off the default backward prefetch (a module is unsharded when its list is
+//           issued, so that prefetch does nothing), and no forward prefetch: each all-gather is
+//           issued and awaited in its module's own pre-hook;
+//   mode 6: mode 1 with explicit prefetch of the next module (NOTE: [FSDP communication
+//           overlap]): the root and block i prefetch block 0 / i+1 in forward, block i+1
+//           prefetches block i in backward (the root keeps the default: the last block);
+//   (mode 1 itself has the default: backward prefetch of the previous module in forward order,
+//   none in forward, as PyTorch's FSDP2.)
 // ranks as threads (ThreadGroup) and as Gloo processes (the harness's worker pool). Counters:
 // state_bytes (this rank's parameters + gradients + Adam state), state_ratio (state_bytes over
 // the unsharded model's), peak_bytes (peak of allocated CPU memory during a step, threads only:
@@ -43,7 +52,26 @@ constexpr int kWorld = 4;
 constexpr int64_t kGlobalBatch = 8;
 using bench::TrackingAllocator;
 
-enum Mode { kOneRank = 0, kFsdp = 1, kDdp = 2, kFsdpTp = 3, kTp = 4 };
+enum Mode { kOneRank = 0, kFsdp = 1, kDdp = 2, kFsdpTp = 3, kTp = 4, kFsdpNoPrefetch = 5, kFsdpPrefetch = 6 };
+
+bool is_fsdp(Mode mode) { return mode == kFsdp || mode == kFsdpNoPrefetch || mode == kFsdpPrefetch; }
+
+// Modes 5 and 6 (after fully_shard on the blocks and the root).
+void set_prefetch(Mode mode, models::Transformer& model) {
+  std::vector<fsdp::FSDPModule> blocks;
+  for (size_t i = 0; i < model->layers->size(); ++i) blocks.push_back(*fsdp::get_fsdp_module(*model->layers[i]));
+  fsdp::FSDPModule root = *fsdp::get_fsdp_module(*model);
+  if (mode == kFsdpNoPrefetch) {
+    for (auto& b : blocks) b.set_modules_to_backward_prefetch({b});
+    root.set_modules_to_backward_prefetch({root});
+  } else if (mode == kFsdpPrefetch) {
+    root.set_modules_to_forward_prefetch({blocks.front()});
+    for (size_t i = 0; i + 1 < blocks.size(); ++i) {
+      blocks[i].set_modules_to_forward_prefetch({blocks[i + 1]});
+      blocks[i + 1].set_modules_to_backward_prefetch({blocks[i]});
+    }
+  }
+}
 
 // Sequences per rank on 4 ranks, and which block of the global batch rank r takes.
 int64_t batch_of(Mode mode) { return mode == kFsdpTp ? kGlobalBatch / 2 : mode == kTp ? kGlobalBatch : kGlobalBatch / kWorld; }
@@ -80,7 +108,7 @@ struct Trainer {
       fsdp::fully_shard(model, opts);
     } else if (mode == kTp) {
       models::Transformer::parallelize(model, init_device_mesh("cpu", {group->size()}, {}, group), false);
-    } else if (mode == kFsdp) {
+    } else if (is_fsdp(mode)) {
       fsdp::FullyShardOptions opts;
       opts.mesh = init_device_mesh("cpu", {group->size()}, {}, group);
       for (size_t i = 0; i < model->layers->size(); ++i) {
@@ -93,6 +121,7 @@ struct Trainer {
       for (const auto& p : nn::parameters(*model)) root_bytes += is_dtensor(p) ? 0 : local_bytes(p);
       largest_group_bytes = std::max(largest_group_bytes, root_bytes);
       fsdp::fully_shard(model, opts);
+      set_prefetch(mode, model);
     }
     opt = std::make_unique<torch::optim::Adam>(nn::parameters(*model), torch::optim::AdamOptions(1e-3));
     const int64_t seq = args.max_seq_len;
@@ -212,7 +241,7 @@ void BM_StepThreads(benchmark::State& state) {
   state.counters["state_bytes"] = static_cast<double>(fig.state_bytes);
   state.counters["state_ratio"] = static_cast<double>(fig.state_bytes) / static_cast<double>(ref.state_bytes);
   state.counters["peak_bytes"] = static_cast<double>(fig.peak_bytes);
-  if (mode == kFsdp) {
+  if (is_fsdp(mode)) {
     state.counters["peak_bound"] =
         static_cast<double>(fig.state_bytes + 2 * fig.largest_group_bytes + ref.activation_bytes);
   }
@@ -237,14 +266,16 @@ DTENSOR_TEST_F(FsdpBenchProcess, Step_mode1) { process_body(*this, kFsdp); }
 DTENSOR_TEST_F(FsdpBenchProcess, Step_mode2) { process_body(*this, kDdp); }
 DTENSOR_TEST_F(FsdpBenchProcess, Step_mode3) { process_body(*this, kFsdpTp); }
 DTENSOR_TEST_F(FsdpBenchProcess, Step_mode4) { process_body(*this, kTp); }
+DTENSOR_TEST_F(FsdpBenchProcess, Step_mode5) { process_body(*this, kFsdpNoPrefetch); }
+DTENSOR_TEST_F(FsdpBenchProcess, Step_mode6) { process_body(*this, kFsdpPrefetch); }
 
 void BM_StepProcesses(benchmark::State& state) {
   bench::run_in_worker_pool(state, kWorld, "FsdpBenchProcess.Step_mode" + std::to_string(state.range(0)));
 }
 
 BENCHMARK(BM_StepOneRank)->Unit(benchmark::kMillisecond)->MinTime(0.5);
-BENCHMARK(BM_StepThreads)->ArgName("mode")->Arg(kFsdp)->Arg(kDdp)->Arg(kFsdpTp)->Arg(kTp)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
-BENCHMARK(BM_StepProcesses)->ArgName("mode")->Arg(kFsdp)->Arg(kDdp)->Arg(kFsdpTp)->Arg(kTp)->Unit(benchmark::kMillisecond)->UseManualTime()->Iterations(1);
+BENCHMARK(BM_StepThreads)->ArgName("mode")->Arg(kFsdp)->Arg(kDdp)->Arg(kFsdpTp)->Arg(kTp)->Arg(kFsdpNoPrefetch)->Arg(kFsdpPrefetch)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_StepProcesses)->ArgName("mode")->Arg(kFsdp)->Arg(kDdp)->Arg(kFsdpTp)->Arg(kTp)->Arg(kFsdpNoPrefetch)->Arg(kFsdpPrefetch)->Unit(benchmark::kMillisecond)->UseManualTime()->Iterations(1);
 
 }  // namespace
 }  // namespace dtensor

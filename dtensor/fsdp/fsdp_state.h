@@ -11,7 +11,9 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <chrono>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -70,6 +72,27 @@ struct TPSharding {
 };
 
 class FSDPState;
+
+// A group's all-gather issued by unshard() and not yet copied out by wait_for_unshard()
+// (NOTE: [FSDP communication overlap] in fully_shard.h). The buffers are declared before the
+// Work so that the Work, whose destructor waits for the collective, is destroyed first: a
+// buffer a collective writes or reads is never freed under it.
+struct AllGatherInFlight {
+  at::Tensor input;   // the flat all-gather input (or the post-forward piece), read by the collective
+  at::Tensor output;  // shard group size x the flat input, written by the collective
+  comm::WorkPtr work;
+};
+
+// A reduce-scatter issued by post_backward, finished (awaited, the HSDP all-reduce, the divide,
+// the sharded .grad()s written) when the next group issues its own or by the root's final
+// callback. Held by the root: at most one in flight (PyTorch's reduce_scatter_state).
+struct PendingReduceScatter {
+  std::weak_ptr<FSDPState> state;  // the group whose gradients these are
+  std::vector<bool> has_grad;      // per parameter of the group: in the flat input
+  at::Tensor input, output;        // before `work`, see AllGatherInFlight
+  comm::WorkPtr work;
+};
+
 // A process-wide id for `state` (for autograd functions, whose context holds IValues).
 int64_t register_state_id(const std::shared_ptr<FSDPState>& state);
 
@@ -98,9 +121,22 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   // States of the fully_shard-ed modules below this one's module (and this one).
   std::vector<std::shared_ptr<FSDPState>> states_below(bool include_self);
 
-  // Collective over the shard group (or the post-forward group).
+  // Collective over the shard group (or the post-forward group): issues the all-gather of this
+  // group's shards (copy-in, all_gather_into_async) unless the group is unsharded or its
+  // all-gather is already in flight. wait_for_unshard() waits for it (no-op when none is in
+  // flight), copies it out into the unsharded parameters and swaps them into the modules.
   void unshard();
+  void wait_for_unshard();
+  // Waits for an all-gather in flight and drops its result: the group stays as it was
+  // (sharded, or resharded after forward). For a reshard, or a prefetch nobody waited for.
+  void drop_unshard();
+  // The all-gather in flight no longer counts as prefetched.
+  void forget_prefetch();
+  // unshard() ahead of this group's use, issued by another group's pre-forward / pre-backward;
+  // skipped past kMaxPrefetchedGroups (NOTE: [FSDP communication overlap]).
+  void prefetch_unshard();
   // after_forward: per reshard_after_forward (possibly into the smaller group); otherwise fully.
+  // An all-gather in flight is dropped first (drop_unshard).
   void reshard(bool after_forward);
   int64_t post_forward_size() const;
   void ensure_post_forward_group(int64_t n);
@@ -111,12 +147,25 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   void post_backward();
   // From the autograd function on the group's inputs: post_backward once per backward.
   void post_backward_from_hook();
+  // Issues the reduce-scatter of `grads`, finishing the root's pending one first.
   void reduce_scatter_grads(std::vector<at::Tensor> grads);
+  // Waits for `pending` (this group's), all-reduces over replicate_group_ (HSDP), divides and
+  // writes the sharded .grad()s.
+  void finish_reduce_scatter(PendingReduceScatter& pending);
   void lazy_init();
+  // The root (this state before lazy init): holds the pending reduce-scatter, the post-forward
+  // order, the prefetch count and the trace.
+  FSDPState& root_or_self();
+  // Appends to the root's trace when it is on.
+  void record(FSDPTraceEvent::Kind kind, std::optional<std::chrono::steady_clock::time_point> at = std::nullopt);
   // Root only.
   void record_forward(const std::shared_ptr<FSDPState>& state);
   void queue_final_callback();
   void final_callback();
+  // Finishes pending_reduce_scatter_ if any.
+  void finish_pending_reduce_scatter();
+  // Every group forwarded since the last backward has run its post-backward.
+  bool all_post_backwards_done() const;
 
   torch::nn::Module* module_;
   std::weak_ptr<torch::nn::Module> module_weak_;
@@ -139,6 +188,8 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
 
   // Runtime.
   Status status_ = Status::kSharded;
+  std::optional<AllGatherInFlight> all_gather_;  // issued by unshard(), not yet waited for
+  bool prefetched_ = false;                       // all_gather_ was issued by prefetch_unshard()
   at::Tensor full_;                 // all-gather output kept for a reshard into a smaller group
   at::Tensor post_forward_piece_;   // this rank's piece of it while kPostForward
   comm::GroupPtr post_forward_group_;
@@ -150,6 +201,21 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   // Root only: states forwarded with grad enabled since the last backward, in forward order.
   std::vector<std::weak_ptr<FSDPState>> forwarded_;
   bool callback_queued_ = false;
+  // Root only (NOTE: [FSDP communication overlap]): the reduce-scatter in flight; groups in
+  // post-forward order (with multiplicity) since the last backward, for the default backward
+  // prefetch; groups prefetched and not yet waited for; the trace.
+  std::optional<PendingReduceScatter> pending_reduce_scatter_;
+  std::vector<std::weak_ptr<FSDPState>> post_forward_order_;
+  int64_t prefetched_groups_ = 0;
+  bool trace_enabled_ = false;
+  std::mutex trace_mu_;
+  std::vector<FSDPTraceEvent> trace_;
+  // This group's positions in the root's post_forward_order_ (PyTorch's _post_forward_indices).
+  std::vector<size_t> post_forward_indices_;
+  // Relative to the root ("" for the root) and position in the root's module order, set at lazy
+  // init (PyTorch's FSDPParamGroup._module_fqn).
+  std::string fqn_;
+  int64_t index_ = -1;
 };
 
 }  // namespace fsdp

@@ -1,4 +1,5 @@
-// dtensor/fsdp/fully_shard.cpp: FSDP2 (NOTE: [FSDP parameter layout], NOTE: [FSDP hooks]).
+// dtensor/fsdp/fully_shard.cpp: FSDP2 (NOTE: [FSDP parameter layout], NOTE: [FSDP hooks],
+// NOTE: [FSDP communication overlap]).
 #include "dtensor/fsdp/fully_shard.h"
 
 #include "dtensor/comm/group.h"
@@ -303,49 +304,130 @@ int64_t FSDPState::flat_numel() const {
   return n;
 }
 
+// ---- Unshard and reshard (NOTE: [FSDP communication overlap]) -----------------------------
+
+namespace {
+
+// The flat all-gather input: shard-group rank `rank`'s padded shards, concatenated (NOTE: [FSDP
+// parameter layout]), zeros in the padding.
+at::Tensor all_gather_input(const std::vector<FSDPParam>& params, int64_t rank, int64_t numel, c10::Device device,
+                            at::ScalarType dtype) {
+  at::Tensor input = at::zeros({numel}, at::TensorOptions().dtype(dtype).device(device));
+  int64_t off = 0;
+  for (const auto& p : params) {
+    const int64_t rows = p.rows_of(rank);
+    if (rows > 0) {
+      input.narrow(0, off, p.padded_numel).view(p.padded_shard_shape).narrow(p.shard_dim, 0, rows)
+          .copy_(local_tensor(p.sharded).to(device, dtype));
+    }
+    off += p.padded_numel;
+  }
+  return input;
+}
+
+// Each unsharded parameter (storage allocated) from its rows of the `world` blocks of `full`.
+void copy_out(std::vector<FSDPParam>& params, const at::Tensor& full, int64_t world, int64_t numel) {
+  int64_t off = 0;
+  for (auto& p : params) {
+    utils::alloc_storage(p.unsharded, p.global_shape);
+    at::Tensor out = storage_alias(p.unsharded);
+    for (int64_t r = 0; r < world; ++r) {
+      const int64_t rows = p.rows_of(r);
+      if (rows == 0) continue;
+      out.narrow(p.shard_dim, r * p.chunk, rows)
+          .copy_(full.narrow(0, r * numel + off, p.padded_numel).view(p.padded_shard_shape).narrow(p.shard_dim, 0, rows));
+    }
+    off += p.padded_numel;
+  }
+}
+
+// The reduce-scatter input: `world` blocks, block r the padded rows of rank r of every gradient
+// (in parameter order, parameters without a gradient left out). Each gradient is freed once copied.
+at::Tensor reduce_scatter_input(const std::vector<FSDPParam>& params, std::vector<at::Tensor>& grads, int64_t world,
+                                int64_t numel, const at::TensorOptions& options) {
+  at::Tensor input = at::zeros({world * numel}, options);
+  int64_t off = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const FSDPParam& p = params[i];
+    if (!grads[i].defined()) continue;
+    at::Tensor g = grads[i].to(options.dtype().toScalarType());
+    for (int64_t r = 0; r < world; ++r) {
+      const int64_t rows = p.rows_of(r);
+      if (rows == 0) continue;
+      input.narrow(0, r * numel + off, p.padded_numel).view(p.padded_shard_shape).narrow(p.shard_dim, 0, rows)
+          .copy_(g.narrow(p.shard_dim, r * p.chunk, rows));
+    }
+    off += p.padded_numel;
+    g.reset();
+    grads[i].reset();
+  }
+  return input;
+}
+
+}  // namespace
+
 void FSDPState::unshard() {
-  if (status_ == Status::kUnsharded || params_.empty()) return;
+  if (status_ == Status::kUnsharded || all_gather_ || params_.empty()) return;
+  at::NoGradGuard no_grad;
   const int64_t S = flat_numel();
   const at::ScalarType dtype = compute_dtype();
-  at::Tensor full = at::empty({shard_size_ * S}, at::TensorOptions().dtype(dtype).device(device_));
+  AllGatherInFlight ag;
+  ag.output = at::empty({shard_size_ * S}, at::TensorOptions().dtype(dtype).device(device_));
+  if (status_ == Status::kPostForward) {
+    ag.input = std::move(post_forward_piece_);
+    post_forward_piece_ = at::Tensor();
+    ag.work = post_forward_group_->all_gather_into_async(ag.output, ag.input);
+  } else {
+    ag.input = all_gather_input(params_, shard_rank_, S, device_, dtype);
+    ag.work = shard_group_->all_gather_into_async(ag.output, ag.input);
+  }
+  record(FSDPTraceEvent::Kind::kAllGatherIssued, ag.work->issued_at());
+  all_gather_ = std::move(ag);
+}
+
+void FSDPState::wait_for_unshard() {
+  if (!all_gather_) return;
+  AllGatherInFlight ag = std::move(*all_gather_);
+  all_gather_.reset();
+  forget_prefetch();
+  ag.work->wait();
   {
     at::NoGradGuard no_grad;
-    if (status_ == Status::kPostForward) {
-      post_forward_group_->all_gather_into(full, post_forward_piece_);
-      post_forward_piece_ = at::Tensor();
-    } else {
-      at::Tensor input = at::zeros({S}, full.options());
-      int64_t off = 0;
-      for (const auto& p : params_) {
-        const at::Tensor& local = local_tensor(p.sharded);
-        const int64_t rows = p.rows_of(shard_rank_);
-        if (rows > 0) {
-          input.narrow(0, off, p.padded_numel).view(p.padded_shard_shape).narrow(p.shard_dim, 0, rows)
-              .copy_(local.to(device_, dtype));
-        }
-        off += p.padded_numel;
-      }
-      shard_group_->all_gather_into(full, input);
-    }
-    int64_t off = 0;
-    for (auto& p : params_) {
-      utils::alloc_storage(p.unsharded, p.global_shape);
-      at::Tensor out = storage_alias(p.unsharded);
-      for (int64_t r = 0; r < shard_size_; ++r) {
-        const int64_t rows = p.rows_of(r);
-        if (rows == 0) continue;
-        out.narrow(p.shard_dim, r * p.chunk, rows)
-            .copy_(full.narrow(0, r * S + off, p.padded_numel).view(p.padded_shard_shape).narrow(p.shard_dim, 0, rows));
-      }
-      off += p.padded_numel;
-    }
+    copy_out(params_, ag.output, shard_size_, flat_numel());
   }
-  if (post_forward_size() > 1 && post_forward_size() < shard_size_) full_ = full;  // kept to reshard into the smaller group
+  ag.input = at::Tensor();
+  if (post_forward_size() > 1 && post_forward_size() < shard_size_) full_ = ag.output;  // to reshard into the smaller group
   status_ = Status::kUnsharded;
   for (auto& p : params_) {
     ensure_unsharded_param(p);
     p.swap_into_modules(p.unsharded_param);
   }
+  record(FSDPTraceEvent::Kind::kAllGatherWaited);
+}
+
+void FSDPState::drop_unshard() {
+  if (!all_gather_) return;
+  AllGatherInFlight ag = std::move(*all_gather_);
+  all_gather_.reset();
+  forget_prefetch();
+  ag.work->wait();
+  if (status_ == Status::kPostForward) post_forward_piece_ = std::move(ag.input);  // the group is as it was
+}
+
+void FSDPState::forget_prefetch() {
+  if (!prefetched_) return;
+  prefetched_ = false;
+  FSDPState& root = root_or_self();
+  root.prefetched_groups_ = std::max<int64_t>(0, root.prefetched_groups_ - 1);
+}
+
+void FSDPState::prefetch_unshard() {
+  if (params_.empty() || status_ == Status::kUnsharded || all_gather_) return;
+  FSDPState& root = root_or_self();
+  if (root.prefetched_groups_ >= kMaxPrefetchedGroups) return;  // NOTE: [FSDP communication overlap], 3.
+  unshard();
+  prefetched_ = true;
+  ++root.prefetched_groups_;
 }
 
 // 0: the parameters stay unsharded after forward (reshard_after_forward false or 1, the root by
@@ -360,6 +442,7 @@ int64_t FSDPState::post_forward_size() const {
 }
 
 void FSDPState::reshard(bool after_forward) {
+  drop_unshard();  // never free what an all-gather in flight writes
   if (status_ != Status::kUnsharded || params_.empty()) return;
   const int64_t n = after_forward ? post_forward_size() : shard_size_;
   if (n == 0) return;  // reshard_after_forward false
@@ -389,6 +472,8 @@ void FSDPState::ensure_post_forward_group(int64_t n) {
   }
 }
 
+// ---- Hooks (NOTE: [FSDP hooks]) -----------------------------------------------------------
+
 void FSDPState::pre_forward(nn::ForwardInputs& inputs) {
   if (root_.expired()) lazy_init();
   if (auto root = root_.lock()) {
@@ -400,9 +485,11 @@ void FSDPState::pre_forward(nn::ForwardInputs& inputs) {
       map_tensors(in, [dt](const at::Tensor& t) { return t.is_floating_point() ? t.to(dt) : t; });
     }
   }
-  unshard();
+  unshard();  // no-op when prefetched (in flight) or unsharded
+  wait_for_unshard();
+  // Issued only: they run during this module's forward (NOTE: [FSDP communication overlap]).
   for (auto& w : forward_prefetch_) {
-    if (auto s = w.lock()) s->unshard();
+    if (auto s = w.lock()) s->prefetch_unshard();
   }
   if (at::GradMode::is_enabled() && !params_.empty()) {
     for (auto& in : inputs) {
@@ -411,10 +498,18 @@ void FSDPState::pre_forward(nn::ForwardInputs& inputs) {
       });
     }
   }
+  record(FSDPTraceEvent::Kind::kForwardBegin);
 }
 
 void FSDPState::post_forward(c10::IValue& output) {
+  record(FSDPTraceEvent::Kind::kForwardEnd);
   reshard(/*after_forward=*/true);
+  if (at::GradMode::is_enabled() && !params_.empty()) {
+    // With multiplicity: one pre-backward per forward (PyTorch's _record_post_forward).
+    FSDPState& root = root_or_self();
+    post_forward_indices_.push_back(root.post_forward_order_.size());
+    root.post_forward_order_.push_back(shared_from_this());
+  }
   if (options_.mp_policy.output_dtype) {
     const at::ScalarType dt = *options_.mp_policy.output_dtype;
     map_tensors(output, [dt](const at::Tensor& t) { return t.is_floating_point() ? t.to(dt) : t; });
@@ -435,10 +530,23 @@ void FSDPState::pre_backward() {
   if (pre_backward_done_) return;
   pre_backward_done_ = true;
   if (auto root = root_.lock()) root->queue_final_callback();
-  unshard();
-  for (auto& w : backward_prefetch_) {
-    if (auto s = w.lock()) s->unshard();
+  unshard();  // no-op when prefetched (in flight) or unsharded
+  wait_for_unshard();
+  if (!backward_prefetch_.empty()) {
+    for (auto& w : backward_prefetch_) {
+      if (auto s = w.lock()) s->prefetch_unshard();
+    }
+  } else if (!post_forward_indices_.empty()) {
+    // Default: the group before this one in post-forward order (NOTE: [FSDP communication
+    // overlap], 2.; PyTorch's _backward_prefetch).
+    const size_t index = post_forward_indices_.back();
+    post_forward_indices_.pop_back();
+    const auto& order = root_or_self().post_forward_order_;
+    if (index > 0 && index - 1 < order.size()) {
+      if (auto s = order[index - 1].lock()) s->prefetch_unshard();
+    }
   }
+  record(FSDPTraceEvent::Kind::kBackwardBegin);
 }
 
 void FSDPState::record_forward(const std::shared_ptr<FSDPState>& state) {
@@ -457,6 +565,8 @@ void FSDPState::queue_final_callback() {
   });
 }
 
+// Post-backward of the groups whose backward hook did not run it, then nothing FSDP issued is
+// left in flight: a mistargeted prefetch is waited for, the last reduce-scatter finished.
 void FSDPState::final_callback() {
   callback_queued_ = false;
   auto forwarded = std::move(forwarded_);
@@ -464,13 +574,26 @@ void FSDPState::final_callback() {
   for (auto it = forwarded.rbegin(); it != forwarded.rend(); ++it) {
     if (auto s = it->lock()) {
       if (!s->post_backward_done_) s->post_backward();
+      s->drop_unshard();  // a mistargeted prefetch (PyTorch's finalize_backward)
       s->pre_backward_done_ = false;
       s->post_backward_done_ = false;
+      s->post_forward_indices_.clear();
     }
   }
+  post_forward_order_.clear();
+  finish_pending_reduce_scatter();
+}
+
+bool FSDPState::all_post_backwards_done() const {
+  for (const auto& w : forwarded_) {
+    auto s = w.lock();
+    if (s && !s->post_backward_done_) return false;
+  }
+  return true;
 }
 
 void FSDPState::post_backward() {
+  record(FSDPTraceEvent::Kind::kBackwardEnd);
   // Unsharded gradients, moved out of the unsharded parameters (plus earlier accumulation).
   std::vector<at::Tensor> grads(params_.size());
   bool any = false;
@@ -501,36 +624,49 @@ void FSDPState::reduce_scatter_grads(std::vector<at::Tensor> grads) {
   at::NoGradGuard no_grad;
   const at::ScalarType reduce_dtype =
       options_.mp_policy.reduce_dtype.value_or(options_.mp_policy.param_dtype.value_or(orig_dtype_));
+  PendingReduceScatter rs;
+  rs.state = shared_from_this();
+  rs.has_grad.resize(params_.size());
   int64_t S = 0;
-  std::vector<bool> has_grad(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
-    has_grad[i] = grads[i].defined();
-    if (has_grad[i]) S += params_[i].padded_numel;
+    rs.has_grad[i] = grads[i].defined();
+    if (rs.has_grad[i]) S += params_[i].padded_numel;
   }
-  at::Tensor input = at::zeros({shard_size_ * S}, at::TensorOptions().dtype(reduce_dtype).device(device_));
-  int64_t off = 0;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const FSDPParam& p = params_[i];
-    if (!grads[i].defined()) continue;
-    at::Tensor g = grads[i].to(reduce_dtype);
-    for (int64_t r = 0; r < shard_size_; ++r) {
-      const int64_t rows = p.rows_of(r);
-      if (rows == 0) continue;
-      input.narrow(0, r * S + off, p.padded_numel).view(p.padded_shard_shape).narrow(p.shard_dim, 0, rows)
-          .copy_(g.narrow(p.shard_dim, r * p.chunk, rows));
-    }
-    off += p.padded_numel;
-    g.reset();
-    grads[i].reset();  // each unsharded gradient is freed once copied
+  const auto options = at::TensorOptions().dtype(reduce_dtype).device(device_);
+  rs.input = reduce_scatter_input(params_, grads, shard_size_, S, options);
+  rs.output = at::empty({S}, options);
+  // At most one in flight (NOTE: [FSDP communication overlap], 4.): the previous group's is
+  // finished now, after this group's copy-in ran while it was in flight.
+  FSDPState& root = root_or_self();
+  root.finish_pending_reduce_scatter();
+  rs.work = shard_group_->reduce_scatter_into_async(rs.output, rs.input, comm::ReduceOp::SUM);
+  record(FSDPTraceEvent::Kind::kReduceScatterIssued, rs.work->issued_at());
+  root.pending_reduce_scatter_ = std::move(rs);
+  if (root.all_post_backwards_done()) root.finish_pending_reduce_scatter();
+}
+
+void FSDPState::finish_pending_reduce_scatter() {
+  if (!pending_reduce_scatter_) return;
+  PendingReduceScatter rs = std::move(*pending_reduce_scatter_);
+  pending_reduce_scatter_.reset();
+  if (auto s = rs.state.lock()) {
+    s->finish_reduce_scatter(rs);
+  } else {
+    rs.work->wait();  // the module died: nothing to write
   }
-  at::Tensor output = at::empty({S}, input.options());
-  shard_group_->reduce_scatter_into(output, input, comm::ReduceOp::SUM);
+}
+
+void FSDPState::finish_reduce_scatter(PendingReduceScatter& rs) {
+  at::NoGradGuard no_grad;
+  rs.work->wait();
+  rs.input = at::Tensor();
+  at::Tensor& output = rs.output;
   if (replicate_group_) replicate_group_->all_reduce(output, comm::ReduceOp::SUM);
   output.div_(divide_factor_.value_or(static_cast<double>(shard_size_ * replicate_size_)));
-  off = 0;
+  int64_t off = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     FSDPParam& p = params_[i];
-    if (!has_grad[i]) continue;
+    if (!rs.has_grad[i]) continue;
     at::Tensor local = output.narrow(0, off, p.padded_numel)
                            .view(p.padded_shard_shape)
                            .narrow(p.shard_dim, 0, p.rows_of(shard_rank_))
@@ -545,24 +681,60 @@ void FSDPState::reduce_scatter_grads(std::vector<at::Tensor> grads) {
       p.sharded.mutable_grad() = make_dtensor(local, get_spec(p.sharded));
     }
   }
+  record(FSDPTraceEvent::Kind::kReduceScatterFinished);
 }
+
+// ---- Root, trace ----------------------------------------------------------------------------
 
 void FSDPState::lazy_init() {
   is_root_ = true;
   root_ = shared_from_this();
-  // Every fully_shard-ed module below this one gets this root.
-  std::function<void(torch::nn::Module&)> visit = [&](torch::nn::Module& m) {
-    for (const auto& child : m.children()) {
-      if (auto s = lookup_state(*child)) {
+  fqn_.clear();
+  index_ = 0;
+  int64_t next_index = 1;
+  // Every fully_shard-ed module below this one gets this root, its fqn and its index (module order).
+  std::function<void(const std::string&, torch::nn::Module&)> visit = [&](const std::string& prefix,
+                                                                           torch::nn::Module& m) {
+    for (const auto& item : m.named_children()) {
+      const std::string fqn = prefix.empty() ? item.key() : prefix + "." + item.key();
+      if (auto s = lookup_state(*item.value())) {
         if (s.get() != this && s->root_.expired()) {
           s->root_ = shared_from_this();
           s->is_root_ = false;
+          s->fqn_ = fqn;
+          s->index_ = next_index++;
         }
       }
-      visit(*child);
+      visit(fqn, *item.value());
     }
   };
-  visit(*module_);
+  visit("", *module_);
+}
+
+FSDPState& FSDPState::root_or_self() {
+  if (auto root = root_.lock()) return *root;  // owned by its module's hooks
+  return *this;
+}
+
+void FSDPState::record(FSDPTraceEvent::Kind kind, std::optional<std::chrono::steady_clock::time_point> at) {
+  FSDPState& root = root_or_self();
+  std::lock_guard<std::mutex> lock(root.trace_mu_);
+  if (!root.trace_enabled_) return;
+  root.trace_.push_back({kind, fqn_, index_, at.value_or(std::chrono::steady_clock::now())});
+}
+
+std::string to_string(FSDPTraceEvent::Kind kind) {
+  switch (kind) {
+    case FSDPTraceEvent::Kind::kAllGatherIssued: return "all_gather_issued";
+    case FSDPTraceEvent::Kind::kAllGatherWaited: return "all_gather_waited";
+    case FSDPTraceEvent::Kind::kForwardBegin: return "forward_begin";
+    case FSDPTraceEvent::Kind::kForwardEnd: return "forward_end";
+    case FSDPTraceEvent::Kind::kBackwardBegin: return "backward_begin";
+    case FSDPTraceEvent::Kind::kBackwardEnd: return "backward_end";
+    case FSDPTraceEvent::Kind::kReduceScatterIssued: return "reduce_scatter_issued";
+    case FSDPTraceEvent::Kind::kReduceScatterFinished: return "reduce_scatter_finished";
+  }
+  return "unknown";
 }
 
 std::vector<std::shared_ptr<FSDPState>> FSDPState::states_below(bool include_self) {
@@ -803,7 +975,10 @@ std::optional<FSDPModule> get_fsdp_module(const torch::nn::Module& module) {
 
 // ---- FSDPModule ---------------------------------------------------------------------------
 
-void FSDPModule::unshard() { state_->unshard(); }
+void FSDPModule::unshard() {
+  state_->unshard();
+  state_->wait_for_unshard();
+}
 void FSDPModule::reshard() { state_->reshard(/*after_forward=*/false); }
 
 void FSDPModule::set_requires_gradient_sync(bool value, bool recurse) {
@@ -854,6 +1029,15 @@ std::vector<at::Tensor> FSDPModule::sharded_parameters() const {
 bool FSDPModule::is_root() const { return state_->is_root_; }
 bool FSDPModule::is_unsharded() const { return state_->status_ == FSDPState::Status::kUnsharded; }
 const FSDPExtensions* FSDPModule::extensions() const { return state_->ext(); }
+void FSDPModule::set_trace(bool enabled) {
+  std::lock_guard<std::mutex> lock(state_->trace_mu_);
+  state_->trace_enabled_ = enabled;
+  if (enabled) state_->trace_.clear();
+}
+std::vector<FSDPTraceEvent> FSDPModule::trace() const {
+  std::lock_guard<std::mutex> lock(state_->trace_mu_);
+  return state_->trace_;
+}
 
 }  // namespace fsdp
 }  // namespace dtensor

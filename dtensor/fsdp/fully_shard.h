@@ -40,12 +40,56 @@
 // Backward: the first output-gradient hook of a group unshards it again (all-gather, into the
 // same storage, so tensors saved for backward see the values); when the gradient of the
 // group's input is complete (the identity's backward: the group's backward is done), its
-// post-backward runs: one reduce-scatter of the padded flat gradients (summed, then divided by
+// post-backward runs: one reduce-scatter of the padded flat gradients (issued there and
+// finished by the next group's post-backward or at the end of backward; summed, then divided by
 // the data-parallel size or the gradient divide factor; HSDP adds an all-reduce over the
 // replicate dim), the sharded .grad()s set (or accumulated), and the reshard after backward.
 // Groups whose inputs need no gradient (the root, fed token ids) run their post-backward in a
 // callback queued on the autograd engine at the end of the backward, in reverse forward
 // order (PyTorch's _root_post_backward_final_callback).
+// The collectives are issued asynchronously and overlap with compute (NOTE: [FSDP
+// communication overlap]).
+//
+// NOTE: [FSDP communication overlap]
+// As PyTorch's FSDP2 (_fsdp_param_group.py: unshard / wait_for_unshard, _prefetch_unshard,
+// _backward_prefetch, reduce_scatter_state), with comm::Group's `_async` collectives (NOTE:
+// [Async collectives] in dtensor/comm/work.h):
+//   1. Unshard is two steps: issue (copy the shards into the flat all-gather input, issue
+//      all_gather_into_async; the group's all-gather is then "in flight") and wait (wait, copy
+//      out into the unsharded parameters, swap them into the modules). A module's pre-forward
+//      issues its own all-gather unless it is unsharded or in flight, waits for it, and THEN
+//      issues the all-gathers of its set_modules_to_forward_prefetch modules without waiting:
+//      they run (on Gloo's worker threads, NCCL's stream) during this module's forward, and
+//      each prefetched module waits in its own pre-forward. Pre-backward does the same with the
+//      backward prefetch. A reshard of a group whose all-gather is in flight waits for it and
+//      drops it (a buffer a collective writes is never freed), and so does the end of backward
+//      for a prefetch no pre-hook waited for (FSDP2's finalize_backward): the group stays
+//      sharded. Nothing unsharded is gathered again (reshard_after_forward=false: one
+//      all-gather per group per step).
+//   2. Default backward prefetch: a module without set_modules_to_backward_prefetch prefetches,
+//      in its pre-backward, the module that ran its post-forward just before its own (reverse
+//      post-forward order, one ahead), exactly as FSDP2's _backward_prefetch does by default:
+//      backward runs the groups in reverse forward order, so that is the next group's
+//      all-gather, issued while this group's backward computes. (A module used in forward but
+//      not in backward makes it mistargeted, as in FSDP2: gathered, then dropped at the end of
+//      backward.) Forward has no default prefetch: FSDP2's implicit forward prefetch is
+//      the CPU running ahead of the GPU stream, which a CPU (or host-synchronous) step never
+//      does; set_modules_to_forward_prefetch moves it earlier explicitly.
+//   3. Memory bound: at most kMaxPrefetchedGroups groups are prefetched and not yet reached by
+//      their own pre-hook (per root); a prefetch beyond that is skipped, and that group
+//      gathers in its own pre-hook. With resharding after forward, at most the current group
+//      plus two are unsharded (FSDP1's limit_all_gathers rate limiter also keeps two in flight;
+//      FSDP2 bounds its implicit prefetch to one by stream order and leaves explicit lists
+//      unbounded).
+//   4. Post-backward issues the reduce-scatter (reduce_scatter_into_async) and leaves it pending
+//      at the root; it is finished (waited, HSDP's all-reduce over the replicate group issued
+//      then, the divide, the sharded .grad()s written) when the next group has copied its
+//      gradients in and is about to issue its own, so at most one is in flight (FSDP2's
+//      reduce_scatter_state), and by the root's final callback before backward() returns:
+//      gradients are complete when backward() returns. The last group to finish its backward
+//      (all others done) finishes its reduce-scatter at once, since nothing is left to overlap
+//      it with. Every rank runs the same collectives in the same order as the blocking path,
+//      so the results are bit-identical to it.
 //
 // 2-D, FSDP x tensor parallel: parameters that are already DTensors on the "tp" sub-mesh of a
 // (dp, tp) mesh (parallelize_module / Transformer::parallelize) are sharded over mesh["dp"] into
@@ -71,6 +115,7 @@
 #include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -140,6 +185,33 @@ struct FullyShardOptions {
   std::shared_ptr<const FSDPExtensions> extensions;
 };
 
+// Prefetched groups (issued, not yet reached by their own pre-hook) per root: NOTE: [FSDP
+// communication overlap], step 3.
+constexpr int64_t kMaxPrefetchedGroups = 2;
+
+// One event of an FSDP trace (FSDPModule::set_trace). Our addition: PyTorch marks the same
+// points with profiler ranges (record_function "FSDP::all_gather", "FSDP::pre_forward",
+// "FSDP::post_backward_reduce", ...); tests and benchmarks here read them as data instead.
+struct FSDPTraceEvent {
+  enum class Kind {
+    kAllGatherIssued,        // the group's all-gather issued (its own pre-hook, a prefetch, unshard())
+    kAllGatherWaited,        // awaited and copied out: the parameters are unsharded (a dropped
+                             // all-gather, see FSDPModule::reshard, has no such event)
+    kForwardBegin,           // the module's forward compute begins (its pre-forward is done)
+    kForwardEnd,             // ... and ends (its post-forward begins)
+    kBackwardBegin,          // the group's backward compute begins (its pre-backward is done)
+    kBackwardEnd,            // ... and ends (its post-backward begins)
+    kReduceScatterIssued,    // the gradients' reduce-scatter issued
+    kReduceScatterFinished,  // awaited, reduced over replicate (HSDP), the sharded .grad()s written
+  };
+  Kind kind;
+  std::string module_fqn;  // relative to the root module, "" for the root (PyTorch's _module_fqn)
+  int64_t index = -1;      // position among the root's fully_shard-ed modules in module order (root 0)
+  std::chrono::steady_clock::time_point time;
+};
+// "all_gather_issued", "forward_begin", ...
+std::string to_string(FSDPTraceEvent::Kind kind);
+
 class FSDPState;
 
 // The FSDP state of one fully_shard-ed module (PyTorch's FSDPModule methods). Cheap to copy.
@@ -148,9 +220,11 @@ class FSDPModule {
   explicit FSDPModule(std::shared_ptr<FSDPState> state) : state_(std::move(state)) {}
 
   // Collective (over the shard group). All-gathers this group's parameters and swaps the
-  // unsharded tensors into the modules; the next forward then does not all-gather.
+  // unsharded tensors into the modules; the next forward then does not all-gather. Blocking
+  // (waits for a prefetch of this group in flight, if any).
   void unshard();
-  // Frees the unsharded parameters and swaps the sharded DTensors back in.
+  // Frees the unsharded parameters and swaps the sharded DTensors back in. A prefetch of this
+  // group in flight is waited for and dropped.
   void reshard();
   // false: backward accumulates unsharded gradients without reduce-scatter (gradient
   // accumulation); the next backward with true reduces the accumulated sum. Applies to this
@@ -161,9 +235,11 @@ class FSDPModule {
   // With false, the end of backward leaves reshard-after-backward to the user (PyTorch: the
   // root's final callback still runs post-backward but skips resharding).
   void set_is_last_backward(bool is_last_backward);
-  // Modules whose all-gather is issued right after this module's (forward) / before this
-  // module's backward all-gather is awaited. On a CPU mesh prefetching only moves the
-  // all-gather earlier; the results are the same.
+  // Modules whose all-gather this module's pre-forward (pre-backward) issues, without waiting,
+  // right after its own all-gather was awaited, so they run during this module's forward
+  // (backward) compute (NOTE: [FSDP communication overlap]). The results are the same. An
+  // empty backward list restores the default backward prefetch (the previous module in
+  // forward order).
   void set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules);
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
   // Gradients are summed then divided by `factor` instead of the data-parallel size.
@@ -179,6 +255,13 @@ class FSDPModule {
   // _get_module_fsdp_state(m)._fsdp_extension.
   const FSDPExtensions* extensions() const;
   const std::shared_ptr<FSDPState>& state() const { return state_; }
+
+  // Our addition (no PyTorch counterpart, see FSDPTraceEvent). On the root module (the one
+  // whose forward the step calls): true starts recording the events of every group of its
+  // forwards and backwards into a fresh trace (in the order they happen on this rank), false
+  // stops. trace() returns the events recorded so far; read it between steps.
+  void set_trace(bool enabled);
+  std::vector<FSDPTraceEvent> trace() const;
 
  private:
   std::shared_ptr<FSDPState> state_;
