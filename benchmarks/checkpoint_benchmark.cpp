@@ -1,4 +1,4 @@
-// Distributed checkpoint figures (issue 14), 4 ranks as gloo processes (the harness's worker
+// Distributed checkpoint figures, 4 ranks as gloo processes (the harness's worker
 // pool), rank 0 reporting the median of kIters timed iterations per repetition. The state dict
 // is 256 MiB: 4 large tensors [3584, 4096] float (56 MiB each) and 256 small ones [32, 1024]
 // (128 KiB each), all DTensors Shard(0) on a mesh of 4 (64 MiB per rank). Files go to $TMPDIR

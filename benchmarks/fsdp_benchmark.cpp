@@ -1,4 +1,4 @@
-// FSDP figures (issue 12): tp_benchmark's wider Transformer (dim 256, 8 heads, vocab 1024,
+// FSDP figures: tp_benchmark's wider Transformer (dim 256, 8 heads, vocab 1024,
 // seq 64, 2 layers, dropout 0), one training step (forward, cross-entropy, backward, Adam
 // step) with a global batch of 8 sequences:
 //   mode 0: one rank, the whole batch;
@@ -7,7 +7,7 @@
 //           backward (DDP-like), 2 sequences per rank;
 //   mode 3: 2-D FSDP x TP on a 2x2 (dp, tp) mesh: Transformer::parallelize (no sequence
 //           parallelism) on mesh["tp"], then fully_shard (blocks, root) on mesh["dp"]; 4
-//           sequences per dp rank (issue 13);
+//           sequences per dp rank;
 //   mode 4: tensor parallel only, 4-way (Transformer::parallelize on the 4 ranks), the whole
 //           batch on every rank;
 //   mode 5: mode 1 without any prefetch: every module's backward prefetch list is itself, which

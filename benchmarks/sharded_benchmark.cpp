@@ -1,4 +1,4 @@
-// ShardedTensor and module-sync figures (issue 6), 4 ranks as gloo processes (the harness's
+// ShardedTensor and module-sync figures, 4 ranks as gloo processes (the harness's
 // worker pool), rank 0 reporting the median of kProcessIters timed iterations per repetition:
 //  1. shard_tensor of a 64 MiB float tensor (ChunkShardingSpec on dim 0) versus the raw
 //     scatter of the same bytes, and ShardedTensor::gather to rank 0 versus the raw gather and

@@ -1,4 +1,4 @@
-// dtensor/fsdp/extensions.cpp: seed 004 (see extensions.h).
+// dtensor/fsdp/extensions.cpp: see extensions.h.
 #include "dtensor/fsdp/extensions.h"
 
 #include "dtensor/tensor/dtensor.h"

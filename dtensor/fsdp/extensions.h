@@ -1,7 +1,7 @@
 // dtensor/fsdp/extensions.h
 //
 // The extension point through which FSDP handles parameters that tensor parallel already
-// sharded (seed 004: torch/distributed/tensor/parallel/fsdp.py, and
+// sharded (torch/distributed/tensor/parallel/fsdp.py, and
 // torch/distributed/fsdp/_fsdp_extensions.py, _shard_utils.py, tensor/parallel/
 // _data_parallel_utils.py). FSDPExtensions is the interface; DTensorExtensions implements it
 // for DTensor (and ShardedTensor) parameters; the ext_* functions are what FSDP calls, with

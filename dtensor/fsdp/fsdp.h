@@ -1,5 +1,5 @@
 // dtensor/fsdp/fsdp.h: umbrella header of dtensor::fsdp (FSDP2: fully_shard, FSDPModule,
-// state dicts, seed 004's FSDP extensions).
+// state dicts, the FSDP extensions).
 #pragma once
 #include "dtensor/fsdp/extensions.h"
 #include "dtensor/fsdp/fully_shard.h"

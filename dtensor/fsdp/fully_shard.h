@@ -179,7 +179,7 @@ struct FullyShardOptions {
   // Per parameter: the Shard dim to use instead of Shard(0) (std::nullopt: Shard(0)).
   std::function<std::optional<Shard>(const at::Tensor& param)> shard_placement_fn;
   // How parameters that are already DTensors are flattened and rebuilt, and how the state-dict
-  // functions chunk, gather and load them (seed 004, NOTE: [FSDP extensions]). Unset: the one
+  // functions chunk, gather and load them (NOTE: [FSDP extensions]). Unset: the one
   // set with set_fsdp_extensions on this rank, else DTensorExtensions when `mesh` was sliced
   // from a larger mesh, else none.
   std::shared_ptr<const FSDPExtensions> extensions;

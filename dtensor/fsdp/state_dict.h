@@ -37,7 +37,7 @@ StateDict sharded_state_dict(const torch::nn::Module& module);
 StateDict full_state_dict(const torch::nn::Module& module, bool rank0_only = false);
 
 // Collective over the meshes of the sharded parameters: the state dict of the unsharded module.
-// Each parameter sharded by fully_shard is all-gathered over the FSDP dims only (seed 004's
+// Each parameter sharded by fully_shard is all-gathered over the FSDP dims only (PyTorch's
 // all_gather_dtensor): a 2-D (FSDP x TP) parameter becomes the tensor-parallel DTensor it was
 // before fully_shard, which a tensor-parallel-only model loads (FSDP x TP -> TP); a 1-D one the
 // full plain tensor. Other entries as they are.
@@ -46,7 +46,7 @@ StateDict unsharded_state_dict(const torch::nn::Module& module);
 // Copies `state` into the module's parameters and buffers, by name. Into a sharded parameter:
 // a DTensor value is redistributed to the parameter's mesh and placements (collective; any
 // placements), or, into a 2-D (FSDP x TP) parameter, may be a tensor-parallel DTensor on the tp
-// mesh (TP -> FSDP x TP: seed 004's chunk_dtensor lifts it to the parent mesh, then it is
+// mesh (TP -> FSDP x TP: the extensions' chunk_dtensor lifts it to the parent mesh, then it is
 // redistributed); a plain value is the full tensor and each rank keeps its shard (no
 // communication). Into a plain parameter: the value (full_tensor of a DTensor). strict: every
 // name must match both ways. Checks names and shapes before writing anything; errors name the

@@ -111,7 +111,7 @@ void check_not_nested(const std::vector<Shard>& shards, const char* what, const 
   for (const Shard& s : shards)
     TORCH_CHECK(!s.is_nested(), "ShardedTensor.", what, ": the local shard at offsets ", str(s.metadata.shard_offsets()),
                 " on rank ", global_rank_of(group),
-                " is a nested ShardedTensor (FSDP x TP, seed 004); use its inner tensor (local_shards()[0].nested, or "
+                " is a nested ShardedTensor (FSDP x TP); use its inner tensor (local_shards()[0].nested, or "
                 "dtensor::fsdp::_pre_load_state_dict)");
 }
 

@@ -44,7 +44,7 @@ class ShardedTensor;
 // One local shard: the tensor and where it sits (torch.distributed._shard.sharded_tensor.Shard).
 //
 // NOTE: [Nested ShardedTensors]
-// FSDP over a module that tensor parallel sharded with shard_module (seed 004,
+// FSDP over a module that tensor parallel sharded with shard_module (PyTorch's FSDP extensions,
 // dtensor/fsdp/extensions.h: _chunk_tensor) builds a ShardedTensor whose local shard is itself
 // a ShardedTensor: the outer one says where this rank's TP shard sits in the parameter, the
 // inner one chunks that TP shard over the FSDP group. Python stores the inner ShardedTensor in

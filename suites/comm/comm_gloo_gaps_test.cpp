@@ -1,5 +1,5 @@
 // What Gloo lacks, made to behave on the c10d adapter as on threads and on one device
-// (issue 17, items 5-8; DESIGN.md D12): NaN through MAX/MIN, empty blocks, dtypes Gloo does
+// (DESIGN.md D12): NaN through MAX/MIN, empty blocks, dtypes Gloo does
 // not carry (bool, complex, int16, bfloat16), and ranks that disagree on a collective.
 // Each behaviour runs as Gloo processes and as threads.
 #include "dtensor/comm/c10d_guard.h"

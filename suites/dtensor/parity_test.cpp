@@ -1,4 +1,4 @@
-// PyTorch parity of the DTensor API (issue 15), written as PyTorch's own tests are
+// PyTorch parity of the DTensor API, written as PyTorch's own tests are
 // (test/distributed/tensor/test_dtensor.py, test_redistribute.py, test_pointwise_ops.py,
 // common_dtensor.py): the same inputs, placements, expected placements, values and collective
 // counts.

@@ -1,4 +1,4 @@
-// DTensor behaviours of issue 17 (items 8-10): no collective on a mesh dim of one rank,
+// DTensor behaviours users rely on: no collective on a mesh dim of one rank,
 // distribute_tensor of a meta tensor without communication, ranks that pass different
 // placements to distribute_tensor named on every rank. As Gloo processes and as threads.
 #include "dtensor/comm/comm.h"

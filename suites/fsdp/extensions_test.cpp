@@ -26,8 +26,8 @@ using namespace dtensor::fsdp;
 // same global tensor): distribute_tensor's broadcast runs over the mesh's world group, which a
 // sub-mesh shares with the other sub-meshes.
 
-class Seed004Threads : public testing::MultiThreadedTest {};
-class Seed004Gloo : public testing::MultiProcessTest {};
+class FsdpExtensionsThreads : public testing::MultiThreadedTest {};
+class FsdpExtensionsGloo : public testing::MultiProcessTest {};
 
 at::Tensor global_input(const Shape& shape, const std::string& device = "cpu") {
   int64_t n = 1;
@@ -59,7 +59,7 @@ at::Tensor chunk_or_empty(const at::Tensor& t, int64_t n, int64_t i) {
   return i < static_cast<int64_t>(chunks.size()) ? chunks[static_cast<size_t>(i)] : t.narrow(0, t.size(0), 0);
 }
 
-DTENSOR_TEST_F(Seed004Threads, ChunkDTensorRaisesWithoutA2DParent) {
+DTENSOR_TEST_F(FsdpExtensionsThreads, ChunkDTensorRaisesWithoutA2DParent) {
   auto mesh = init_device_mesh(device_type(), {ranks()}, {"dp"});
   const at::Tensor g = global_input({8, 2});
   DTensorExtensions ext;
@@ -100,16 +100,16 @@ void check_chunk_dtensor_2d(const testing::MultiRankTest& t) {
   }
 }
 
-DTENSOR_TEST_F(Seed004Threads, ChunkDTensorShardsOverFsdpAndAllGatherDTensorUndoesIt) {
+DTENSOR_TEST_F(FsdpExtensionsThreads, ChunkDTensorShardsOverFsdpAndAllGatherDTensorUndoesIt) {
   DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
   check_chunk_dtensor_2d(*this);
 }
-DTENSOR_TEST_F(Seed004Gloo, ChunkDTensorShardsOverFsdpAndAllGatherDTensorUndoesIt) {
+DTENSOR_TEST_F(FsdpExtensionsGloo, ChunkDTensorShardsOverFsdpAndAllGatherDTensorUndoesIt) {
   DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
   check_chunk_dtensor_2d(*this);
 }
 
-DTENSOR_TEST_F(Seed004Threads, ChunkDTensorOnAnHsdpMesh) {
+DTENSOR_TEST_F(FsdpExtensionsThreads, ChunkDTensorOnAnHsdpMesh) {
   DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // tp = 2
   // (replicate, shard, tp) = (ranks / 2, 1, 2): HSDP x TP gives (Replicate(), Shard(0), tp_placement).
   auto mesh = init_device_mesh(device_type(), {ranks() / 2, 1, 2}, {"rep", "shard", "tp"});
@@ -127,7 +127,7 @@ DTENSOR_TEST_F(Seed004Threads, ChunkDTensorOnAnHsdpMesh) {
 }
 
 // Row counts even and uneven at 2, 4 and 8 ranks, with empty boxes at 4 and 8 (5 and 10 rows).
-DTENSOR_TEST_F(Seed004Threads, BoxesAreTheTorchChunkBoxesOfUnevenShards) {
+DTENSOR_TEST_F(FsdpExtensionsThreads, BoxesAreTheTorchChunkBoxesOfUnevenShards) {
   const int64_t n = ranks();
   auto mesh = init_device_mesh(device_type(), {n});
   const int64_t me = mesh.get_local_rank(0);
@@ -153,7 +153,7 @@ DTENSOR_TEST_F(Seed004Threads, BoxesAreTheTorchChunkBoxesOfUnevenShards) {
 }
 
 // NOTE: [Scapegoat rank]
-DTENSOR_TEST_F(Seed004Threads, ShardedTensorMetadataPlacesOnlyThisRanksBoxOnIt) {
+DTENSOR_TEST_F(FsdpExtensionsThreads, ShardedTensorMetadataPlacesOnlyThisRanksBoxOnIt) {
   DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
   auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"});
   const DeviceMesh tp = mesh["tp"];
@@ -195,7 +195,7 @@ DTENSOR_TEST_F(Seed004Threads, ShardedTensorMetadataPlacesOnlyThisRanksBoxOnIt) 
 }
 
 // NOTE: [Nested ShardedTensors]
-DTENSOR_TEST_F(Seed004Threads, ChunkTensorNestsTheTensorParallelShard) {
+DTENSOR_TEST_F(FsdpExtensionsThreads, ChunkTensorNestsTheTensorParallelShard) {
   DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
   auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"});
   const comm::GroupPtr dp = mesh["dp"].get_group(0);
@@ -224,7 +224,7 @@ DTENSOR_TEST_F(Seed004Threads, ChunkTensorNestsTheTensorParallelShard) {
   ASSERT_EQ(shards.size(), 1u);
   EXPECT_TRUE(at::equal(shards[0].tensor, my_chunk));
   // What needs the data refuses the outer tensor, on every rank.
-  EXPECT_PRED2(contains, error_of([&] { st.local_tensor(); }), "is a nested ShardedTensor (FSDP x TP, seed 004)");
+  EXPECT_PRED2(contains, error_of([&] { st.local_tensor(); }), "is a nested ShardedTensor (FSDP x TP)");
   EXPECT_PRED2(contains, error_of([&] { st.gather(0); }), "ShardedTensor.gather: the local shard at offsets");
 
   // TP by ShardedTensor (shard_module): the same metadata, its local shard chunked over dp.
@@ -252,7 +252,7 @@ DTENSOR_TEST_F(Seed004Threads, ChunkTensorNestsTheTensorParallelShard) {
   EXPECT_EQ(one_row.local_shards().size(), dp_rank == 0 ? 1u : 0u);
 }
 
-DTENSOR_TEST_F(Seed004Threads, FlattenUnflattenKeepsTheSpecAndTheGradientLayout) {
+DTENSOR_TEST_F(FsdpExtensionsThreads, FlattenUnflattenKeepsTheSpecAndTheGradientLayout) {
   auto mesh = init_device_mesh(device_type(), {ranks()});
   DTensorExtensions ext;
   const at::Tensor g = global_input({6, 2});
@@ -283,7 +283,7 @@ DTENSOR_TEST_F(Seed004Threads, FlattenUnflattenKeepsTheSpecAndTheGradientLayout)
   EXPECT_FALSE(ext_pre_flatten_transform(param, nullptr).second.has_value());
 }
 
-DTENSOR_TEST_F(Seed004Threads, RewriteSpecAndNestedChecks) {
+DTENSOR_TEST_F(FsdpExtensionsThreads, RewriteSpecAndNestedChecks) {
   DTENSOR_REQUIRE_WORLD_SIZE_AT_LEAST(2);  // one placement of several is rewritten
   auto mesh = init_device_mesh(device_type(), {ranks()});
   std::vector<sh::RemoteDevice> cpu_placements;  // the spec of a tensor on the CPU

@@ -186,7 +186,7 @@ DTENSOR_TEST_F(PropagationCache, CallsThatDifferOnlyInAScalarGetTheirOwnStrategy
   EXPECT_EQ(strategy(8.0), "(Replicate(),)");
 }
 
-// ---- the rules of PyTorch's strategies that had none here (issue 16 item 7) ------------------
+// ---- the rules of PyTorch's strategies that had none here ------------------------------------
 
 class LossAndIndexRules : public testing::DTensorOpTestBase {};
 

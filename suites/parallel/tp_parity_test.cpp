@@ -1,4 +1,4 @@
-// PyTorch parity of tensor parallel (issue 15, item 9), written as PyTorch's
+// PyTorch parity of tensor parallel, written as PyTorch's
 // test/distributed/tensor/parallel/test_parallelize_api.py and test_tp_style.py are: fnmatch
 // character classes in plan keys, the "" root key, unmatched keys as warnings,
 // PrepareModuleInputOutput, keyword-argument layouts, src_data_rank, the current mesh.
