@@ -229,16 +229,39 @@ bool ThreadWorld::aborted() const {
 
 namespace {
 
-// One rank's view of one round: NOTE: [ThreadGroup rounds]. Every member is guarded by the
-// world's mutex (Work may call is_completed() while another thread waits).
-class RoundSource final : public Work::Source {
+// What RoundSource and RecvSource share: the world whose mutex guards every member (Work may
+// call is_completed() while another thread waits), the deadline of the world's timeout, and the
+// outcome once settled.
+class WorldSource : public Work::Source {
+ public:
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lk(world_->state().mu);
+    return settle();
+  }
+
+  std::exception_ptr error() override {
+    std::lock_guard<std::mutex> lk(world_->state().mu);
+    return error_;
+  }
+
+ protected:
+  WorldSource(std::shared_ptr<ThreadWorld> world, std::string where)
+      : world_(std::move(world)), where_(std::move(where)), give_up_at_(Clock::now() + world_->timeout()) {}
+  // The world's mutex is held. Records the outcome once it is known; true then.
+  virtual bool settle() = 0;
+
+  std::shared_ptr<ThreadWorld> world_;
+  std::string where_;
+  Clock::time_point give_up_at_;  // issued + the world's timeout
+  bool settled_ = false;
+  std::exception_ptr error_;
+};
+
+// One rank's view of one round: NOTE: [ThreadGroup rounds].
+class RoundSource final : public WorldSource {
  public:
   RoundSource(std::shared_ptr<ThreadWorld> world, std::shared_ptr<Round> round, std::string op, std::string where)
-      : world_(std::move(world)),
-        round_(std::move(round)),
-        op_(std::move(op)),
-        where_(std::move(where)),
-        give_up_at_(Clock::now() + world_->timeout()) {}
+      : WorldSource(std::move(world), std::move(where)), round_(std::move(round)), op_(std::move(op)) {}
 
   bool wait_until(Clock::time_point deadline) override {
     auto& s = world_->state();
@@ -261,25 +284,15 @@ class RoundSource final : public Work::Source {
     return true;
   }
 
-  bool is_completed() override {
-    std::lock_guard<std::mutex> lk(world_->state().mu);
-    return settle();
-  }
-
-  std::exception_ptr error() override {
-    std::lock_guard<std::mutex> lk(world_->state().mu);
-    return error_;
-  }
-
   std::optional<Clock::time_point> completed_at() override {
     std::lock_guard<std::mutex> lk(world_->state().mu);
     return completed_at_;
   }
 
  private:
-  // The world's mutex is held. Records the outcome once the round is done or can no longer
-  // run, and drops the round (the last rank to observe it frees it).
-  bool settle() {
+  // Settled once the round is done or can no longer run; drops the round then (the last rank
+  // to observe it frees it).
+  bool settle() override {
     if (settled_) return true;
     const auto& s = world_->state();
     if (round_->done) {
@@ -310,12 +323,8 @@ class RoundSource final : public Work::Source {
     return os.str();
   }
 
-  std::shared_ptr<ThreadWorld> world_;
   std::shared_ptr<Round> round_;  // until settled
-  std::string op_, where_;
-  Clock::time_point give_up_at_;  // issued + the world's timeout
-  bool settled_ = false;
-  std::exception_ptr error_;
+  std::string op_;
   std::optional<Clock::time_point> completed_at_;
 };
 
@@ -548,16 +557,11 @@ WorkPtr ThreadGroup::scatter_async(const at::Tensor& output, const std::vector<a
 namespace {
 
 // Completes when message `ticket` of its channel has arrived, taking it into `message`.
-class RecvSource final : public Work::Source {
+class RecvSource final : public WorldSource {
  public:
   RecvSource(std::shared_ptr<ThreadWorld> world, ChannelKey key, uint64_t ticket,
              std::shared_ptr<at::Tensor> message, std::string where)
-      : world_(std::move(world)),
-        key_(key),
-        ticket_(ticket),
-        message_(std::move(message)),
-        where_(std::move(where)),
-        give_up_at_(Clock::now() + world_->timeout()) {}
+      : WorldSource(std::move(world), std::move(where)), key_(key), ticket_(ticket), message_(std::move(message)) {}
 
   bool wait_until(Clock::time_point deadline) override {
     auto& s = world_->state();
@@ -579,19 +583,9 @@ class RecvSource final : public Work::Source {
     return true;
   }
 
-  bool is_completed() override {
-    std::lock_guard<std::mutex> lk(world_->state().mu);
-    return settle();
-  }
-
-  std::exception_ptr error() override {
-    std::lock_guard<std::mutex> lk(world_->state().mu);
-    return error_;
-  }
-
  private:
-  // The world's mutex is held.
-  bool settle() {
+  // Settled once the ticketed message arrived (taken into `message_`) or the world aborted.
+  bool settle() override {
     if (settled_) return true;
     auto& s = world_->state();
     auto ch = s.channels.find(key_);  // exists while this ticket is pending
@@ -614,14 +608,9 @@ class RecvSource final : public Work::Source {
     return settled_;
   }
 
-  std::shared_ptr<ThreadWorld> world_;
   ChannelKey key_;
   uint64_t ticket_;
   std::shared_ptr<at::Tensor> message_;  // shared with the Work's finish step
-  std::string where_;
-  Clock::time_point give_up_at_;  // issued + the world's timeout
-  bool settled_ = false;
-  std::exception_ptr error_;
 };
 
 }  // namespace

@@ -31,6 +31,8 @@ namespace {
 
 using Kind = fsdp::FSDPTraceEvent::Kind;
 using Trace = std::vector<fsdp::FSDPTraceEvent>;
+using testing::Block;
+using testing::BlockImpl;
 using testing::init_deterministic;
 using testing::mean_square;
 using testing::values;
@@ -41,14 +43,6 @@ constexpr int kLayers = 4;
 constexpr int kGroups = kLayers + 1;  // the blocks and the root (the head)
 constexpr size_t kNone = static_cast<size_t>(-1);
 
-// Linear + ReLU; its child is called through nn::call.
-class BlockImpl : public torch::nn::Module {
- public:
-  BlockImpl(int64_t in, int64_t out) : lin(register_module("lin", torch::nn::Linear(in, out))) {}
-  at::Tensor forward(const at::Tensor& x) { return at::relu(nn::call(lin, x)); }
-  torch::nn::Linear lin;
-};
-TORCH_MODULE(Block);
 
 // Blocks 7 -> 15 -> 17 -> 9 -> 5 (uneven, and at 8 ranks empty, shards) and a head 5 -> 7 that
 // stays with the root.
@@ -358,6 +352,21 @@ DTENSOR_TEST_BOTH(FsdpOverlapGloo, FsdpOverlapThreads, BackwardReturnsWithEveryR
   }
 }
 
+// Two copies of Stack with the same parameters on the test's device, fully_shard-ed on the world
+// without prefetch lists: `model` gets the prefetch under test, `plain` is the reference. Returns
+// model's root.
+fsdp::FSDPModule shard_pair(testing::MultiRankTest& t, Stack& plain, Stack& model) {
+  const c10::Device device(t.device_type());
+  init_deterministic(*plain);
+  init_deterministic(*model);
+  plain->to(device);
+  model->to(device);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, t.group_ptr());
+  shard(plain, opts, /*prefetch=*/false);
+  return shard(model, opts, /*prefetch=*/false);
+}
+
 // ---- The prefetch bound, and resharding under a prefetch ----------------------------------------
 
 // Block 0 asks to prefetch blocks 1, 2 and 3 in forward: kMaxPrefetchedGroups (2) are issued in
@@ -366,14 +375,7 @@ DTENSOR_TEST_BOTH(FsdpOverlapGloo, FsdpOverlapThreads, PrefetchStopsAtTwoGroupsA
   ASSERT_EQ(fsdp::kMaxPrefetchedGroups, 2);
   const c10::Device device(t.device_type());
   Stack plain, model;
-  init_deterministic(*plain);
-  init_deterministic(*model);
-  plain->to(device);
-  model->to(device);
-  fsdp::FullyShardOptions opts;
-  opts.mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, t.group_ptr());
-  shard(plain, opts, /*prefetch=*/false);
-  fsdp::FSDPModule root = shard(model, opts, /*prefetch=*/false);
+  fsdp::FSDPModule root = shard_pair(t, plain, model);
   layer_module(model, 0).set_modules_to_forward_prefetch(
       {layer_module(model, 1), layer_module(model, 2), layer_module(model, 3)});
   const at::Tensor input = values({2, 7}, 0.4).to(device);
@@ -400,14 +402,7 @@ DTENSOR_TEST_BOTH(FsdpOverlapGloo, FsdpOverlapThreads, PrefetchStopsAtTwoGroupsA
 DTENSOR_TEST_BOTH(FsdpOverlapGloo, FsdpOverlapThreads, ReshardWaitsForAPrefetchInFlight) {
   const c10::Device device(t.device_type());
   Stack plain, model;
-  init_deterministic(*plain);
-  init_deterministic(*model);
-  plain->to(device);
-  model->to(device);
-  fsdp::FullyShardOptions opts;
-  opts.mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, t.group_ptr());
-  shard(plain, opts, /*prefetch=*/false);
-  shard(model, opts, /*prefetch=*/false);
+  shard_pair(t, plain, model);
   fsdp::FSDPModule first = layer_module(model, 0);
   layer_module(model, kLayers - 1).set_modules_to_forward_prefetch({first});
   const at::Tensor input = values({2, 7}, 0.4).to(device);

@@ -26,6 +26,8 @@ namespace dtensor {
 namespace {
 
 using models::ModelArgs;
+using testing::Block;
+using testing::BlockImpl;
 using testing::init_deterministic;
 using testing::make_optimizer;
 using testing::mean_square;
@@ -36,14 +38,6 @@ using testing::values;
 constexpr double kRtol = 1e-4;
 constexpr double kAtol = 1e-5;
 
-// Linear + ReLU; its children are called through nn::call.
-class BlockImpl : public torch::nn::Module {
- public:
-  BlockImpl(int64_t in, int64_t out) : lin(register_module("lin", torch::nn::Linear(in, out))) {}
-  at::Tensor forward(const at::Tensor& x) { return at::relu(nn::call(lin, x)); }
-  torch::nn::Linear lin;
-};
-TORCH_MODULE(Block);
 
 // Dims 7 -> 15 -> 17 -> 3 -> 7, none divisible by 2, 4 or 8, so the shards are uneven at every
 // world size: on 4 ranks rows 2,2,2,1 / 4,4,4,3 / 5,5,5,2 / 1,1,1,0 (an empty shard), on 8 ranks

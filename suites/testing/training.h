@@ -4,11 +4,13 @@
 // in the same way.
 #pragma once
 
+#include "dtensor/nn/hooks.h"
 #include "dtensor/nn/module_surgery.h"
 #include "suites/parallel/parallel_testing.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
@@ -32,6 +34,16 @@ inline void init_deterministic(torch::nn::Module& m) {
     offset += 1.3;
   }
 }
+
+// Linear + ReLU, the Linear called through nn::call (so hooks on it run): the block the FSDP
+// suites stack into small models.
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(int64_t in, int64_t out) : lin(register_module("lin", torch::nn::Linear(in, out))) {}
+  at::Tensor forward(const at::Tensor& x) { return at::relu(nn::call(lin, x)); }
+  torch::nn::Linear lin;
+};
+TORCH_MODULE(Block);
 
 enum class Optim { kSGD, kAdam };
 
