@@ -423,11 +423,18 @@ COMM_TEST(WaitWithATimeoutLeavesTheCollectiveInFlight) {
   if (n < 2) GTEST_SKIP() << "needs a peer";
   if (g.backend() != "threads" && std::getenv("DTENSOR_CHECK_COLLECTIVES"))
     GTEST_SKIP() << "DTENSOR_CHECK_COLLECTIVES is set: the call check makes issuing a rendezvous";
+  // Process-wide, so only where each rank is a process (thread ranks share it, and ThreadGroup
+  // does not use the call check).
   struct CheckOff {
+    bool on;
     bool was = comm::check_collectives_enabled();
-    CheckOff() { comm::set_check_collectives_default(false); }
-    ~CheckOff() { comm::set_check_collectives_default(was); }
-  } check_off;
+    explicit CheckOff(bool on_) : on(on_) {
+      if (on) comm::set_check_collectives_default(false);
+    }
+    ~CheckOff() {
+      if (on) comm::set_check_collectives_default(was);
+    }
+  } check_off(g.backend() != "threads");
   at::Tensor x = at::ones({2});
   at::Tensor token = at::zeros({1});
   if (t.rank() == 0) {
