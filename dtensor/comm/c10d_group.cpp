@@ -454,12 +454,19 @@ class C10dSource final : public Work::Source {
       try {
         work_->wait(std::max(std::chrono::milliseconds(1), slice));
         return true;
-      } catch (const std::exception& e) {
-        if (work_->isCompleted()) {  // the operation's own error
-          error_ = std::make_exception_ptr(CollectiveError(what_ + " failed: " + error_text(e)));
+      } catch (const std::exception&) {
+        // A slice that ended without completion is no error until the deadline. The operation
+        // may also have completed just after the slice ended: wait again for its own outcome
+        // (success, or its error), never reporting the slice's timeout as its failure.
+        if (work_->isCompleted()) {
+          try {
+            work_->wait(kAbortSlice);
+          } catch (const std::exception& e) {
+            error_ = std::make_exception_ptr(CollectiveError(what_ + " failed: " + error_text(e)));
+          }
           return true;
         }
-        if (left <= slice) return false;  // a slice that ended without completion is no error
+        if (left <= slice) return false;
       }
     }
   }
