@@ -1,11 +1,14 @@
 // Tensor-parallel figures (issue: tensor parallel and the reference models):
 //  1. one training step (forward, cross-entropy loss, backward, SGD step) of the Transformer on
-//     one rank versus tensor-parallel on 4 ranks, with and without sequence parallelism, ranks
-//     as threads (ThreadGroup) and as processes (Gloo, the harness's worker pool);
+//     one rank versus tensor-parallel on 4 ranks, with and without sequence parallelism (`sp`
+//     0: none, 1: sequence parallel, 2: sequence parallel with async_tp, the sequence
+//     collectives fused with the matmuls: NOTE: [Pipelined collective matmul]), ranks as threads
+//     (ThreadGroup) and as processes (Gloo, the harness's worker pool);
 //  2. per rank: parameter bytes and the peak of allocated CPU memory during a step (a tracking
 //     allocator attributes every allocation to the rank that made it), TP versus the full model;
 //  3. collectives per step, counted (CountingGroup) and derived from PyTorch's plan
-//     (NOTE: [Collectives of the Transformer plan] in suites/testing/tp_collectives.h).
+//     (NOTE: [Collectives of the Transformer plan] in suites/testing/tp_collectives.h; not for
+//     async_tp, whose fused layers issue one broadcast or gather per rank's block instead).
 // `wide` 0 is the default ModelArgs; 1 a wider model (dim 256, 8 heads, vocab 1024, seq 64)
 // where the sharded layers dominate. dropout_p is 0 (dropout on sharded activations is the
 // random-ops issue's).
@@ -60,9 +63,10 @@ int64_t local_bytes(const at::Tensor& t) {
 
 // A model (parallelized on `mesh` when given), its SGD optimizer and a batch.
 struct Trainer {
-  Trainer(bool wide, const std::optional<DeviceMesh>& mesh, bool seq_parallel) : args(bench_args(wide)) {
+  // sp: 0 tensor parallel, 1 sequence parallel, 2 sequence parallel with async_tp.
+  Trainer(bool wide, const std::optional<DeviceMesh>& mesh, int sp) : args(bench_args(wide)) {
     model = models::Transformer(args);
-    if (mesh) models::Transformer::parallelize(model, *mesh, seq_parallel);
+    if (mesh) models::Transformer::parallelize(model, *mesh, sp != 0, false, sp == 2);
     opt = std::make_unique<torch::optim::SGD>(nn::parameters(*model), torch::optim::SGDOptions(0.01).momentum(0.9));
     const int64_t seq = args.max_seq_len;
     tokens = (at::arange(kBatch * seq, at::kLong) * 7 + 1).remainder(args.vocab_size).view({kBatch, seq});
@@ -97,7 +101,7 @@ int64_t step_peak(Trainer& t, int slot) {
 
 void BM_StepSingleRank(benchmark::State& state) {
   TrackingAllocator::install();
-  Trainer t(state.range(0) != 0, std::nullopt, false);
+  Trainer t(state.range(0) != 0, std::nullopt, 0);
   state.counters["param_bytes"] = static_cast<double>(t.parameter_bytes());
   state.counters["peak_bytes"] = static_cast<double>(step_peak(t, 0));
   for (auto _ : state) t.step();
@@ -113,7 +117,8 @@ struct ThreadFigures {
 };
 
 void BM_StepThreads(benchmark::State& state) {
-  const bool sp = state.range(0) != 0, wide = state.range(1) != 0;
+  const int sp = static_cast<int>(state.range(0));
+  const bool wide = state.range(1) != 0;
   TrackingAllocator::install();
   auto world = comm::ThreadWorld::create(kWorld);
   ThreadFigures fig;
@@ -138,9 +143,10 @@ void BM_StepThreads(benchmark::State& state) {
     state.SkipWithError(ranks.error().c_str());
     return;
   }
-  const auto plan = testing::transformer_plan_collectives(bench_args(wide).n_layers, sp);
   state.counters["collectives"] = static_cast<double>(fig.collectives);
-  state.counters["collectives_plan"] = static_cast<double>(plan.total());
+  if (sp != 2)
+    state.counters["collectives_plan"] =
+        static_cast<double>(testing::transformer_plan_collectives(bench_args(wide).n_layers, sp != 0).total());
   state.counters["param_bytes"] = static_cast<double>(fig.param_bytes);
   state.counters["peak_bytes"] = static_cast<double>(fig.peak_bytes);
   for (auto _ : state) ranks.step();
@@ -153,7 +159,7 @@ class TpBenchProcess : public testing::MultiProcessTest {};
 
 // Rank 0 reports the median step time (steps between barriers), its collectives per step, and
 // its parameter and peak bytes.
-void process_body(testing::MultiRankTest& t, bool sp, bool wide) {
+void process_body(testing::MultiRankTest& t, int sp, bool wide) {
   TrackingAllocator::install();
   auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
   Trainer trainer(wide, init_device_mesh("cpu", {t.group().size()}, {}, counting), sp);
@@ -162,27 +168,31 @@ void process_body(testing::MultiRankTest& t, bool sp, bool wide) {
   trainer.step();
   const int64_t collectives = counting->collectives();
   const int64_t peak = step_peak(trainer, 0);
-  const auto plan = testing::transformer_plan_collectives(bench_args(wide).n_layers, sp);
-  bench::report_median_ms(t, kProcessIters, [&] { trainer.step(); },
-                          {{"collectives", static_cast<double>(collectives)},
-                           {"collectives_plan", static_cast<double>(plan.total())},
-                           {"param_bytes", static_cast<double>(trainer.parameter_bytes())},
-                           {"peak_bytes", static_cast<double>(peak)}});
+  std::vector<std::pair<std::string, double>> counters{
+      {"collectives", static_cast<double>(collectives)},
+      {"param_bytes", static_cast<double>(trainer.parameter_bytes())},
+      {"peak_bytes", static_cast<double>(peak)}};
+  if (sp != 2)
+    counters.emplace_back("collectives_plan", static_cast<double>(testing::transformer_plan_collectives(
+                                                  bench_args(wide).n_layers, sp != 0).total()));
+  bench::report_median_ms(t, kProcessIters, [&] { trainer.step(); }, counters);
 }
-DTENSOR_TEST_F(TpBenchProcess, Step_sp0_wide0) { process_body(*this, false, false); }
-DTENSOR_TEST_F(TpBenchProcess, Step_sp1_wide0) { process_body(*this, true, false); }
-DTENSOR_TEST_F(TpBenchProcess, Step_sp0_wide1) { process_body(*this, false, true); }
-DTENSOR_TEST_F(TpBenchProcess, Step_sp1_wide1) { process_body(*this, true, true); }
+DTENSOR_TEST_F(TpBenchProcess, Step_sp0_wide0) { process_body(*this, 0, false); }
+DTENSOR_TEST_F(TpBenchProcess, Step_sp1_wide0) { process_body(*this, 1, false); }
+DTENSOR_TEST_F(TpBenchProcess, Step_sp2_wide0) { process_body(*this, 2, false); }
+DTENSOR_TEST_F(TpBenchProcess, Step_sp0_wide1) { process_body(*this, 0, true); }
+DTENSOR_TEST_F(TpBenchProcess, Step_sp1_wide1) { process_body(*this, 1, true); }
+DTENSOR_TEST_F(TpBenchProcess, Step_sp2_wide1) { process_body(*this, 2, true); }
 
 void BM_StepProcesses(benchmark::State& state) {
-  const bool sp = state.range(0) != 0, wide = state.range(1) != 0;
+  const int64_t sp = state.range(0), wide = state.range(1);
   bench::run_in_worker_pool(state, kWorld,
-                            std::string("TpBenchProcess.Step_sp") + (sp ? "1" : "0") + "_wide" + (wide ? "1" : "0"));
+                            "TpBenchProcess.Step_sp" + std::to_string(sp) + "_wide" + std::to_string(wide));
 }
 
 void tp_args(benchmark::internal::Benchmark* b) {
   for (int wide : {0, 1})
-    for (int sp : {0, 1}) b->Args({sp, wide});
+    for (int sp : {0, 1, 2}) b->Args({sp, wide});
   b->ArgNames({"sp", "wide"})->Unit(benchmark::kMillisecond);
 }
 BENCHMARK(BM_StepSingleRank)->ArgName("wide")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->MinTime(0.5);

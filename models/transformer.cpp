@@ -109,8 +109,10 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
 
 // The plan of PyTorch's Transformer.parallelize (seeds/README.md).
 Transformer Transformer::parallelize(Transformer module, const DeviceMesh& mesh, bool use_seq_parallel,
-                                     bool local_output_for_attn) {
+                                     bool local_output_for_attn, bool async_tp) {
   const ModelArgs& args = module->model_args;
+  TORCH_CHECK(!async_tp || use_seq_parallel, "Transformer::parallelize: async_tp fuses the sequence-parallel ",
+              "all-gathers and reduce-scatters with the matmuls; it needs use_seq_parallel");
   TORCH_CHECK(!local_output_for_attn || args.n_heads % mesh.size() == 0, "Transformer::parallelize: ",
               "local_output_for_attn needs n_heads (", args.n_heads, ") divisible by the mesh size (", mesh.size(),
               ")");
@@ -133,10 +135,12 @@ Transformer Transformer::parallelize(Transformer module, const DeviceMesh& mesh,
   for (const char* w : {"layers.*.attention.wq", "layers.*.attention.wk", "layers.*.attention.wv"})
     plan.emplace_back(w, ColwiseParallel().use_local_output(local_output_for_attn));
   if (use_seq_parallel) {
-    plan.emplace_back("layers.*.attention.wo", RowwiseParallel().output_layouts(Shard{1}));
-    plan.emplace_back("layers.*.feed_forward.w1", ColwiseParallel().input_layouts(Shard{1}));
-    plan.emplace_back("layers.*.feed_forward.w2", RowwiseParallel().output_layouts(Shard{1}));
-    plan.emplace_back("output", ColwiseParallel().input_layouts(Shard{1}).output_layouts(Replicate{}));
+    // wq/wk/wv share one gathered input (PrepareModuleInput above), so they stay unfused.
+    plan.emplace_back("layers.*.attention.wo", RowwiseParallel().output_layouts(Shard{1}).async_tp(async_tp));
+    plan.emplace_back("layers.*.feed_forward.w1", ColwiseParallel().input_layouts(Shard{1}).async_tp(async_tp));
+    plan.emplace_back("layers.*.feed_forward.w2", RowwiseParallel().output_layouts(Shard{1}).async_tp(async_tp));
+    plan.emplace_back("output",
+                      ColwiseParallel().input_layouts(Shard{1}).output_layouts(Replicate{}).async_tp(async_tp));
   } else {
     plan.emplace_back("layers.*.attention.wo", RowwiseParallel());
     plan.emplace_back("layers.*.feed_forward.w1", ColwiseParallel());

@@ -116,9 +116,12 @@ class Transformer : public torch::nn::ModuleHolder<TransformerImpl> {
   // with a replicated output. With it, activations between the blocks stay sharded on the
   // sequence dim (norms as SequenceParallel, PrepareModuleInput before attention).
   // local_output_for_attn: wq/wk/wv return local shards and each rank's attention computes
-  // n_heads / mesh size heads on plain tensors. Collective. Returns `module`.
+  // n_heads / mesh size heads on plain tensors. async_tp (with use_seq_parallel): wo, w1, w2 and
+  // output fuse their sequence all-gather or reduce-scatter with the matmul (the styles'
+  // async_tp; the sequence length must be divisible by the mesh size). Collective. Returns
+  // `module`.
   static Transformer parallelize(Transformer module, const DeviceMesh& mesh, bool use_seq_parallel,
-                                 bool local_output_for_attn = false);
+                                 bool local_output_for_attn = false, bool async_tp = false);
 };
 
 }  // namespace models

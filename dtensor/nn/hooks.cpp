@@ -16,7 +16,8 @@ struct Entry {
   std::weak_ptr<torch::nn::Module> owner;
   std::vector<std::pair<uint64_t, ForwardPreHook>> pre;
   std::vector<std::pair<uint64_t, ForwardHook>> post;
-  size_t size() const { return pre.size() + post.size(); }
+  std::pair<uint64_t, ForwardOverride> override_fn{0, nullptr};  // id 0: none
+  size_t size() const { return pre.size() + post.size() + (override_fn.first != 0 ? 1 : 0); }
 };
 
 std::mutex g_mu;
@@ -76,6 +77,7 @@ void RemovableHandle::remove() {
     };
     drop(e->pre);
     drop(e->post);
+    if (e->override_fn.first == id_) e->override_fn = {0, nullptr};
     live_entry(module_);  // drops the entry when it became empty
   }
   module_ = nullptr;
@@ -90,7 +92,7 @@ bool RemovableHandle::is_active() const {
     if (h.first == id_) return true;
   for (auto& h : e->post)
     if (h.first == id_) return true;
-  return false;
+  return e->override_fn.first == id_;
 }
 
 RemovableHandle register_forward_pre_hook(torch::nn::Module& module, ForwardPreHook hook) {
@@ -111,6 +113,17 @@ RemovableHandle register_forward_hook(torch::nn::Module& module, ForwardHook hoo
   return RemovableHandle(&module, id);
 }
 
+RemovableHandle register_forward_override(torch::nn::Module& module, ForwardOverride override_fn) {
+  TORCH_CHECK(override_fn != nullptr, "register_forward_override: the override is empty");
+  std::lock_guard<std::mutex> lk(g_mu);
+  Entry& e = entry_for(module, "register_forward_override");
+  TORCH_CHECK(e.override_fn.first == 0, "register_forward_override: the ", module.name(),
+              " already has a forward override; remove it first (a module is computed one way)");
+  const uint64_t id = g_next_id++;
+  e.override_fn = {id, std::move(override_fn)};
+  return RemovableHandle(&module, id);
+}
+
 size_t num_forward_hooks(const torch::nn::Module& module) {
   std::lock_guard<std::mutex> lk(g_mu);
   Entry* e = live_entry(&module);
@@ -127,6 +140,7 @@ Hooks hooks_of(const torch::nn::Module& module) {
   if (Entry* e = live_entry(&module)) {
     for (auto& p : e->pre) h.pre.push_back(p.second);
     for (auto& p : e->post) h.post.push_back(p.second);
+    h.override_fn = e->override_fn.second;
   }
   return h;
 }

@@ -60,6 +60,11 @@ using ForwardPreHook = std::function<void(torch::nn::Module& module, ForwardInpu
 // Runs after forward with the inputs forward saw; may replace the output (same type).
 using ForwardHook =
     std::function<void(torch::nn::Module& module, const ForwardInputs& inputs, c10::IValue& output)>;
+// Runs INSTEAD of forward (after the pre-hooks, before the post-hooks) and returns the output,
+// which must convert to forward's result type. A parallel style uses one to compute a module
+// differently (a Linear whose input gather is fused with its matmul); PyTorch reaches the same
+// with torch.compile's pattern matching, which eager C++ does not have.
+using ForwardOverride = std::function<c10::IValue(torch::nn::Module& module, const ForwardInputs& inputs)>;
 
 // Removes one registered hook (PyTorch's RemovableHandle). Copyable; removing twice, or after
 // the module died, does nothing.
@@ -73,6 +78,7 @@ class RemovableHandle {
  private:
   friend RemovableHandle register_forward_pre_hook(torch::nn::Module&, ForwardPreHook);
   friend RemovableHandle register_forward_hook(torch::nn::Module&, ForwardHook);
+  friend RemovableHandle register_forward_override(torch::nn::Module&, ForwardOverride);
   RemovableHandle(const torch::nn::Module* module, uint64_t id) : module_(module), id_(id) {}
   const torch::nn::Module* module_ = nullptr;
   uint64_t id_ = 0;
@@ -83,14 +89,18 @@ class RemovableHandle {
 RemovableHandle register_forward_pre_hook(torch::nn::Module& module, ForwardPreHook hook);
 RemovableHandle register_forward_hook(torch::nn::Module& module, ForwardHook hook);
 
-// Number of hooks (pre and post) registered on `module`.
+// At most one override per module: a second one throws naming the module type. Removing it
+// (handle.remove()) restores forward.
+RemovableHandle register_forward_override(torch::nn::Module& module, ForwardOverride override_fn);
+// Number of hooks (pre, post and override) registered on `module`.
 size_t num_forward_hooks(const torch::nn::Module& module);
 
 namespace detail {
 struct Hooks {
   std::vector<ForwardPreHook> pre;
   std::vector<ForwardHook> post;
-  bool empty() const { return pre.empty() && post.empty(); }
+  ForwardOverride override_fn;  // empty: forward runs
+  bool empty() const { return pre.empty() && post.empty() && !override_fn; }
 };
 // False when no module has hooks (one atomic load).
 bool any_hooks();
@@ -120,7 +130,10 @@ auto call(Impl& module, Args&&... args) -> decltype(module.forward(std::forward<
   ForwardInputs inputs{c10::IValue(args)...};
   detail::run_pre_hooks(base, hooks, inputs);
   ForwardInputs seen = inputs;
-  c10::IValue output(detail::forward_from<std::decay_t<Args>...>(module, inputs, std::index_sequence_for<Args...>()));
+  c10::IValue output = hooks.override_fn
+                           ? hooks.override_fn(base, seen)
+                           : c10::IValue(detail::forward_from<std::decay_t<Args>...>(
+                                 module, inputs, std::index_sequence_for<Args...>()));
   detail::run_post_hooks(base, hooks, seen, output);
   return std::move(output).template to<Result>();
 }

@@ -2,4 +2,5 @@
 // parallelize_module; torch.distributed.tensor.parallel).
 #pragma once
 #include "dtensor/parallel/api.h"
+#include "dtensor/parallel/fused_matmul.h"
 #include "dtensor/parallel/style.h"

@@ -4,6 +4,7 @@
 #include "dtensor/nn/distribute_module.h"
 #include "dtensor/nn/hooks.h"
 #include "dtensor/nn/module_surgery.h"
+#include "dtensor/parallel/fused_matmul.h"
 #include "dtensor/tensor/dtensor.h"
 
 #include <c10/util/Exception.h>
@@ -90,18 +91,57 @@ template <class Style>
 std::string LinearStyle<Style>::to_string() const {
   return std::string(name_) + "(input_layouts=" + dtensor::to_string(input_layouts_) +
          ", output_layouts=" + dtensor::to_string(output_layouts_) +
-         ", use_local_output=" + bool_string(use_local_output_) + ")";
+         ", use_local_output=" + bool_string(use_local_output_) + (async_tp_ ? ", async_tp=true" : "") + ")";
 }
 
 template <class Style>
 void LinearStyle<Style>::check(torch::nn::Module& module, const std::string& path) const {
   check_linear_or_embedding(module, path, name_);
+  if (!async_tp_) return;
+  TORCH_CHECK(as_linear(module), name_, ": ", where(path), " is a ", module.name(),
+              "; async_tp fuses a collective with a Linear's matmul and supports torch::nn::Linear only");
+  // Colwise gathers its input, Rowwise scatters its output: that layout must be a sequence shard.
+  const bool colwise = std::string(name_) == "ColwiseParallel";
+  const Placement& p = colwise ? input_layouts_ : output_layouts_;
+  TORCH_CHECK(is_shard(p) && std::get<Shard>(p).dim != -1, name_, " at ", where(path), ": async_tp needs ",
+              colwise ? "input_layouts" : "output_layouts", " Shard(d) on a dim other than the last (features), got ",
+              dtensor::to_string(p), colwise ? "; a replicated input has no all-gather to overlap"
+                                             : "; a replicated output has no reduce-scatter to overlap");
 }
 
 template class LinearStyle<ColwiseParallel>;
 template class LinearStyle<RowwiseParallel>;
 
 }  // namespace detail
+
+namespace {
+
+// The global shape of the Linear's output for the DTensor input `x`: x's with the last dim
+// out_features.
+FromLocalOptions linear_output_meta(const at::Tensor& x, const at::Tensor& weight) {
+  FromLocalOptions o;
+  std::vector<int64_t> shape = get_spec(x).tensor_meta.shape;
+  shape.back() = get_spec(weight).tensor_meta.shape[0];
+  const auto st = c10::contiguous_strides(shape);
+  o.shape = shape;
+  o.stride = std::vector<int64_t>(st.begin(), st.end());
+  return o;
+}
+
+// The sequence dim of an async_tp Linear: `p`'s shard dim wrapped for x's dims, checked even.
+int64_t async_tp_dim(const at::Tensor& x, const Placement& p, const DeviceMesh& mesh, const std::string& what) {
+  const int64_t nd = static_cast<int64_t>(get_spec(x).tensor_meta.shape.size());
+  const int64_t given = std::get<Shard>(p).dim;
+  const int64_t d = given < 0 ? given + nd : given;
+  TORCH_CHECK(d >= 0 && d < nd - 1, what, ": async_tp shards dim ", given, " of an input of ", nd,
+              " dims; it must be a dim other than the last (features)");
+  const int64_t len = get_spec(x).tensor_meta.shape[d], n = mesh.size();
+  TORCH_CHECK(len % n == 0, what, ": async_tp needs dim ", d, " (length ", len, ") divisible by the mesh size ", n,
+              "; pipelined blocks must be even (turn async_tp off for uneven sequences)");
+  return d;
+}
+
+}  // namespace
 
 void ColwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& mesh, const std::string& path) const {
   check(module, path);
@@ -112,7 +152,21 @@ void ColwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& mesh, c
     distribute(module, "weight", as_embedding(module)->weight, mesh, Shard{1});
   }
   const std::string what = "ColwiseParallel at " + where(path);
-  nn::register_forward_pre_hook(module, first_input_hook(mesh, input_layouts_, Replicate{}, what));
+  if (async_tp_) {
+    // The input stays a sequence shard; the override gathers it inside the matmul.
+    nn::register_forward_pre_hook(module, first_input_hook(mesh, input_layouts_, input_layouts_, what));
+    const Placement seq = input_layouts_;
+    nn::register_forward_override(module, [mesh, seq, what](torch::nn::Module& m, const nn::ForwardInputs& in) {
+      auto* lin = as_linear(m);
+      const at::Tensor x = in[0].toTensor();
+      const int64_t d = async_tp_dim(x, seq, mesh, what);
+      at::Tensor y = fused_all_gather_matmul(to_local(x), to_local(lin->weight).t(), d, mesh.get_group(0));
+      if (lin->bias.defined()) y = y + to_local(lin->bias);
+      return c10::IValue(from_local(y, mesh, {Shard{y.dim() - 1}}, linear_output_meta(x, lin->weight)));
+    });
+  } else {
+    nn::register_forward_pre_hook(module, first_input_hook(mesh, input_layouts_, Replicate{}, what));
+  }
   nn::register_forward_hook(module, output_hook(mesh, output_layouts_, use_local_output_, what));
 }
 
@@ -128,6 +182,19 @@ void RowwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& mesh, c
   }
   const std::string what = "RowwiseParallel at " + where(path);
   nn::register_forward_pre_hook(module, first_input_hook(mesh, input_layouts_, desired_input, what));
+  if (async_tp_) {
+    // The Partial product never exists whole: the override reduce-scatters it block by block.
+    const Placement seq = output_layouts_;
+    nn::register_forward_override(module, [mesh, seq, what](torch::nn::Module& m, const nn::ForwardInputs& in) {
+      auto* lin = as_linear(m);
+      const at::Tensor x = in[0].toTensor();
+      const int64_t d = async_tp_dim(x, seq, mesh, what);
+      at::Tensor y = fused_matmul_reduce_scatter(to_local(x), to_local(lin->weight).t(), d, mesh.get_group(0));
+      // Each rank adds the replicated bias to its rows, so its gradient is this rank's share: Partial.
+      if (lin->bias.defined()) y = y + to_local(lin->bias, std::vector<Placement>{Partial{}});
+      return c10::IValue(from_local(y, mesh, {Shard{d}}, linear_output_meta(x, lin->weight)));
+    });
+  }
   nn::register_forward_hook(module, output_hook(mesh, output_layouts_, use_local_output_, what));
 }
 

@@ -84,9 +84,21 @@ class LinearStyle : public ParallelStyle {
     use_local_output_ = v;
     return static_cast<Style&>(*this);
   }
+  // Fuses the collective on the sequence dim with the Linear's matmul, pipelined (PyTorch's
+  // async tensor parallel, NOTE: [Pipelined collective matmul] in fused_matmul.h): Colwise
+  // all-gathers a Shard(d) input block by block while it multiplies the blocks that arrived;
+  // Rowwise reduce-scatters its output to Shard(d) block by block while it multiplies the next.
+  // Needs a Linear and, for Colwise, input_layouts Shard(d), for Rowwise, output_layouts
+  // Shard(d), with d not the last (feature) dim and the sequence divisible by the mesh size.
+  // Results equal the unfused ones up to the order of floating-point sums. Default false.
+  Style& async_tp(bool v) {
+    async_tp_ = v;
+    return static_cast<Style&>(*this);
+  }
   const Placement& input_layouts() const { return input_layouts_; }
   const Placement& output_layouts() const { return output_layouts_; }
   bool use_local_output() const { return use_local_output_; }
+  bool async_tp() const { return async_tp_; }
 
   void check(torch::nn::Module& module, const std::string& path) const override;
   bool distributes_parameters() const override { return true; }
@@ -100,6 +112,7 @@ class LinearStyle : public ParallelStyle {
   Placement input_layouts_;
   Placement output_layouts_;
   bool use_local_output_ = true;
+  bool async_tp_ = false;
 };
 }  // namespace detail
 
@@ -107,7 +120,8 @@ class LinearStyle : public ParallelStyle {
 // weight on the embedding dim (Shard(1)). The input is taken as `input_layouts` (default
 // Replicate(); a plain tensor is wrapped with from_local) and brought to Replicate; the output,
 // sharded on its last dim, is brought to `output_layouts` (default Shard(-1)) and returned as
-// a local tensor when use_local_output (default true).
+// a local tensor when use_local_output (default true). With async_tp, a Shard(d) input is
+// gathered inside the matmul instead (fused_all_gather_matmul).
 class ColwiseParallel : public detail::LinearStyle<ColwiseParallel> {
  public:
   ColwiseParallel() : LinearStyle("ColwiseParallel", Replicate{}, Shard{-1}) {}
@@ -118,7 +132,8 @@ class ColwiseParallel : public detail::LinearStyle<ColwiseParallel> {
 // Embedding's weight on the vocabulary (Shard(0)). The input is taken as `input_layouts`
 // (default Shard(-1)) and brought to Shard(-1) (Linear) or Replicate (Embedding); the output,
 // a Partial sum, is reduced to `output_layouts` (default Replicate(): all_reduce; a Shard:
-// reduce_scatter), local when use_local_output (default true).
+// reduce_scatter), local when use_local_output (default true). With async_tp, the
+// reduce-scatter to a Shard(d) output runs inside the matmul (fused_matmul_reduce_scatter).
 class RowwiseParallel : public detail::LinearStyle<RowwiseParallel> {
  public:
   RowwiseParallel() : LinearStyle("RowwiseParallel", Shard{-1}, Replicate{}) {}

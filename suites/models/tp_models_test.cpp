@@ -113,12 +113,14 @@ struct TransformerCase {
   bool weight_tying = true;
   bool local_output_for_attn = false;
   bool checkpoint = false;
+  bool async_tp = false;
 };
 
 void check_transformer(testing::MultiRankTest& t, const TransformerCase& c, int steps = 3) {
   SCOPED_TRACE(::testing::Message() << "seq_parallel=" << c.seq_parallel << " weight_tying=" << c.weight_tying
                                     << " local_output_for_attn=" << c.local_output_for_attn
-                                    << " checkpoint=" << c.checkpoint << " world=" << t.group().size());
+                                    << " checkpoint=" << c.checkpoint << " async_tp=" << c.async_tp
+                                    << " world=" << t.group().size());
   auto mesh = tp_mesh(t);
   ModelArgs args;
   args.dropout_p = 0.0;
@@ -130,7 +132,9 @@ void check_transformer(testing::MultiRankTest& t, const TransformerCase& c, int 
   const at::Tensor targets = tokens_for(args, 2, 8).roll(1, 1).flatten();
   check_equivalence<models::Transformer>(
       [args] { return models::Transformer(args); },
-      [&](models::Transformer& m) { models::Transformer::parallelize(m, mesh, c.seq_parallel, c.local_output_for_attn); },
+      [&](models::Transformer& m) {
+        models::Transformer::parallelize(m, mesh, c.seq_parallel, c.local_output_for_attn, c.async_tp);
+      },
       tokens,
       [&](const at::Tensor& logits) {
         return torch::nn::functional::cross_entropy(logits.view({-1, args.vocab_size}), targets);
@@ -162,6 +166,10 @@ TP_MODEL_TEST(TransformerSequenceParallelMatchesSingleDevice, check_transformer(
 TP_MODEL_TEST(TransformerSequenceParallelUntiedMatchesSingleDevice, check_transformer(*this, {true, false}))
 TP_MODEL_TEST(TransformerLocalAttentionOutputMatchesSingleDevice, check_transformer(*this, {true, true, true}))
 TP_MODEL_TEST(TransformerCheckpointedMatchesSingleDevice, check_transformer(*this, {true, true, false, true}, 2))
+TP_MODEL_TEST(TransformerAsyncTensorParallelMatchesSingleDevice,
+              check_transformer(*this, {true, true, false, false, true}))
+TP_MODEL_TEST(TransformerAsyncTensorParallelUntiedMatchesSingleDevice,
+              check_transformer(*this, {true, false, false, false, true}))
 
 // One training step communicates exactly what the plan implies (NOTE: [Collectives of the
 // Transformer plan]): no hidden redistribution in forward, backward or the SGD step.
@@ -198,6 +206,9 @@ void check_collectives(testing::MultiRankTest& t) {
 TP_MODEL_TEST(TransformerCollectivesPerStepMatchThePlan, check_collectives(*this))
 
 DTENSOR_TEST_F(TpModelsGloo4, TransformerSequenceParallelMatchesSingleDevice) { check_transformer(*this, {true, true}); }
+DTENSOR_TEST_F(TpModelsGloo4, TransformerAsyncTensorParallelMatchesSingleDevice) {
+  check_transformer(*this, {true, true, false, false, true});
+}
 DTENSOR_TEST_F(TpModelsGloo4, TransformerMatchesSingleDevice) { check_transformer(*this, {false, false}); }
 DTENSOR_TEST_F(TpModelsGloo2, TransformerSequenceParallelMatchesSingleDevice) { check_transformer(*this, {true, true}); }
 

@@ -184,6 +184,44 @@ TEST(ForwardHooks, Errors) {
                "a forward pre-hook of torch::nn::LinearImpl changed the number of inputs from 1 to 2");
 }
 
+TEST(ForwardHooks, OverrideReplacesForwardBetweenTheHooks) {
+  torch::nn::Linear lin(4, 3);
+  set_linear(*lin, 1);
+  const at::Tensor x = values({2, 4}, 3);
+  std::vector<std::string> order;
+  auto pre = nn::register_forward_pre_hook(*lin, [&](torch::nn::Module&, nn::ForwardInputs& in) {
+    order.push_back("pre");
+    in[0] = in[0].toTensor() * 2;
+  });
+  auto over = nn::register_forward_override(*lin, [&](torch::nn::Module& m, const nn::ForwardInputs& in) {
+    order.push_back("override");
+    auto& l = dynamic_cast<torch::nn::LinearImpl&>(m);
+    return c10::IValue(at::matmul(in[0].toTensor(), l.weight.t()) - 5);  // no bias: not forward's result
+  });
+  auto post = nn::register_forward_hook(*lin, [&](torch::nn::Module&, const nn::ForwardInputs& in, c10::IValue& out) {
+    order.push_back("post");
+    EXPECT_TRUE(at::allclose(in[0].toTensor(), x * 2));
+    out = out.toTensor() * 3;
+  });
+  EXPECT_EQ(nn::num_forward_hooks(*lin), 3u);
+  EXPECT_TRUE(at::allclose(nn::call(lin, x), (at::matmul(x * 2, lin->weight.t()) - 5) * 3));
+  EXPECT_EQ(order, (std::vector<std::string>{"pre", "override", "post"}));
+  // One override per module.
+  EXPECT_PRED2(contains, error_of([&] {
+                 nn::register_forward_override(*lin, [](torch::nn::Module&, const nn::ForwardInputs&) {
+                   return c10::IValue();
+                 });
+               }),
+               "register_forward_override: the torch::nn::LinearImpl already has a forward override");
+  // Removed, forward runs again (the hooks stay).
+  over.remove();
+  EXPECT_FALSE(over.is_active());
+  EXPECT_TRUE(at::allclose(nn::call(lin, x), lin->forward(x * 2) * 3));
+  pre.remove();
+  post.remove();
+  EXPECT_EQ(nn::num_forward_hooks(*lin), 0u);
+}
+
 TEST(ForwardHooks, DieWithTheirModule) {
   const torch::nn::Module* address = nullptr;
   auto captured = std::make_shared<int>(0);  // stands for what a style's hook holds (a mesh)
