@@ -173,7 +173,7 @@ std::string MultiProcessTest::backend() const {
 }
 
 std::string backend_name_error(const std::string& backend) {
-  static const char* kValid = "gloo, nccl or mpi, or device:backend pairs such as cpu:gloo,cuda:nccl";
+  static const std::string kValid = "gloo, nccl or mpi, or device:backend pairs such as cpu:gloo,cuda:nccl";
   std::string error;
   std::stringstream ss(backend);
   std::string item;
@@ -185,7 +185,7 @@ std::string backend_name_error(const std::string& backend) {
     if (name != "gloo" && name != "nccl" && name != "mpi")
       return "DTENSOR_BACKEND='" + backend + "' names no backend ('" + name + "'); valid backends are " + kValid;
   }
-  if (items == 0) return std::string("the backend is empty; valid backends are ") + kValid;
+  if (items == 0) return "the backend is empty; valid backends are " + kValid;
   return error;
 }
 
