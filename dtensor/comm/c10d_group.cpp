@@ -424,11 +424,15 @@ std::string error_text(const std::exception& e) {
 
 // A c10d operation as a Work source: waits in slices while waits are abortable, turns c10d and
 // backend failures into CollectiveError naming the op and the group, and records when the
-// backend completed it (through the operation's future, where the backend has one).
+// backend completed it (through the operation's future, where the backend has one: c10d's
+// works keep no completion time, and the Work would otherwise see the completion only when it
+// is next waited for or queried, possibly much later). The callback's timestamp lives in a
+// shared block because an aborted wait may drop this source while the operation is pending.
 class C10dSource final : public Work::Source {
  public:
-  C10dSource(c10::intrusive_ptr<c10d::Work> work, std::shared_ptr<std::atomic<bool>> poisoned, std::string what)
-      : work_(std::move(work)), poisoned_(std::move(poisoned)), what_(std::move(what)) {
+  C10dSource(c10::intrusive_ptr<c10d::Work> work, std::shared_ptr<std::atomic<bool>> poisoned, const char* op,
+             GroupName where)
+      : work_(std::move(work)), poisoned_(std::move(poisoned)), op_(op), where_(std::move(where)) {
     try {
       auto done = done_at_;
       work_->getFuture()->addCallback([done](c10::ivalue::Future&) {
@@ -444,7 +448,7 @@ class C10dSource final : public Work::Source {
       if (g_abortable.load()) {
         if (auto why = waits_aborted()) {
           *poisoned_ = true;  // the operation stays pending in the backend (~C10dGroup)
-          error_ = std::make_exception_ptr(CollectiveError(what_ + " aborted: " + *why));
+          error_ = std::make_exception_ptr(CollectiveError(what() + " aborted: " + *why));
           return true;
         }
       }
@@ -462,7 +466,7 @@ class C10dSource final : public Work::Source {
           try {
             work_->wait(kAbortSlice);
           } catch (const std::exception& e) {
-            error_ = std::make_exception_ptr(CollectiveError(what_ + " failed: " + error_text(e)));
+            error_ = std::make_exception_ptr(CollectiveError(what() + " failed: " + error_text(e)));
           }
           return true;
         }
@@ -479,9 +483,13 @@ class C10dSource final : public Work::Source {
   }
 
  private:
+  // "<op> on <group>", for errors only.
+  std::string what() const { return std::string(op_) + " on " + *where_; }
+
   c10::intrusive_ptr<c10d::Work> work_;
   std::shared_ptr<std::atomic<bool>> poisoned_;
-  std::string what_;  // "<op> on <group>"
+  const char* op_;
+  GroupName where_;
   std::exception_ptr error_;
   std::shared_ptr<std::atomic<int64_t>> done_at_ = std::make_shared<std::atomic<int64_t>>(0);
 };
@@ -515,19 +523,18 @@ void check_avg(const Group& g, const char* op, const at::Tensor& t, ReduceOp r) 
 
 namespace {
 
-// The Work of a c10d operation issued on `g`.
+// The Work of a c10d operation issued on `g` (named by g.name(): nothing is formatted here).
 WorkPtr issue(const C10dGroup& g, const C10dGroup::Impl& impl, const char* op, c10::intrusive_ptr<c10d::Work> work,
               std::function<void()> finish) {
-  const std::string where = g.describe();
-  auto source = std::make_unique<C10dSource>(std::move(work), impl.poisoned, std::string(op) + " on " + where);
-  return std::make_shared<Work>(op, where, std::move(source), std::move(finish), impl.options.timeout);
+  auto source = std::make_unique<C10dSource>(std::move(work), impl.poisoned, op, g.name());
+  return std::make_shared<Work>(op, g.name(), std::move(source), std::move(finish), impl.options.timeout);
 }
 
 }  // namespace
 
 WorkPtr C10dGroup::all_reduce_async(const at::Tensor& tensor, ReduceOp op) {
   at::Tensor t = tensor;
-  if (guard::all_reduce(*this, t, op)) return Work::completed("all_reduce", describe());
+  if (guard::all_reduce(*this, t, op)) return Work::completed("all_reduce", name());
   check_avg(*this, "all_reduce", tensor, op);
   const Target tg = impl_->target(tensor);
   const bool divide = op == ReduceOp::AVG && !tg.native.avg;  // composed AVG: SUM, then divide
@@ -543,7 +550,7 @@ WorkPtr C10dGroup::all_reduce_async(const at::Tensor& tensor, ReduceOp op) {
 
 WorkPtr C10dGroup::all_gather_into_async(const at::Tensor& output, const at::Tensor& input) {
   at::Tensor out_arg = output;
-  if (guard::all_gather_into(*this, out_arg, input)) return Work::completed("all_gather_into", describe());
+  if (guard::all_gather_into(*this, out_arg, input)) return Work::completed("all_gather_into", name());
   detail::check_all_gather_shapes(*this, output, input);
   const Target tg = impl_->target(input);
   at::Tensor in = for_backend(input, tg);
@@ -584,7 +591,7 @@ static bool reduce_scatter_through_all_reduce() {
 
 WorkPtr C10dGroup::reduce_scatter_into_async(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   at::Tensor out_arg = output;
-  if (guard::reduce_scatter_into(*this, out_arg, input, op)) return Work::completed("reduce_scatter_into", describe());
+  if (guard::reduce_scatter_into(*this, out_arg, input, op)) return Work::completed("reduce_scatter_into", name());
   detail::check_reduce_scatter_shapes(*this, output, input);
   check_avg(*this, "reduce_scatter_into", input, op);
   const Target tg = impl_->target(input);
@@ -631,7 +638,7 @@ WorkPtr C10dGroup::all_to_all_single_async(const at::Tensor& output, const at::T
                                            const std::vector<int64_t>& output_splits,
                                            const std::vector<int64_t>& input_splits) {
   at::Tensor out_arg = output;
-  if (guard::all_to_all_single(*this, out_arg, input, output_splits, input_splits)) return Work::completed("all_to_all_single", describe());
+  if (guard::all_to_all_single(*this, out_arg, input, output_splits, input_splits)) return Work::completed("all_to_all_single", name());
   auto splits = detail::resolve_all_to_all_splits(*this, output, input, output_splits, input_splits);
   const Target tg = impl_->target(input);
   at::Tensor in = for_backend(input, tg);
@@ -642,7 +649,7 @@ WorkPtr C10dGroup::all_to_all_single_async(const at::Tensor& output, const at::T
 
 WorkPtr C10dGroup::broadcast_async(const at::Tensor& tensor, int src) {
   at::Tensor t = tensor;
-  if (guard::broadcast(*this, t, src)) return Work::completed("broadcast", describe());
+  if (guard::broadcast(*this, t, src)) return Work::completed("broadcast", name());
   detail::check_rank_arg(*this, "broadcast", "src", src);
   const Target tg = impl_->target(tensor);
   std::vector<at::Tensor> ts{for_backend(tensor, tg)};
@@ -652,12 +659,12 @@ WorkPtr C10dGroup::broadcast_async(const at::Tensor& tensor, int src) {
 }
 
 WorkPtr C10dGroup::barrier_async() {
-  if (guard::barrier(*this)) return Work::completed("barrier", describe());
+  if (guard::barrier(*this)) return Work::completed("barrier", name());
   return issue(*this, *impl_, "barrier", impl_->default_pg().barrier(), nullptr);
 }
 
 WorkPtr C10dGroup::send_async(const at::Tensor& tensor, int dst, int tag) {
-  if (guard::send(*this, tensor, dst, tag)) return Work::completed("send", describe());
+  if (guard::send(*this, tensor, dst, tag)) return Work::completed("send", name());
   detail::check_rank_arg(*this, "send", "dst", dst);
   TORCH_CHECK(dst != rank(), "send on ", describe(), ": a rank cannot send to itself");
   const Target tg = impl_->target(tensor);
@@ -667,7 +674,7 @@ WorkPtr C10dGroup::send_async(const at::Tensor& tensor, int dst, int tag) {
 
 WorkPtr C10dGroup::recv_async(const at::Tensor& tensor, int src, int tag) {
   at::Tensor t = tensor;
-  if (guard::recv(*this, t, src, tag)) return Work::completed("recv", describe());
+  if (guard::recv(*this, t, src, tag)) return Work::completed("recv", name());
   detail::check_rank_arg(*this, "recv", "src", src);
   TORCH_CHECK(src != rank(), "recv on ", describe(), ": a rank cannot receive from itself");
   const Target tg = impl_->target(tensor);
@@ -689,7 +696,7 @@ WorkPtr C10dGroup::gather_async(const at::Tensor& input, const std::vector<at::T
   if (guard::gather(*this, input, outs_arg, dst)) {
     if (rank() == dst)
       for (size_t i = 0; i < outputs.size(); ++i) outputs[i].copy_(outs_arg[i]);
-    return Work::completed("gather", describe());
+    return Work::completed("gather", name());
   }
   const Target tg = impl_->target(input);
   std::vector<at::Tensor> ins{for_backend(input, tg)};
@@ -713,7 +720,7 @@ WorkPtr C10dGroup::gather_async(const at::Tensor& input, const std::vector<at::T
 
 WorkPtr C10dGroup::scatter_async(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) {
   at::Tensor out_arg = output;
-  if (guard::scatter(*this, out_arg, inputs, src)) return Work::completed("scatter", describe());
+  if (guard::scatter(*this, out_arg, inputs, src)) return Work::completed("scatter", name());
   detail::check_rank_arg(*this, "scatter", "src", src);
   const Target tg = impl_->target(output);
   std::vector<std::vector<at::Tensor>> ins;
@@ -749,6 +756,7 @@ std::shared_ptr<Group> C10dGroup::new_subgroup(const std::vector<int>& ranks) {
       c10::make_intrusive<c10d::PrefixStore>(prefix.str(), impl_->store);
   auto sub = create(store, static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
                     impl_->options);
+  // Before its first collective, which fixes its name (Group::name()).
   sub->impl_->global_ranks.clear();
   for (int r : ranks) sub->impl_->global_ranks.push_back(impl_->global_ranks[r]);
   return sub;

@@ -60,6 +60,11 @@ std::string Group::describe() const {
   return os.str();
 }
 
+const GroupName& Group::name() const {
+  std::call_once(name_once_, [this] { name_ = std::make_shared<const std::string>(describe()); });
+  return name_;
+}
+
 namespace detail {
 
 void check_rank_arg(const Group& g, const char* op, const char* what, int r) {

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -119,6 +120,13 @@ class Group {
   int group_rank_of(int global_rank) const;
   // "gloo group of 4 (ranks 0,1,2,3), rank 1": used in every error message.
   std::string describe() const;
+  // describe(), made at the first call and kept (the group's ranks do not change after its
+  // first collective): the name every Work of this group shares (GroupName in work.h).
+  const GroupName& name() const;
+
+ private:
+  mutable std::once_flag name_once_;
+  mutable GroupName name_;
 };
 
 using GroupPtr = std::shared_ptr<Group>;

@@ -10,9 +10,10 @@
 //      world's lock: it checks that all Calls have the same op and signature (else the round
 //      fails with a message naming every rank's call), computes every rank's result from the
 //      inputs into fresh tensors and only then writes every rank's outputs (in-place
-//      all_reduce reads and writes the same tensors), under at::NoGradGuard. Shared results
-//      are computed once and in rank order (one reduction for all_reduce and reduce_scatter,
-//      one cat for all_gather), so all ranks get bit-identical results.
+//      all_reduce reads and writes the same tensors), under at::NoGradGuard; all_gather and
+//      reduce_scatter write directly when no output shares memory with an input (NOTE:
+//      [ThreadGroup results written in place]). Reductions run in rank order, one per
+//      element, so all ranks get bit-identical results.
 //   3. Rounds run one at a time, in sequence order: a rank completing round n+1 while round n
 //      is still running leaves it to round n's runner, which goes on with every fully issued
 //      round after its own. Collectives thus complete in issue order (NOTE: [Async
@@ -51,9 +52,11 @@
 #include "dtensor/comm/thread_group.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -75,7 +78,7 @@ using Calls = std::vector<std::shared_ptr<const Call>>;  // index: rank
 using RunFn = void (*)(const Calls&);
 
 struct Call {
-  std::string op;
+  const char* op = "";  // a literal: Work's op
   std::string signature;  // must match across ranks
   RunFn run = nullptr;
   // Handles, never references: NOTE: [Calls outlive an aborted round].
@@ -150,7 +153,7 @@ std::string describe_calls(const Calls& calls) {
 void run_round(Round& round) {
   const Calls& calls = round.calls;
   for (const auto& c : calls) {
-    if (c->op != calls[0]->op || c->signature != calls[0]->signature) {
+    if (std::strcmp(c->op, calls[0]->op) != 0 || c->signature != calls[0]->signature) {
       round.mismatch = describe_calls(calls);
       return;
     }
@@ -245,13 +248,13 @@ class WorldSource : public Work::Source {
   }
 
  protected:
-  WorldSource(std::shared_ptr<ThreadWorld> world, std::string where)
+  WorldSource(std::shared_ptr<ThreadWorld> world, GroupName where)
       : world_(std::move(world)), where_(std::move(where)), give_up_at_(Clock::now() + world_->timeout()) {}
   // The world's mutex is held. Records the outcome once it is known; true then.
   virtual bool settle() = 0;
 
   std::shared_ptr<ThreadWorld> world_;
-  std::string where_;
+  GroupName where_;  // for errors only
   Clock::time_point give_up_at_;  // issued + the world's timeout
   bool settled_ = false;
   std::exception_ptr error_;
@@ -260,8 +263,8 @@ class WorldSource : public Work::Source {
 // One rank's view of one round: NOTE: [ThreadGroup rounds].
 class RoundSource final : public WorldSource {
  public:
-  RoundSource(std::shared_ptr<ThreadWorld> world, std::shared_ptr<Round> round, std::string op, std::string where)
-      : WorldSource(std::move(world), std::move(where)), round_(std::move(round)), op_(std::move(op)) {}
+  RoundSource(std::shared_ptr<ThreadWorld> world, std::shared_ptr<Round> round, const char* op, GroupName where)
+      : WorldSource(std::move(world), std::move(where)), round_(std::move(round)), op_(op) {}
 
   bool wait_until(Clock::time_point deadline) override {
     auto& s = world_->state();
@@ -299,13 +302,14 @@ class RoundSource final : public WorldSource {
       completed_at_ = round_->completed_at;
       if (!round_->mismatch.empty()) {
         error_ = std::make_exception_ptr(CollectiveError(
-            "ranks called different collectives (or the same one with mismatched arguments) on " + where_ + ":" +
+            "ranks called different collectives (or the same one with mismatched arguments) on " + *where_ + ":" +
             round_->mismatch));
       } else if (round_->failure) {
-        error_ = std::make_exception_ptr(CollectiveError(op_ + " on " + where_ + " failed: " + *round_->failure));
+        error_ = std::make_exception_ptr(
+            CollectiveError(std::string(op_) + " on " + *where_ + " failed: " + *round_->failure));
       }
     } else if (s.aborted && !round_->started) {
-      error_ = std::make_exception_ptr(CollectiveError(aborted_error(op_, where_, s.reason)));
+      error_ = std::make_exception_ptr(CollectiveError(aborted_error(op_, *where_, s.reason)));
     } else {
       return false;
     }
@@ -316,7 +320,7 @@ class RoundSource final : public WorldSource {
 
   std::string timeout_reason() const {
     std::ostringstream os;
-    os << op_ << " on " << where_ << " timed out after " << world_->timeout().count()
+    os << op_ << " on " << *where_ << " timed out after " << world_->timeout().count()
        << " ms; ranks that had not arrived:";
     for (size_t r = 0; r < round_->calls.size(); ++r)
       if (!round_->calls[r]) os << " " << r;
@@ -324,19 +328,19 @@ class RoundSource final : public WorldSource {
   }
 
   std::shared_ptr<Round> round_;  // until settled
-  std::string op_;
+  const char* op_;
   std::optional<Clock::time_point> completed_at_;
 };
 
 // Step 1 of NOTE: [ThreadGroup rounds]: publishes `call` into this rank's next round, runs
 // what became ready, and returns the rank's Work. `seq`, when given, receives the round's
 // sequence number.
-WorkPtr issue(const std::shared_ptr<ThreadWorld>& world, int rank, const std::string& where,
+WorkPtr issue(const std::shared_ptr<ThreadWorld>& world, int rank, const GroupName& where,
               std::shared_ptr<Call> call, uint64_t* seq = nullptr) {
   auto& s = world->state();
-  const std::string op = call->op;
+  const char* op = call->op;
   std::unique_lock<std::mutex> lk(s.mu);
-  if (s.aborted) throw CollectiveError(aborted_error(op, where, s.reason));
+  if (s.aborted) throw CollectiveError(aborted_error(op, *where, s.reason));
   const uint64_t n = s.issued[rank]++;
   if (seq) *seq = n;
   std::shared_ptr<Round>& slot = s.rounds[n];
@@ -350,9 +354,9 @@ WorkPtr issue(const std::shared_ptr<ThreadWorld>& world, int rank, const std::st
   return work;
 }
 
-std::shared_ptr<Call> make_call(std::string op, std::string signature, RunFn run) {
+std::shared_ptr<Call> make_call(const char* op, std::string signature, RunFn run) {
   auto c = std::make_shared<Call>();
-  c->op = std::move(op);
+  c->op = op;
   c->signature = std::move(signature);
   c->run = run;
   return c;
@@ -386,18 +390,64 @@ void run_all_reduce(const Calls& calls) {
   for (const auto& c : calls) c->outputs[0].copy_(result);
 }
 
+// NOTE: [ThreadGroup results written in place]
+// Step 2 computes every result before writing any output because an output may share memory
+// with an input (in-place all_reduce, broadcast). For all_gather and reduce_scatter that is a
+// temporary as large as the whole output (all_gather) or input (reduce_scatter), allocated by
+// the runner: its rank alone pays it, on top of its own buffers (fsdp_benchmark's per-rank
+// peak, NOTE: [Per-rank memory accounting] in benchmarks/tracking_allocator.h). When no
+// output shares memory with any input (except, for all_gather, a rank's input that is exactly
+// its own block of its output: the in-place all-gather FSDP issues), writing block by block
+// reads nothing already written, so the runner writes the outputs directly: the same values,
+// with at most one block (reduce_scatter) as a temporary.
+bool only_own_block_shared(const Calls& calls, bool allow_own_block) {
+  const int64_t n = static_cast<int64_t>(calls.size());
+  for (int64_t r = 0; r < n; ++r) {
+    const at::Tensor& out = calls[r]->outputs[0];
+    for (int64_t j = 0; j < n; ++j) {
+      const at::Tensor& in = calls[j]->inputs[0];
+      if (at::get_overlap_status(out, in) == at::MemOverlapStatus::No) continue;
+      if (!allow_own_block || j != r) return false;
+      const at::Tensor own = out.narrow(0, r * in.size(0), in.size(0));
+      if (!(in.data_ptr() == own.data_ptr() && in.sizes() == own.sizes() && in.strides() == own.strides()))
+        return false;
+    }
+  }
+  return true;
+}
+
 void run_all_gather(const Calls& calls) {
+  if (only_own_block_shared(calls, /*allow_own_block=*/true)) {
+    for (size_t r = 0; r < calls.size(); ++r) {
+      const at::Tensor& out = calls[r]->outputs[0];
+      for (size_t j = 0; j < calls.size(); ++j) {
+        const at::Tensor& in = calls[j]->inputs[0];
+        at::Tensor block = out.narrow(0, static_cast<int64_t>(j) * in.size(0), in.size(0));
+        if (block.data_ptr() != in.data_ptr()) block.copy_(in);
+      }
+    }
+    return;
+  }
   const at::Tensor result = at::cat(first_inputs(calls), 0);
   for (const auto& c : calls) c->outputs[0].copy_(result);
 }
 
 void run_reduce_scatter(const Calls& calls) {
-  // Reducing the whole input once gives each rank's block the same values (elementwise, in
-  // rank order) as reducing that block alone.
+  // Reducing a block alone gives the same values (elementwise, in rank order) as reducing the
+  // whole input and taking the block.
+  const int64_t n = static_cast<int64_t>(calls.size());
+  const int64_t rows = calls[0]->inputs[0].size(0) / n;
+  auto block_of = [&](int64_t r) {
+    std::vector<at::Tensor> xs;
+    for (const auto& c : calls) xs.push_back(c->inputs[0].narrow(0, r * rows, rows));
+    return reduce_tensors(xs, calls[0]->reduce);
+  };
+  if (only_own_block_shared(calls, /*allow_own_block=*/false)) {
+    for (int64_t r = 0; r < n; ++r) calls[r]->outputs[0].copy_(block_of(r));
+    return;
+  }
   const at::Tensor reduced = reduce_tensors(first_inputs(calls), calls[0]->reduce);
-  const int64_t rows = reduced.size(0) / static_cast<int64_t>(calls.size());
-  for (size_t r = 0; r < calls.size(); ++r)
-    calls[r]->outputs[0].copy_(reduced.narrow(0, static_cast<int64_t>(r) * rows, rows));
+  for (int64_t r = 0; r < n; ++r) calls[r]->outputs[0].copy_(reduced.narrow(0, r * rows, rows));
 }
 
 // Rank `to`'s all_to_all_single output: its rows from every rank, in rank order.
@@ -473,7 +523,7 @@ WorkPtr ThreadGroup::all_reduce_async(const at::Tensor& tensor, ReduceOp op) {
   c->inputs = {tensor};
   c->outputs = {tensor};
   c->reduce = op;
-  return issue(world_, rank_, describe(), std::move(c));
+  return issue(world_, rank_, name(), std::move(c));
 }
 
 WorkPtr ThreadGroup::all_gather_into_async(const at::Tensor& output, const at::Tensor& input) {
@@ -481,7 +531,7 @@ WorkPtr ThreadGroup::all_gather_into_async(const at::Tensor& output, const at::T
   auto c = make_call("all_gather_into", sig_of(input), run_all_gather);
   c->inputs = {input};
   c->outputs = {output};
-  return issue(world_, rank_, describe(), std::move(c));
+  return issue(world_, rank_, name(), std::move(c));
 }
 
 WorkPtr ThreadGroup::reduce_scatter_into_async(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
@@ -491,7 +541,7 @@ WorkPtr ThreadGroup::reduce_scatter_into_async(const at::Tensor& output, const a
   c->inputs = {input};
   c->outputs = {output};
   c->reduce = op;
-  return issue(world_, rank_, describe(), std::move(c));
+  return issue(world_, rank_, name(), std::move(c));
 }
 
 WorkPtr ThreadGroup::all_to_all_single_async(const at::Tensor& output, const at::Tensor& input,
@@ -504,7 +554,7 @@ WorkPtr ThreadGroup::all_to_all_single_async(const at::Tensor& output, const at:
   c->outputs = {output};
   c->out_splits = std::move(splits.first);
   c->in_splits = std::move(splits.second);
-  return issue(world_, rank_, describe(), std::move(c));
+  return issue(world_, rank_, name(), std::move(c));
 }
 
 WorkPtr ThreadGroup::broadcast_async(const at::Tensor& tensor, int src) {
@@ -513,11 +563,11 @@ WorkPtr ThreadGroup::broadcast_async(const at::Tensor& tensor, int src) {
   c->inputs = {tensor};
   c->outputs = {tensor};
   c->root = src;
-  return issue(world_, rank_, describe(), std::move(c));
+  return issue(world_, rank_, name(), std::move(c));
 }
 
 WorkPtr ThreadGroup::barrier_async() {
-  return issue(world_, rank_, describe(), make_call("barrier", "", run_nothing));
+  return issue(world_, rank_, name(), make_call("barrier", "", run_nothing));
 }
 
 WorkPtr ThreadGroup::gather_async(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int dst) {
@@ -533,7 +583,7 @@ WorkPtr ThreadGroup::gather_async(const at::Tensor& input, const std::vector<at:
                   ": output ", sig_of(t), " does not match input ", sig_of(input));
     c->outputs = outputs;
   }
-  return issue(world_, rank_, describe(), std::move(c));
+  return issue(world_, rank_, name(), std::move(c));
 }
 
 WorkPtr ThreadGroup::scatter_async(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) {
@@ -549,7 +599,7 @@ WorkPtr ThreadGroup::scatter_async(const at::Tensor& output, const std::vector<a
                   describe(), ": input ", sig_of(t), " does not match output ", sig_of(output));
     c->inputs = inputs;
   }
-  return issue(world_, rank_, describe(), std::move(c));
+  return issue(world_, rank_, name(), std::move(c));
 }
 
 // ---- Point to point: NOTE: [ThreadGroup point to point] ----------------------------------
@@ -560,7 +610,7 @@ namespace {
 class RecvSource final : public WorldSource {
  public:
   RecvSource(std::shared_ptr<ThreadWorld> world, ChannelKey key, uint64_t ticket,
-             std::shared_ptr<at::Tensor> message, std::string where)
+             std::shared_ptr<at::Tensor> message, GroupName where)
       : WorldSource(std::move(world), std::move(where)), key_(key), ticket_(ticket), message_(std::move(message)) {}
 
   bool wait_until(Clock::time_point deadline) override {
@@ -574,7 +624,7 @@ class RecvSource final : public WorldSource {
         // Unlike a round, a late message stops nobody else: fail this receive only.
         error_ = std::make_exception_ptr(CollectiveError(
             "recv from rank " + std::to_string(std::get<0>(key_)) + " (tag " + std::to_string(std::get<2>(key_)) +
-            ") on " + where_ + " timed out after " + std::to_string(world_->timeout().count()) + " ms"));
+            ") on " + *where_ + " timed out after " + std::to_string(world_->timeout().count()) + " ms"));
         settled_ = true;
         break;
       }
@@ -602,7 +652,7 @@ class RecvSource final : public WorldSource {
       }
     }
     if (s.aborted) {
-      error_ = std::make_exception_ptr(CollectiveError(aborted_error("recv", where_, s.reason)));
+      error_ = std::make_exception_ptr(CollectiveError(aborted_error("recv", *where_, s.reason)));
       settled_ = true;
     }
     return settled_;
@@ -631,25 +681,25 @@ WorkPtr ThreadGroup::send_async(const at::Tensor& tensor, int dst, int tag) {
     ch.messages.emplace(ch.sent++, std::move(message));
   }
   s.cv.notify_all();
-  return Work::completed("send", describe());
+  return Work::completed("send", name());
 }
 
 WorkPtr ThreadGroup::recv_async(const at::Tensor& tensor, int src, int tag) {
   detail::check_rank_arg(*this, "recv", "src", src);
   TORCH_CHECK(src != rank_, "recv on ", describe(), ": a rank cannot receive from itself");
-  const std::string where = describe();
+  const GroupName& where = name();
   const ChannelKey key{src, rank_, tag};
   uint64_t ticket;
   {
     auto& s = world_->state();
     std::lock_guard<std::mutex> lk(s.mu);
-    if (s.aborted) throw CollectiveError(aborted_error("recv", where, s.reason));
+    if (s.aborted) throw CollectiveError(aborted_error("recv", *where, s.reason));
     ticket = s.channels[key].tickets++;
   }
   auto message = std::make_shared<at::Tensor>();
   auto finish = [message, tensor, src, where] {
     TORCH_CHECK(message->sizes() == tensor.sizes() && message->scalar_type() == tensor.scalar_type(), "recv on ",
-                where, ": rank ", src, " sent ", sig_of(*message), " but the receive buffer is ", sig_of(tensor));
+                *where, ": rank ", src, " sent ", sig_of(*message), " but the receive buffer is ", sig_of(tensor));
     at::NoGradGuard no_grad;
     tensor.copy_(*message);
   };
@@ -681,7 +731,7 @@ std::shared_ptr<Group> ThreadGroup::new_subgroup(const std::vector<int>& ranks) 
   // One round checks that every rank passed the same ranks; its sequence number, the same on
   // every rank, names the sub-world.
   uint64_t seq = 0;
-  issue(world_, rank_, describe(), make_call("new_subgroup", sig.str(), run_nothing), &seq)->wait();
+  issue(world_, rank_, name(), make_call("new_subgroup", sig.str(), run_nothing), &seq)->wait();
   auto it = std::find(ranks.begin(), ranks.end(), rank_);
   if (it == ranks.end()) return nullptr;
   std::shared_ptr<ThreadWorld> child = child_world(*world_, seq, ranks);

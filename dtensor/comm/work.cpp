@@ -63,15 +63,15 @@ std::string message_of(const std::exception_ptr& e) {
 
 }  // namespace
 
-Work::Work(std::string op, std::string where, std::unique_ptr<Source> source, std::function<void()> finish,
+Work::Work(const char* op, GroupName where, std::unique_ptr<Source> source, std::function<void()> finish,
            std::chrono::milliseconds timeout)
-    : op_(std::move(op)),
+    : op_(op),
       where_(std::move(where)),
       source_(std::move(source)),
       finish_(std::move(finish)),
       timeout_(timeout),
       issued_at_(Clock::now()) {
-  TORCH_INTERNAL_ASSERT(source_ != nullptr, "Work: no source");
+  TORCH_INTERNAL_ASSERT(source_ != nullptr && op_ != nullptr && where_ != nullptr, "Work: no source or name");
 }
 
 Work::~Work() {
@@ -88,16 +88,21 @@ Work::~Work() {
   }
 }
 
-WorkPtr Work::completed(std::string op, std::string where, std::exception_ptr error) {
-  return std::make_shared<Work>(std::move(op), std::move(where), std::make_unique<DoneSource>(std::move(error)),
-                                nullptr, std::chrono::milliseconds(1));
+WorkPtr Work::completed(const char* op, GroupName where, std::exception_ptr error) {
+  return std::make_shared<Work>(op, std::move(where), std::make_unique<DoneSource>(std::move(error)), nullptr,
+                                std::chrono::milliseconds(1));
+}
+
+WorkPtr Work::completed(const char* op, std::string where, std::exception_ptr error) {
+  return completed(op, std::make_shared<const std::string>(std::move(where)), std::move(error));
 }
 
 WorkPtr Work::chain(WorkPtr inner, std::function<void()> then) {
   TORCH_INTERNAL_ASSERT(inner != nullptr, "Work::chain: no inner work");
-  std::string op = inner->op_, where = inner->where_;
+  const char* op = inner->op_;
+  GroupName where = inner->where_;
   const auto timeout = inner->timeout_;
-  auto w = std::make_shared<Work>(std::move(op), std::move(where), std::make_unique<ChainSource>(std::move(inner)),
+  auto w = std::make_shared<Work>(op, std::move(where), std::make_unique<ChainSource>(std::move(inner)),
                                   std::move(then), timeout);
   return w;
 }
@@ -118,7 +123,7 @@ void Work::wait_until(Clock::time_point deadline, bool throw_on_timeout) {
     lk.lock();
     if (!completed) {
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - issued_at_).count();
-      const std::string msg = op_ + " on " + where_ + " has not completed " + std::to_string(ms) +
+      const std::string msg = std::string(op_) + " on " + *where_ + " has not completed " + std::to_string(ms) +
                               " ms after it was issued";
       if (!throw_on_timeout) throw CollectiveError(msg + "; the collective timeout has passed");
       throw CollectiveError(msg + " (wait with a timeout; it is still in flight)");
@@ -131,7 +136,8 @@ void Work::wait_until(Clock::time_point deadline, bool throw_on_timeout) {
         std::rethrow_exception(error_);
       } catch (const CollectiveError&) {
       } catch (...) {
-        error_ = std::make_exception_ptr(CollectiveError(op_ + " on " + where_ + " failed: " + message_of(error_)));
+        error_ = std::make_exception_ptr(
+            CollectiveError(std::string(op_) + " on " + *where_ + " failed: " + message_of(error_)));
       }
     } else if (finish_) {
       lk.unlock();  // the finish step may take a while (copies); state readers need not wait

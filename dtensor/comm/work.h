@@ -11,6 +11,11 @@
 // rank must issue the same collectives in the same order on a group (c10d's contract), mixing
 // async and blocking calls freely, and they complete in that order on every rank. Until
 // wait() returns, the caller must not read an output nor write an input of the collective.
+// The caller need not keep the tensors alive: the group holds what the collective reads and
+// writes until it no longer needs them (ThreadGroup: until the round ran; C10dGroup: c10d's
+// work holds them until this Work is destroyed, and NCCL records its inputs on its stream for
+// the caching allocator). An input dropped right after the issue is thus freed as soon as the
+// collective allows (FSDP's reduce-scatter input).
 //
 // What runs where:
 //   - C10dGroup (Gloo, NCCL): the backend's own Work. Gloo runs the collective on its
@@ -48,6 +53,12 @@ namespace comm {
 class Work;
 using WorkPtr = std::shared_ptr<Work>;
 
+// The name of the group a collective runs on, as every message spells it ("gloo group of 4
+// (ranks 0,1,2,3), rank 1": Group::describe()). A group makes it once (Group::name()) and its
+// Works share it, so issuing a collective formats nothing; only an error, a warning or a
+// query reads it.
+using GroupName = std::shared_ptr<const std::string>;
+
 class Work {
  public:
   using Clock = std::chrono::steady_clock;
@@ -68,10 +79,11 @@ class Work {
     virtual std::optional<Clock::time_point> completed_at() { return std::nullopt; }
   };
 
-  // `op` and `where` name the collective in errors ("all_reduce", "gloo group of 4 ...");
-  // `finish` (may be empty) runs once after a successful completion, on the waiting thread;
-  // wait() without a timeout gives up after `timeout`.
-  Work(std::string op, std::string where, std::unique_ptr<Source> source, std::function<void()> finish,
+  // `op` (a string with static storage, e.g. a literal) and `where` name the collective in
+  // errors ("all_reduce", "gloo group of 4 ..."); `finish` (may be empty) runs once after a
+  // successful completion, on the waiting thread; wait() without a timeout gives up after
+  // `timeout`.
+  Work(const char* op, GroupName where, std::unique_ptr<Source> source, std::function<void()> finish,
        std::chrono::milliseconds timeout);
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
@@ -79,7 +91,8 @@ class Work {
   ~Work();
 
   // An operation that already ran (synchronously) with this outcome.
-  static WorkPtr completed(std::string op, std::string where, std::exception_ptr error = nullptr);
+  static WorkPtr completed(const char* op, GroupName where, std::exception_ptr error = nullptr);
+  static WorkPtr completed(const char* op, std::string where, std::exception_ptr error = nullptr);
   // A Work that completes when `inner` does, after `then` ran (once, on the waiting thread,
   // after inner's own finish step). Waiting on it waits on `inner`.
   static WorkPtr chain(WorkPtr inner, std::function<void()> then);
@@ -99,7 +112,7 @@ class Work {
   // wait() was called and returned or threw.
   bool was_waited() const;
 
-  const std::string& op() const { return op_; }
+  std::string op() const { return op_; }
   // When the collective was issued and when it completed (nullopt while in flight): tests use
   // them to observe overlap.
   Clock::time_point issued_at() const { return issued_at_; }
@@ -109,8 +122,8 @@ class Work {
   void wait_until(Clock::time_point deadline, bool throw_on_timeout);
   void note_completion();  // mu_ held
 
-  std::string op_;
-  std::string where_;
+  const char* op_;
+  GroupName where_;
   std::unique_ptr<Source> source_;
   std::function<void()> finish_;
   std::chrono::milliseconds timeout_;

@@ -143,6 +143,34 @@ COMM_TEST(ReduceScatterInto) {
   EXPECT_TRUE(at::allclose(col, at::full({1, 2}, b * n * (n + 1) / 2.0, at::kDouble))) << col;
 }
 
+// Inputs that share memory with outputs: the in-place all-gather FSDP issues (the input is the
+// rank's own block of its output), and aliasing no backend may write through before it read
+// every input (ThreadGroup then computes every result first: NOTE: [ThreadGroup results
+// written in place]).
+COMM_TEST(OutputsThatAliasInputs) {
+  auto& g = t.group();
+  const int n = g.size(), me = t.rank();
+  auto expect_gathered = [&](const at::Tensor& out, const char* what) {
+    for (int r = 0; r < n; ++r)
+      EXPECT_TRUE(at::equal(out.narrow(0, 2 * r, 2), at::full({2, 3}, r, at::kFloat))) << what << ": block " << r;
+  };
+  at::Tensor out = at::empty({2 * n, 3}, at::kFloat);
+  at::Tensor own = out.narrow(0, 2 * me, 2).fill_(me);
+  g.all_gather_into(out, own);
+  expect_gathered(out, "input is the own block");
+  // Every rank's input is block 0 of its output, which the gather overwrites (but for rank 0).
+  at::Tensor out0 = at::empty({2 * n, 3}, at::kFloat);
+  at::Tensor first = out0.narrow(0, 0, 2).fill_(me);
+  g.all_gather_into(out0, first);
+  expect_gathered(out0, "input is block 0");
+  // Rank r's output is row (r + 1) % n of its input, which other ranks' blocks read: row b of
+  // rank r's input is (b + 1) * (r + 1), so block b of the sum is (b + 1) * n(n + 1)/2.
+  at::Tensor in = (at::arange(n, at::kDouble) + 1).unsqueeze(1).repeat({1, 2}) * (me + 1);
+  at::Tensor row = in.narrow(0, (me + 1) % n, 1);
+  g.reduce_scatter_into(row, in, ReduceOp::SUM);
+  EXPECT_TRUE(at::allclose(row, at::full({1, 2}, (me + 1) * n * (n + 1) / 2.0, at::kDouble))) << row;
+}
+
 COMM_TEST(AllToAllSingleEvenAndUneven) {
   auto& g = t.group();
   const int n = g.size(), me = t.rank();
