@@ -78,18 +78,20 @@ class FSDPState;
 // Work so that the Work, whose destructor waits for the collective, is destroyed first: a
 // buffer a collective writes or reads is never freed under it.
 struct AllGatherInFlight {
-  at::Tensor input;   // the flat all-gather input (or the post-forward piece), read by the collective
+  at::Tensor input;   // the flat all-gather input (this rank's block of `output`, or the post-forward piece)
   at::Tensor output;  // shard group size x the flat input, written by the collective
   comm::WorkPtr work;
 };
 
 // A reduce-scatter issued by post_backward, finished (awaited, the HSDP all-reduce, the divide,
-// the sharded .grad()s written) when the next group issues its own or by the root's final
-// callback. Held by the root: at most one in flight (PyTorch's reduce_scatter_state).
+// the sharded .grad()s written) when the next group's post_backward begins or by the root's
+// final callback. Held by the root: at most one in flight (PyTorch's reduce_scatter_state).
+// The input is not held here: the group holds it while the collective needs it (NOTE: [Async
+// collectives] in dtensor/comm/work.h), so it is freed as soon as the collective completes.
 struct PendingReduceScatter {
   std::weak_ptr<FSDPState> state;  // the group whose gradients these are
   std::vector<bool> has_grad;      // per parameter of the group: in the flat input
-  at::Tensor input, output;        // before `work`, see AllGatherInFlight
+  at::Tensor output;               // before `work`, see AllGatherInFlight
   comm::WorkPtr work;
 };
 
@@ -164,6 +166,8 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   void final_callback();
   // Finishes pending_reduce_scatter_ if any.
   void finish_pending_reduce_scatter();
+  // Root only: NOTE: [FSDP after a failed backward].
+  void recover_from_failed_backward();
   // Every group forwarded since the last backward has run its post-backward.
   bool all_post_backwards_done() const;
 

@@ -14,6 +14,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <algorithm>
 #include <mutex>
@@ -308,11 +309,12 @@ int64_t FSDPState::flat_numel() const {
 
 namespace {
 
-// The flat all-gather input: shard-group rank `rank`'s padded shards, concatenated (NOTE: [FSDP
-// parameter layout]), zeros in the padding.
-at::Tensor all_gather_input(const std::vector<FSDPParam>& params, int64_t rank, int64_t numel, c10::Device device,
-                            at::ScalarType dtype) {
-  at::Tensor input = at::zeros({numel}, at::TensorOptions().dtype(dtype).device(device));
+// Fills `input` with the flat all-gather input: shard-group rank `rank`'s padded shards,
+// concatenated (NOTE: [FSDP parameter layout]), zeros in the padding.
+void copy_in(const std::vector<FSDPParam>& params, int64_t rank, const at::Tensor& input) {
+  input.zero_();
+  const c10::Device device = input.device();
+  const at::ScalarType dtype = input.scalar_type();
   int64_t off = 0;
   for (const auto& p : params) {
     const int64_t rows = p.rows_of(rank);
@@ -322,7 +324,6 @@ at::Tensor all_gather_input(const std::vector<FSDPParam>& params, int64_t rank, 
     }
     off += p.padded_numel;
   }
-  return input;
 }
 
 // Each unsharded parameter (storage allocated) from its rows of the `world` blocks of `full`.
@@ -378,7 +379,11 @@ void FSDPState::unshard() {
     post_forward_piece_ = at::Tensor();
     ag.work = post_forward_group_->all_gather_into_async(ag.output, ag.input);
   } else {
-    ag.input = all_gather_input(params_, shard_rank_, S, device_, dtype);
+    // In place: the input is this rank's block of the output, as in PyTorch's
+    // foreach_all_gather (_fsdp_collectives.py), so a group in flight holds one buffer, not
+    // 1 + 1/shard_size of one.
+    ag.input = ag.output.narrow(0, shard_rank_ * S, S);
+    copy_in(params_, shard_rank_, ag.input);
     ag.work = shard_group_->all_gather_into_async(ag.output, ag.input);
   }
   record(FSDPTraceEvent::Kind::kAllGatherIssued, ag.work->issued_at());
@@ -476,6 +481,11 @@ void FSDPState::ensure_post_forward_group(int64_t n) {
 
 void FSDPState::pre_forward(nn::ForwardInputs& inputs) {
   if (root_.expired()) lazy_init();
+  // The root's final callback is queued by every backward and cleared when it runs; still set
+  // outside a backward, the last backward raised before its end (NOTE: [FSDP after a failed
+  // backward]).
+  if (is_root_ && callback_queued_ && torch::autograd::get_current_graph_task_exec_info() == nullptr)
+    recover_from_failed_backward();
   if (auto root = root_.lock()) {
     if (at::GradMode::is_enabled()) root->record_forward(shared_from_this());
   }
@@ -584,6 +594,44 @@ void FSDPState::final_callback() {
   finish_pending_reduce_scatter();
 }
 
+// NOTE: [FSDP after a failed backward]
+// When backward raises (a hook, an op, a collective), the autograd engine drops the callbacks
+// queued on it, so final_callback never runs: the groups backward did not reach keep their
+// parameters unsharded (or an all-gather in flight), their per-backward flags stay set, and one
+// reduce-scatter may still be parked here. Left so, the next backward would skip those groups'
+// pre-backward and write the parked reduce-scatter's gradients into .grad, silently adding a
+// failed step's gradients to the next one. The next root forward therefore puts every group back
+// as final_callback would and drops the parked gradients (its collective is still waited for:
+// every rank issued it). Gradients that groups finished before the failure stay in .grad, as in
+// PyTorch; the usual zero_grad() clears them.
+void FSDPState::recover_from_failed_backward() {
+  TORCH_WARN("fully_shard: the previous backward did not finish (it raised); the gradients it had not ",
+             "yet reduced are dropped and its gathered parameters resharded before this forward");
+  callback_queued_ = false;
+  if (pending_reduce_scatter_) {
+    PendingReduceScatter rs = std::move(*pending_reduce_scatter_);
+    pending_reduce_scatter_.reset();
+    rs.work->wait();
+  }
+  auto forwarded = std::move(forwarded_);
+  forwarded_.clear();
+  for (auto it = forwarded.rbegin(); it != forwarded.rend(); ++it) {
+    auto s = it->lock();
+    if (!s) continue;
+    if (!s->post_backward_done_) {
+      for (auto& p : s->params_)
+        if (p.unsharded_param.defined()) p.unsharded_param.mutable_grad() = at::Tensor();
+      if (s->reshard_after_backward_ && s->is_last_backward_) s->reshard(/*after_forward=*/false);
+    }
+    s->drop_unshard();
+    s->pre_backward_done_ = false;
+    s->post_backward_done_ = false;
+    s->post_forward_indices_.clear();
+  }
+  post_forward_order_.clear();
+  prefetched_groups_ = 0;
+}
+
 bool FSDPState::all_post_backwards_done() const {
   for (const auto& w : forwarded_) {
     auto s = w.lock();
@@ -632,14 +680,18 @@ void FSDPState::reduce_scatter_grads(std::vector<at::Tensor> grads) {
     rs.has_grad[i] = grads[i].defined();
     if (rs.has_grad[i]) S += params_[i].padded_numel;
   }
-  const auto options = at::TensorOptions().dtype(reduce_dtype).device(device_);
-  rs.input = reduce_scatter_input(params_, grads, shard_size_, S, options);
-  rs.output = at::empty({S}, options);
   // At most one in flight (NOTE: [FSDP communication overlap], 4.): the previous group's is
-  // finished now, after this group's copy-in ran while it was in flight.
+  // finished, and its buffers freed, before this group's input exists.
   FSDPState& root = root_or_self();
   root.finish_pending_reduce_scatter();
-  rs.work = shard_group_->reduce_scatter_into_async(rs.output, rs.input, comm::ReduceOp::SUM);
+  const auto options = at::TensorOptions().dtype(reduce_dtype).device(device_);
+  rs.output = at::empty({S}, options);
+  {
+    // Not kept: the group holds the input while the collective needs it (NOTE: [Async
+    // collectives]) and frees it when it completes.
+    const at::Tensor input = reduce_scatter_input(params_, grads, shard_size_, S, options);
+    rs.work = shard_group_->reduce_scatter_into_async(rs.output, input, comm::ReduceOp::SUM);
+  }
   record(FSDPTraceEvent::Kind::kReduceScatterIssued, rs.work->issued_at());
   root.pending_reduce_scatter_ = std::move(rs);
   if (root.all_post_backwards_done()) root.finish_pending_reduce_scatter();
@@ -659,7 +711,6 @@ void FSDPState::finish_pending_reduce_scatter() {
 void FSDPState::finish_reduce_scatter(PendingReduceScatter& rs) {
   at::NoGradGuard no_grad;
   rs.work->wait();
-  rs.input = at::Tensor();
   at::Tensor& output = rs.output;
   if (replicate_group_) replicate_group_->all_reduce(output, comm::ReduceOp::SUM);
   output.div_(divide_factor_.value_or(static_cast<double>(shard_size_ * replicate_size_)));

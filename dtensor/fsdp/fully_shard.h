@@ -82,14 +82,21 @@
 //      FSDP2 bounds its implicit prefetch to one by stream order and leaves explicit lists
 //      unbounded).
 //   4. Post-backward issues the reduce-scatter (reduce_scatter_into_async) and leaves it pending
-//      at the root; it is finished (waited, HSDP's all-reduce over the replicate group issued
-//      then, the divide, the sharded .grad()s written) when the next group has copied its
-//      gradients in and is about to issue its own, so at most one is in flight (FSDP2's
-//      reduce_scatter_state), and by the root's final callback before backward() returns:
-//      gradients are complete when backward() returns. The last group to finish its backward
-//      (all others done) finishes its reduce-scatter at once, since nothing is left to overlap
-//      it with. Every rank runs the same collectives in the same order as the blocking path,
-//      so the results are bit-identical to it.
+//      at the root; it runs during the next group's backward compute and is finished (waited,
+//      HSDP's all-reduce over the replicate group issued then, the divide, the sharded
+//      .grad()s written) when the next group's post-backward begins, before that group's
+//      reduce-scatter input exists, so at most one is in flight and at most one input is alive
+//      (FSDP2's post_backward drops reduce_scatter_state before foreach_reduce allocates the
+//      next input), and by the root's final callback before backward() returns: gradients
+//      are complete when backward() returns. The last group to finish its backward (all
+//      others done) finishes its reduce-scatter at once, since nothing is left to overlap it
+//      with. Every rank runs the same collectives in the same order as the blocking path, so
+//      the results are bit-identical to it.
+//   5. Memory, per group in flight (NOTE: [Async collectives] for who holds what): an
+//      all-gather holds its output only (the input is this rank's block of it, FSDP2's
+//      all_gather_copy_in); a reduce-scatter holds its output, and its input only while the
+//      group needs it (ThreadGroup frees it when the round ran; c10d's Gloo work keeps it,
+//      and the composed reduce_scatter's receive buffer, until the finish drops the Work).
 //
 // 2-D, FSDP x tensor parallel: parameters that are already DTensors on the "tp" sub-mesh of a
 // (dp, tp) mesh (parallelize_module / Transformer::parallelize) are sharded over mesh["dp"] into

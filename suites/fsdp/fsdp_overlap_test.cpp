@@ -55,11 +55,17 @@ class StackImpl : public torch::nn::Module {
     head = register_module("head", torch::nn::Linear(5, 7));
   }
   at::Tensor forward(at::Tensor x) {
-    for (size_t i = 0; i < layers->size(); ++i) x = nn::call(layers->ptr<BlockImpl>(i), x);
+    for (size_t i = 0; i < layers->size(); ++i) {
+      x = nn::call(layers->ptr<BlockImpl>(i), x);
+      // Raises when the gradient reaches block 1's output: blocks 2, 3 and the head are done.
+      if (i == 1 && fail_backward)
+        x.register_hook([](const at::Tensor&) -> at::Tensor { TORCH_CHECK(false, "injected backward failure"); });
+    }
     return nn::call(head, x);
   }
   torch::nn::ModuleList layers{nullptr};
   torch::nn::Linear head{nullptr};
+  bool fail_backward = false;
 };
 TORCH_MODULE(Stack);
 
@@ -365,6 +371,46 @@ fsdp::FSDPModule shard_pair(testing::MultiRankTest& t, Stack& plain, Stack& mode
   opts.mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, t.group_ptr());
   shard(plain, opts, /*prefetch=*/false);
   return shard(model, opts, /*prefetch=*/false);
+}
+
+// A backward that raises part-way, after some groups reduce-scattered their gradients (one of
+// them still in flight), leaves nothing behind: the next step's gradients and parameters are
+// those of a model that never ran the failed step.
+DTENSOR_TEST_BOTH(FsdpOverlapGloo, FsdpOverlapThreads, FailedBackwardLeavesNoGradientBehind) {
+  Stack plain, model;
+  shard_pair(t, plain, model);
+  auto make = [](Stack& m) { return torch::optim::SGD(nn::parameters(*m), torch::optim::SGDOptions(0.05).momentum(0.9)); };
+  auto opt_plain = make(plain), opt_model = make(model);
+  const at::Tensor global = values({2 * t.ranks(), 7}, 0.4).to(c10::Device(t.device_type()));
+  const at::Tensor input = my_rows(global, t.rank(), t.ranks());
+  auto step = [&](Stack& m, torch::optim::SGD& opt) {
+    opt.zero_grad();
+    mean_square(nn::call(m, input)).backward();
+  };
+  step(plain, opt_plain);
+  step(model, opt_model);
+  opt_plain.step();
+  opt_model.step();
+  model->fail_backward = true;
+  opt_model.zero_grad();
+  at::Tensor loss = mean_square(nn::call(model, input));
+  std::string error = "<no error>";
+  try {
+    loss.backward();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("injected backward failure"), std::string::npos) << error;
+  model->fail_backward = false;
+  for (int i = 0; i < 2; ++i) {
+    const std::string when = "step " + std::to_string(i) + " after the failed backward";
+    step(plain, opt_plain);
+    step(model, opt_model);
+    expect_bitwise_equal(*model, *plain, /*grads=*/true, when);
+    opt_plain.step();
+    opt_model.step();
+    expect_bitwise_equal(*model, *plain, /*grads=*/false, when);
+  }
 }
 
 // ---- The prefetch bound, and resharding under a prefetch ----------------------------------------
