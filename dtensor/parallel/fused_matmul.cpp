@@ -49,8 +49,9 @@ at::Tensor block(const at::Tensor& x, int64_t dim, int64_t k, int64_t n) {
 at::Tensor grad_of_b(const std::vector<at::Tensor>& a_blocks, const std::vector<at::Tensor>& g_blocks) {
   at::Tensor out;
   for (size_t k = 0; k < a_blocks.size(); ++k) {
-    const at::Tensor a2 = a_blocks[k].reshape({-1, a_blocks[k].size(-1)});
-    const at::Tensor g2 = g_blocks[k].reshape({-1, g_blocks[k].size(-1)});
+    // flatten, not reshape(-1, features): an uneven shard may have no features at all.
+    const at::Tensor a2 = a_blocks[k].flatten(0, -2);
+    const at::Tensor g2 = g_blocks[k].flatten(0, -2);
     if (out.defined()) out.addmm_(a2.t(), g2);
     else out = at::mm(a2.t(), g2);
   }

@@ -103,6 +103,7 @@ DTENSOR_TEST_F(FusedMatmulGloo, MatchSingleDeviceMatmulAndGradients) { check_bot
 // Every rank raises the same error before anything is issued (the checks are local).
 DTENSOR_TEST_F(FusedMatmulThreads, ErrorsNameTheOperand) {
   const auto g = group_ptr();
+  const int64_t n = ranks(), odd = 2 * n + 1;
   const at::Tensor a = values({2, 4}), b = values({4, 3});
   EXPECT_PRED2(contains, error_of([&] { fused_all_gather_matmul(values({4}), b, 0, g); }),
                "fused_all_gather_matmul: a must have at least 2 dims, got a of shape [4]");
@@ -118,18 +119,19 @@ DTENSOR_TEST_F(FusedMatmulThreads, ErrorsNameTheOperand) {
                "fused_all_gather_matmul: a is Float but b is Double");
   EXPECT_PRED2(contains, error_of([&] { fused_all_gather_matmul(a, b, 0, nullptr); }),
                "fused_all_gather_matmul: the group is null");
-  EXPECT_PRED2(contains, error_of([&] { fused_matmul_reduce_scatter(values({6, 4}), b, 0, g); }),
-               "fused_matmul_reduce_scatter: a.size(0) = 6 is not divisible by the group size 4 (a is [6, 4])");
+  EXPECT_PRED2(contains, error_of([&] { fused_matmul_reduce_scatter(values({odd, 4}), b, 0, g); }),
+               c10::str("fused_matmul_reduce_scatter: a.size(0) = ", odd, " is not divisible by the group size ", n,
+                        " (a is [", odd, ", 4])"));
   EXPECT_PRED2(contains, error_of([&] { fused_matmul_reduce_scatter(a, b, -1, g); }),
                "fused_matmul_reduce_scatter: scatter_dim -1 is a's last dim");
   // The group still works: nothing was left half-issued.
-  EXPECT_TRUE(testing::tensors_close(at::matmul(a.repeat({4, 1}), b), fused_all_gather_matmul(a, b, 0, g)));
+  EXPECT_TRUE(testing::tensors_close(at::matmul(a.repeat({n, 1}), b), fused_all_gather_matmul(a, b, 0, g)));
 }
 
 // ---- the styles' async_tp ------------------------------------------------------------------------
 
-torch::nn::Linear make_linear(bool bias) {
-  torch::nn::Linear l(torch::nn::LinearOptions(8, 12).bias(bias));
+torch::nn::Linear make_linear(bool bias, int64_t out_features = 12) {
+  torch::nn::Linear l(torch::nn::LinearOptions(8, out_features).bias(bias));
   testing::set_parameters(*l, 0);
   return l;
 }
@@ -139,10 +141,11 @@ torch::nn::Linear make_linear(bool bias) {
 // match the plain Linear, and forward and backward issue `forward` and `backward` collectives.
 template <class Style>
 void check_async_style(testing::MultiRankTest& t, const Style& style, const Placement& in_layout, bool bias,
-                       const std::map<std::string, int64_t>& forward, const std::map<std::string, int64_t>& backward) {
+                       const std::map<std::string, int64_t>& forward, const std::map<std::string, int64_t>& backward,
+                       int64_t out_features = 12) {
   auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
   auto mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, counting);
-  torch::nn::Linear ref = make_linear(bias), tp = make_linear(bias);
+  torch::nn::Linear ref = make_linear(bias, out_features), tp = make_linear(bias, out_features);
   parallelize_module(tp, mesh, style);
   const at::Tensor x = values({2, 8, 8}, 2);
   at::Tensor x_ref = leaf(x), x_tp = leaf(local_tensor(distribute_tensor(x, mesh, {in_layout})));
@@ -177,6 +180,9 @@ DTENSOR_TEST_F(FusedMatmulThreads, ColwiseAsyncTpGathersInsideTheMatmul) {
     // One broadcast per rank's block forward; one gather per block for the input's gradient.
     check_async_style(*this, ColwiseParallel().input_layouts(Shard{1}).use_local_output(false).async_tp(true),
                       Shard{1}, bias, {{"broadcast", n}}, {{"gather", n}});
+    // n + 1 output features: uneven column shards, the last rank's empty.
+    check_async_style(*this, ColwiseParallel().input_layouts(Shard{1}).use_local_output(false).async_tp(true),
+                      Shard{1}, bias, {{"broadcast", n}}, {{"gather", n}}, n + 1);
   }
 }
 
@@ -205,9 +211,11 @@ DTENSOR_TEST_F(FusedMatmulThreads, AsyncTpErrors) {
   EXPECT_FALSE(is_dtensor(lin->weight));  // nothing was applied
   // A sequence the mesh does not divide is refused when the module is called.
   parallelize_module(lin, mesh, ColwiseParallel().input_layouts(Shard{0}).async_tp(true));
-  const at::Tensor x = distribute_tensor(values({6, 8}), mesh, {Shard{0}});
+  const int64_t n = ranks(), odd = 2 * n + 1;
+  const at::Tensor x = distribute_tensor(values({odd, 8}), mesh, {Shard{0}});
   EXPECT_PRED2(contains, error_of([&] { nn::call(lin, x); }),
-               "ColwiseParallel at the root module: async_tp needs dim 0 (length 6) divisible by the mesh size 4");
+               c10::str("ColwiseParallel at the root module: async_tp needs dim 0 (length ", odd,
+                        ") divisible by the mesh size ", n));
   EXPECT_EQ(ColwiseParallel().input_layouts(Shard{1}).async_tp(true).to_string(),
             "ColwiseParallel(input_layouts=Shard(dim=1), output_layouts=Shard(dim=-1), use_local_output=true, "
             "async_tp=true)");
