@@ -8,7 +8,9 @@
 //   - reshard_after_forward=false gathers each group once per step, prefetch or not;
 //   - backward() returns with every reduce-scatter finished (at most one in flight before);
 //   - prefetching stops at kMaxPrefetchedGroups groups ahead; reshard() waits for a prefetch in
-//     flight.
+//     flight;
+//   - a backward prefetch list naming a module other than the next one still matches one rank;
+//   - a backward that raises part-way leaves no gradient behind for the next step.
 #include "dtensor/fsdp/fsdp.h"
 #include "dtensor/nn/nn.h"
 #include "harness/harness.h"
@@ -410,6 +412,42 @@ DTENSOR_TEST_BOTH(FsdpOverlapGloo, FsdpOverlapThreads, FailedBackwardLeavesNoGra
     opt_plain.step();
     opt_model.step();
     expect_bitwise_equal(*model, *plain, /*grads=*/false, when);
+  }
+}
+
+// A backward prefetch list naming a module other than the next one to run: blocks 3 and 2 both
+// prefetch block 0 (as FSDP2 allows). The prefetch is only early work: block 1 gathers in its own
+// pre-backward, block 0's all-gather is waited for once, and losses, gradients and parameters
+// match one rank on the global batch step after step.
+DTENSOR_TEST_BOTH(FsdpOverlapGloo, FsdpOverlapThreads, MistargetedBackwardPrefetchMatchesOneRank) {
+  const c10::Device device(t.device_type());
+  Stack ref, model;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  ref->to(device);
+  model->to(device);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, t.group_ptr());
+  shard(model, opts, /*prefetch=*/false);
+  layer_module(model, 3).set_modules_to_backward_prefetch({layer_module(model, 0)});
+  layer_module(model, 2).set_modules_to_backward_prefetch({layer_module(model, 0)});
+  auto make = [](Stack& m) { return torch::optim::SGD(nn::parameters(*m), torch::optim::SGDOptions(0.05).momentum(0.9)); };
+  auto opt_ref = make(ref), opt_model = make(model);
+  const at::Tensor global = values({2 * t.ranks(), 7}, 0.3).to(device);
+  const at::Tensor input = my_rows(global, t.rank(), t.ranks());
+  for (int step = 0; step < 4; ++step) {
+    const std::string when = "step " + std::to_string(step);
+    opt_ref.zero_grad();
+    opt_model.zero_grad();
+    at::Tensor loss_ref = mean_square(nn::call(ref, global));
+    at::Tensor loss = mean_square(nn::call(model, input));
+    EXPECT_NEAR(loss_ref.item<double>(), mean_over_ranks(t, loss), 1e-5) << when << " loss";
+    loss_ref.backward();
+    loss.backward();
+    expect_sharded_parity(*ref, *model, /*grads=*/true, when);
+    opt_ref.step();
+    opt_model.step();
+    expect_sharded_parity(*ref, *model, /*grads=*/false, when + " after the step");
   }
 }
 
