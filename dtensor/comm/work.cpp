@@ -111,6 +111,10 @@ void Work::note_completion() {
   if (completed_at_) return;
   completed_at_ = source_->completed_at();
   if (!completed_at_) completed_at_ = Clock::now();
+  // The backend may finish (and time) the operation before this Work exists: issued_at_ is taken
+  // when the Work is made, after the backend accepted the call. Completion is never reported
+  // earlier than the issue.
+  if (*completed_at_ < issued_at_) completed_at_ = issued_at_;
 }
 
 void Work::wait_until(Clock::time_point deadline, bool throw_on_timeout) {

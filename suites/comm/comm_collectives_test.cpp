@@ -407,6 +407,23 @@ COMM_TEST(AsyncAndBlockingCallsInterleaved) {
   }
 }
 
+// A backend may complete (and time) an operation before its Work exists (Gloo runs it on its own
+// thread as soon as it is accepted): the Work never reports completion before its issue.
+TEST(WorkTimestamps, CompletionBeforeTheWorkExistedReadsAsTheIssue) {
+  struct DoneEarly : comm::Work::Source {
+    comm::Work::Clock::time_point at = comm::Work::Clock::now() - std::chrono::seconds(1);
+    bool wait_until(comm::Work::Clock::time_point) override { return true; }
+    bool is_completed() override { return true; }
+    std::exception_ptr error() override { return nullptr; }
+    std::optional<comm::Work::Clock::time_point> completed_at() override { return at; }
+  };
+  comm::Work w("all_reduce", std::make_shared<const std::string>("a test group"), std::make_unique<DoneEarly>(),
+               nullptr, std::chrono::seconds(1));
+  w.wait();
+  ASSERT_TRUE(w.completed_at().has_value());
+  EXPECT_EQ(*w.completed_at(), w.issued_at());
+}
+
 // A Work may be waited on twice (the second wait returns at once, the result unchanged), reports
 // completion without blocking, and knows when it was issued and completed.
 COMM_TEST(WaitTwiceAndTimestamps) {
