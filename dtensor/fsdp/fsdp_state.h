@@ -91,6 +91,9 @@ struct AllGatherInFlight {
 struct PendingReduceScatter {
   std::weak_ptr<FSDPState> state;  // the group whose gradients these are
   std::vector<bool> has_grad;      // per parameter of the group: in the flat input
+  // Applied when finished (NOTE: [FSDP gradient divide]): the all-reduce input's scale (HSDP)
+  // and the output's divisor.
+  double all_reduce_premul = 1, post_divide = 1;
   at::Tensor output;               // before `work`, see AllGatherInFlight
   comm::WorkPtr work;
 };
@@ -108,6 +111,12 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   const torch::nn::Module* module_alive() const;
   std::vector<Placement> placements_for(int64_t shard_dim) const;
   at::ScalarType compute_dtype() const;
+  // The dtype of the gradient reduction, and of gradients accumulated without sync.
+  at::ScalarType reduce_dtype() const;
+  // While sharded: adopts the dtype of the sharded parameters when the user cast them after
+  // fully_shard (module->to(at::kDouble)), as PyTorch's FSDPParam.reset_sharded_param (NOTE:
+  // [FSDP after a dtype cast]).
+  void follow_dtype_cast();
   // The FSDP extension (options_.extensions, resolved by fully_shard); nullptr: plain FSDP.
   const FSDPExtensions* ext() const { return options_.extensions.get(); }
   // Makes p.unsharded_param (post_unflatten_transform) unless it exists.

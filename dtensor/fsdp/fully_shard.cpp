@@ -17,6 +17,7 @@
 #include <torch/csrc/autograd/graph_task.h>
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -236,6 +237,53 @@ at::ScalarType FSDPState::compute_dtype() const {
   return options_.mp_policy.param_dtype.value_or(orig_dtype_);
 }
 
+at::ScalarType FSDPState::reduce_dtype() const {
+  return options_.mp_policy.reduce_dtype.value_or(compute_dtype());
+}
+
+// NOTE: [FSDP after a dtype cast]
+// torch::nn::Module::to(dtype) casts each registered parameter with set_data: between steps
+// (sharded) that is the sharded DTensor, whose local tensor and spec take the new dtype, while
+// the group's unsharded parameters, all-gather and gradient cast still have the old one.
+// PyTorch's FSDPModule._apply calls FSDPParam.reset_sharded_param for this; libtorch's to() is
+// not ours to override, so the group checks the sharded parameters' dtype before each
+// all-gather and, when it changed, re-derives everything dtype-dependent from it: the original
+// dtype (the dtype of the sharded gradients), the unsharded parameters (in the new dtype
+// unless the mixed-precision policy fixes it), the tensor-parallel spec, and gradients
+// accumulated without sync (into the new reduce dtype). Parameters cast to different dtypes
+// are refused as fully_shard refuses them. A cast while the group is unsharded is not followed
+// (the modules then hold the unsharded parameters, which to() would cast in place).
+void FSDPState::follow_dtype_cast() {
+  if (status_ != Status::kSharded || params_.empty()) return;
+  const FSDPParam& first = params_.front();
+  const at::ScalarType dt = local_tensor(first.sharded).scalar_type();
+  bool changed = false;
+  for (const auto& p : params_) {
+    const at::ScalarType now = local_tensor(p.sharded).scalar_type();
+    if (now != dt) {
+      std::ostringstream msg;
+      msg << "fully_shard(" << module_type(*module_) << "): parameters of one group must share a dtype (one flat "
+          << "all-gather), but after a cast '" << first.fqn << "' is " << dt << " and '" << p.fqn << "' is " << now;
+      TORCH_CHECK(false, msg.str());
+    }
+    changed = changed || now != p.orig_dtype;
+  }
+  if (!changed) return;
+  orig_dtype_ = dt;
+  for (auto& p : params_) {
+    p.orig_dtype = dt;
+    if (p.tp_spec) p.tp_spec->tensor_meta.dtype = dt;
+    p.unsharded = at::empty(p.global_shape, p.unsharded.options().dtype(compute_dtype()));
+    utils::free_storage(p.unsharded);
+    p.unsharded_param = at::Tensor();
+    if (!p.tp_spec) {
+      p.unsharded_param = p.unsharded;
+      if (p.requires_grad) p.unsharded_param.set_requires_grad(true);
+    }
+    if (p.accumulated_grad.defined()) p.accumulated_grad = p.accumulated_grad.to(reduce_dtype());
+  }
+}
+
 void FSDPState::add_param(const std::string& fqn, std::vector<Registration> regs, const at::Tensor& tensor,
                           int64_t shard_dim, std::optional<TPSharding> tp) {
   FSDPParam p;
@@ -365,10 +413,52 @@ at::Tensor reduce_scatter_input(const std::vector<FSDPParam>& params, std::vecto
   return input;
 }
 
+// NOTE: [FSDP gradient divide]
+// PyTorch's _get_gradient_divide_factors (_fsdp_collectives.py), with NCCL's meaning of its
+// reduce ops, on every backend. For float32 and bfloat16 reductions PyTorch reduces with
+// ReduceOp.AVG (no divide factor) or ReduceOp.PREMUL_SUM(1 / factor), which NCCL computes for
+// floating types by multiplying each rank's input by the scale (in the reduction dtype) before
+// summing; Gloo has neither op, so the scale is applied here to the input and the collectives
+// sum, which is the same arithmetic. Without a factor: the reduce-scatter input times
+// 1/shard size and (HSDP) the all-reduce input times 1/replicate size; with one: the
+// reduce-scatter input times 1/factor and the all-reduce sums (a shard group of one rank
+// divides its input by the factor, as PyTorch's single-rank copy does). Other dtypes (float16,
+// float64) risk overflow: the factor (default: the data-parallel size) is split into a
+// power-of-two pre-divisor near its square root, applied to the input, and the rest, applied to
+// the reduced output. Pre-scaling rounds differently from dividing the sum (by ~1e-7 relative in
+// float32 for a factor that is not a power of two), which exact-parity tests see.
+struct GradientDivide {
+  double premul = 1, pre_divide = 1, all_reduce_premul = 1, post_divide = 1;
+};
+
+GradientDivide gradient_divide(at::ScalarType reduce_dtype, int64_t shard, int64_t replicate,
+                               std::optional<double> factor) {
+  GradientDivide d;
+  const bool overflow_risk = reduce_dtype != at::kFloat && reduce_dtype != at::kBFloat16;
+  if (!overflow_risk) {
+    if (!factor) {
+      d.premul = 1.0 / static_cast<double>(shard);
+      d.all_reduce_premul = 1.0 / static_cast<double>(replicate);
+    } else if (shard == 1) {
+      d.pre_divide = *factor;
+    } else {
+      d.premul = 1.0 / *factor;
+    }
+    return d;
+  }
+  const double f = factor.value_or(static_cast<double>(shard * replicate));
+  double pre = 1;
+  while (std::fmod(f, pre) == 0 && f / pre > pre) pre *= 2;
+  d.pre_divide = pre;
+  d.post_divide = f / pre;
+  return d;
+}
+
 }  // namespace
 
 void FSDPState::unshard() {
   if (status_ == Status::kUnsharded || all_gather_ || params_.empty()) return;
+  follow_dtype_cast();
   at::NoGradGuard no_grad;
   const int64_t S = flat_numel();
   const at::ScalarType dtype = compute_dtype();
@@ -662,7 +752,14 @@ void FSDPState::post_backward() {
   // Reshard first: the unsharded parameters are freed before the reduce-scatter buffers exist.
   if (reshard_after_backward_ && is_last_backward_) reshard(/*after_forward=*/false);
   if (!requires_gradient_sync_) {
-    for (size_t i = 0; i < params_.size(); ++i) params_[i].accumulated_grad = grads[i];
+    // Kept in the reduce dtype, as PyTorch's FSDPParam.to_accumulated_grad_if_needed: under a
+    // bf16 compute / fp32 reduce policy the sum over micro-batches is fp32 (a gradient
+    // accumulated before is already in it, and add_ keeps its dtype).
+    const at::ScalarType dt = reduce_dtype();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      params_[i].accumulated_grad =
+          grads[i].defined() && grads[i].scalar_type() != dt ? grads[i].to(dt) : grads[i];
+    }
   } else if (any) {
     reduce_scatter_grads(std::move(grads));
   }
@@ -670,9 +767,10 @@ void FSDPState::post_backward() {
 
 void FSDPState::reduce_scatter_grads(std::vector<at::Tensor> grads) {
   at::NoGradGuard no_grad;
-  const at::ScalarType reduce_dtype =
-      options_.mp_policy.reduce_dtype.value_or(options_.mp_policy.param_dtype.value_or(orig_dtype_));
+  const GradientDivide divide = gradient_divide(reduce_dtype(), shard_size_, replicate_size_, divide_factor_);
   PendingReduceScatter rs;
+  rs.all_reduce_premul = divide.all_reduce_premul;
+  rs.post_divide = divide.post_divide;
   rs.state = shared_from_this();
   rs.has_grad.resize(params_.size());
   int64_t S = 0;
@@ -684,12 +782,14 @@ void FSDPState::reduce_scatter_grads(std::vector<at::Tensor> grads) {
   // finished, and its buffers freed, before this group's input exists.
   FSDPState& root = root_or_self();
   root.finish_pending_reduce_scatter();
-  const auto options = at::TensorOptions().dtype(reduce_dtype).device(device_);
+  const auto options = at::TensorOptions().dtype(reduce_dtype()).device(device_);
   rs.output = at::empty({S}, options);
   {
     // Not kept: the group holds the input while the collective needs it (NOTE: [Async
     // collectives]) and frees it when it completes.
     const at::Tensor input = reduce_scatter_input(params_, grads, shard_size_, S, options);
+    if (divide.premul != 1) input.mul_(divide.premul);
+    if (divide.pre_divide != 1) input.div_(divide.pre_divide);
     rs.work = shard_group_->reduce_scatter_into_async(rs.output, input, comm::ReduceOp::SUM);
   }
   record(FSDPTraceEvent::Kind::kReduceScatterIssued, rs.work->issued_at());
@@ -712,8 +812,11 @@ void FSDPState::finish_reduce_scatter(PendingReduceScatter& rs) {
   at::NoGradGuard no_grad;
   rs.work->wait();
   at::Tensor& output = rs.output;
-  if (replicate_group_) replicate_group_->all_reduce(output, comm::ReduceOp::SUM);
-  output.div_(divide_factor_.value_or(static_cast<double>(shard_size_ * replicate_size_)));
+  if (replicate_group_) {
+    if (rs.all_reduce_premul != 1) output.mul_(rs.all_reduce_premul);
+    replicate_group_->all_reduce(output, comm::ReduceOp::SUM);
+  }
+  if (rs.post_divide != 1) output.div_(rs.post_divide);
   int64_t off = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     FSDPParam& p = params_[i];
@@ -882,6 +985,11 @@ FSDPModule fully_shard(torch::nn::Module& module, FullyShardOptions options) {
   if (mesh.ndim() != 1 && mesh.ndim() != 2) {
     fail(module, "the mesh must have 1 dim (FSDP) or 2 dims (replicate, shard) for HSDP, got " +
                      std::to_string(mesh.ndim()) + " dims: " + mesh.to_string());
+  }
+  if (mesh.ndim() == 2 && mesh.mesh_dim_names().empty()) {
+    // PyTorch's fully_shard: "Please init the 2D mesh for HSDP with mesh_dim_names specified".
+    fail(module, "HSDP needs a 2-D mesh with dim names, e.g. init_device_mesh(\"cpu\", {replicate, shard}, "
+                 "{\"replicate\", \"shard\"}), got " + mesh.to_string());
   }
   if (!mesh.get_coordinate().has_value()) fail(module, "the mesh " + mesh.to_string() + " does not contain this rank");
   // The FSDP extension (NOTE: [FSDP extensions]).

@@ -126,6 +126,15 @@ std::vector<Match> matches(torch::nn::Module& module, const std::string& pattern
 void check_mesh(const DeviceMesh& mesh) {
   TORCH_CHECK(mesh.ndim() == 1, "parallelize_module: tensor parallelism takes a 1-D device mesh, got ",
               mesh.to_string(), "; slice the tensor-parallel dim, e.g. mesh[\"tp\"]");
+  // PyTorch's _validate_tp_mesh_dim (tensor/parallel/_utils.py): tensor parallelism is the
+  // innermost dim of its parent mesh, the one FSDP x TP composes with (FSDP dims first).
+  if (auto parent = mesh.get_parent_mesh()) {
+    const int64_t dim = mesh.get_parent_mesh_dims().at(0);
+    TORCH_CHECK(dim == parent->ndim() - 1, "parallelize_module: the tensor-parallel mesh ", mesh.to_string(),
+                " is dim ", dim, " of its parent mesh ", parent->to_string(),
+                "; tensor parallelism must be the innermost (last) dim of its parent mesh, e.g. "
+                "init_device_mesh(\"cpu\", {dp, tp}, {\"dp\", \"tp\"}) and mesh[\"tp\"]");
+  }
 }
 
 std::shared_ptr<torch::nn::Module> shared(torch::nn::Module& module) {

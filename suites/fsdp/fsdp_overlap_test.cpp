@@ -274,7 +274,9 @@ void check_prefetch_parity(testing::MultiRankTest& t, const ParityCase& c) {
     (*m)->to(device);
   }
   fsdp::FullyShardOptions opts;
-  opts.mesh = init_device_mesh(t.device_type(), c.mesh_shape, {}, t.group_ptr());
+  const std::vector<std::string> names =  // HSDP's 2-D mesh names its dims (fully_shard requires it)
+      c.mesh_shape.size() == 2 ? std::vector<std::string>{"replicate", "shard"} : std::vector<std::string>{};
+  opts.mesh = init_device_mesh(t.device_type(), c.mesh_shape, names, t.group_ptr());
   opts.reshard_after_forward = c.reshard_after_forward;
   shard(off, opts, /*prefetch=*/false);
   shard(on, opts, /*prefetch=*/true);

@@ -126,7 +126,10 @@ void check_parity(testing::MultiRankTest& t, const std::function<Model()>& make,
   SCOPED_TRACE(describe(c));
   auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
   if (mesh_shape.empty()) mesh_shape = {t.ranks()};
-  auto mesh = init_device_mesh(t.device_type(), mesh_shape, {}, counting);
+  // HSDP's 2-D mesh names its dims (fully_shard requires it).
+  const std::vector<std::string> names =
+      mesh_shape.size() == 2 ? std::vector<std::string>{"replicate", "shard"} : std::vector<std::string>{};
+  auto mesh = init_device_mesh(t.device_type(), mesh_shape, names, counting);
   const c10::Device device(t.device_type());
   Model ref = make(), model = make();
   init_deterministic(*ref);
@@ -370,6 +373,133 @@ DTENSOR_TEST_F(FsdpThreads, GradientDivideFactor) {
   expect_sharded_parity(*ref, *model, /*grads=*/true, "sum");
 }
 
+// set_gradient_divide_factor(3): PyTorch reduces float32 with ReduceOp.PREMUL_SUM(1/3), each
+// rank's gradient scaled by 1/3 before the sum (_get_gradient_divide_factors in
+// _fsdp_collectives.py), which rounds differently from dividing the sum by 3. Only rank 0's loss
+// counts (the others' is multiplied by 0), so the sum is exact whatever its order, and every
+// sharded gradient equals rank 0's gradient times 1/3 bit for bit.
+DTENSOR_TEST_F(FsdpThreads, GradientDivideFactorPreScalesAsPyTorch) {
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
+  UnevenMLP ref, model;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  shard_uneven(model, mesh, opts);
+  constexpr double kFactor = 3;
+  fsdp::get_fsdp_module(*model)->set_gradient_divide_factor(kFactor);
+  for (size_t i = 0; i < model->layers->size(); ++i) fsdp::get_fsdp_module(*model->layers[i])->set_gradient_divide_factor(kFactor);
+  const at::Tensor global = values({2 * ranks(), 7}, 0.4);
+  mean_square(nn::call(ref, my_rows(global, 0, ranks()))).backward();
+  (mean_square(nn::call(model, my_rows(global, rank(), ranks()))) * (rank() == 0 ? 1.0 : 0.0)).backward();
+  bool rounding_differs = false;
+  auto r = nn::named_parameters(*ref), s = nn::named_parameters(*model);
+  ASSERT_EQ(r.size(), s.size());
+  for (size_t i = 0; i < r.size(); ++i) {
+    const at::Tensor g = r[i].second.grad();
+    const at::Tensor prescaled = g * (1.0 / kFactor);
+    rounding_differs = rounding_differs || !prescaled.equal(g / kFactor);
+    const DTensorSpec& spec = get_spec(s[i].second);
+    const at::Tensor expected = local_tensor(distribute_tensor(prescaled, spec.mesh, spec.placements));
+    EXPECT_TRUE(expected.equal(local_tensor(s[i].second.grad()))) << r[i].first;
+  }
+  ASSERT_TRUE(rounding_differs) << "these gradients cannot tell pre-scaling from dividing the sum";
+}
+
+// Gradient accumulation under bf16 compute / fp32 reduction: PyTorch keeps the gradients of
+// micro-batches run without gradient sync in the reduce dtype (FSDPParam's
+// to_accumulated_grad_if_needed), so 4 micro-batches are summed in fp32. Reference: a bf16 copy
+// of the model computes each rank's micro-batch gradients (bit-identical to FSDP's unsharded
+// bf16 compute), summed in fp32 per rank, then over ranks, divided by the number of ranks.
+DTENSOR_TEST_F(FsdpThreads, AccumulationWithoutSyncKeepsTheReduceDtype) {
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
+  UnevenMLP ref, model;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  ref->to(at::kBFloat16);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  opts.mp_policy.param_dtype = at::kBFloat16;
+  opts.mp_policy.reduce_dtype = at::kFloat;
+  shard_uneven(model, mesh, opts);
+  auto root = *fsdp::get_fsdp_module(*model);
+  constexpr int kMicro = 4;
+  const at::Tensor global = values({kMicro * 2 * ranks(), 7}, 0.3);
+  auto micro_batch = [&](int r, int m) { return my_rows(global, r, ranks()).narrow(0, 2 * m, 2); };
+  // Per parameter: the sum over ranks of each rank's fp32 (and, for contrast, bf16) sum.
+  auto ref_params = nn::parameters(*ref);
+  std::vector<at::Tensor> sum32(ref_params.size()), sum16(ref_params.size());
+  for (int r = 0; r < ranks(); ++r) {
+    std::vector<at::Tensor> mine32(ref_params.size()), mine16(ref_params.size());
+    for (int m = 0; m < kMicro; ++m) {
+      for (auto& p : ref_params) p.mutable_grad() = at::Tensor();
+      mean_square(nn::call(ref, micro_batch(r, m).to(at::kBFloat16))).backward();
+      for (size_t i = 0; i < ref_params.size(); ++i) {
+        const at::Tensor g = ref_params[i].grad();
+        mine32[i] = m == 0 ? g.to(at::kFloat) : mine32[i] + g.to(at::kFloat);
+        mine16[i] = m == 0 ? g.clone() : mine16[i] + g;
+      }
+    }
+    for (size_t i = 0; i < ref_params.size(); ++i) {
+      sum32[i] = r == 0 ? mine32[i] : sum32[i] + mine32[i];
+      sum16[i] = r == 0 ? mine16[i].to(at::kFloat) : sum16[i] + mine16[i].to(at::kFloat);
+    }
+  }
+  for (int m = 0; m < kMicro; ++m) {
+    root.set_requires_gradient_sync(m == kMicro - 1);
+    mean_square(nn::call(model, micro_batch(rank(), m))).backward();
+  }
+  constexpr double kRtolFp32 = 1e-5, kAtolFp32 = 1e-6;
+  bool bf16_sum_differs = false;
+  auto s = nn::named_parameters(*model);
+  ASSERT_EQ(s.size(), ref_params.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    const at::Tensor expected_full = sum32[i] / ranks();
+    bf16_sum_differs = bf16_sum_differs || !testing::tensors_close(sum16[i] / ranks(), expected_full, kRtolFp32, kAtolFp32);
+    const DTensorSpec& spec = get_spec(s[i].second);
+    const at::Tensor expected = local_tensor(distribute_tensor(expected_full, spec.mesh, spec.placements));
+    const at::Tensor grad = local_tensor(s[i].second.grad());
+    EXPECT_EQ(grad.scalar_type(), at::kFloat) << s[i].first;
+    EXPECT_TRUE(testing::tensors_close(expected, grad, kRtolFp32, kAtolFp32)) << s[i].first;
+  }
+  ASSERT_TRUE(bf16_sum_differs) << "these gradients cannot tell an fp32 sum from a bf16 one";
+}
+
+// model->to(at::kDouble) after fully_shard, as PyTorch's test_to_float64_after_init: the
+// sharded parameters become float64 DTensors, and Adam training matches a float64 model trained
+// on the global batch, gradients float64 too.
+DTENSOR_TEST_F(FsdpThreads, CastToFloat64AfterFullyShardTrains) {
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
+  UnevenMLP ref, model;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  shard_uneven(model, mesh, opts);
+  ref->to(at::kDouble);
+  model->to(at::kDouble);
+  for (auto& p : nn::parameters(*model)) {
+    ASSERT_TRUE(is_dtensor(p));
+    EXPECT_EQ(p.scalar_type(), at::kDouble);
+    EXPECT_EQ(local_tensor(p).scalar_type(), at::kDouble);
+    EXPECT_EQ(get_spec(p).tensor_meta.dtype, at::kDouble);
+  }
+  torch::optim::Adam opt_ref(nn::parameters(*ref), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam opt(nn::parameters(*model), torch::optim::AdamOptions(1e-2));
+  const at::Tensor global = values({2 * ranks(), 7}, 0.3).to(at::kDouble);
+  for (int step = 0; step < 4; ++step) {
+    opt_ref.zero_grad();
+    opt.zero_grad();
+    mean_square(nn::call(ref, global)).backward();
+    mean_square(nn::call(model, my_rows(global, rank(), ranks()))).backward();
+    expect_sharded_parity(*ref, *model, /*grads=*/true, "step " + std::to_string(step));
+    for (auto& p : nn::parameters(*model)) EXPECT_EQ(local_tensor(p.grad()).scalar_type(), at::kDouble);
+    opt_ref.step();
+    opt.step();
+  }
+  expect_sharded_parity(*ref, *model, /*grads=*/false, "after 4 steps");
+}
+
 // Collectives per step with the root resharded too (reshard_after_forward=true set explicitly
 // on every module): backward all-gathers = groups; and with the root left alone: groups - 1.
 DTENSOR_TEST_F(FsdpThreads, CollectivesPerStepMatchPyTorch) {
@@ -471,6 +601,37 @@ DTENSOR_TEST_F(FsdpThreads, ErrorsOnEveryRankBeforeAnythingChanges) {
                  "is " + mesh.to_string() + ": FSDP over tensor parallelism needs the FSDP mesh and the "
                  "parameter's mesh to be sub-meshes of one parent mesh, but the FSDP mesh has no parent mesh");
   }
+}
+
+// HSDP's 2-D mesh must name its dims, as PyTorch's fully_shard requires ("Please init the 2D
+// mesh for HSDP with mesh_dim_names specified"); refused on every rank before anything changes.
+DTENSOR_TEST_F(FsdpThreads, HsdpNeedsNamedMeshDims) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
+  torch::nn::Linear lin(4, 4);
+  fsdp::FullyShardOptions o;
+  o.mesh = init_device_mesh(device_type(), mesh_shape_2d(), {}, group_ptr());
+  expect_error([&] { fsdp::fully_shard(lin, o); },
+               "fully_shard(torch::nn::LinearImpl): HSDP needs a 2-D mesh with dim names, e.g. init_device_mesh(\"cpu\", "
+               "{replicate, shard}, {\"replicate\", \"shard\"}), got " + o.mesh->to_string());
+  EXPECT_FALSE(is_dtensor(lin->weight));
+  o.mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"replicate", "shard"}, group_ptr());
+  fsdp::fully_shard(lin, o);
+  EXPECT_TRUE(is_dtensor(lin->weight));
+}
+
+// FSDP x TP with tensor parallelism on the LEADING dim of the parent mesh ({"tp", "dp"}): the
+// reference Transformer's parallelize on mesh["tp"] is refused on every rank before anything
+// changes, naming the dims, as PyTorch's parallelize_module refuses TP that is not the
+// innermost mesh dim (_validate_tp_mesh_dim); a DTensor parameter on that dim is refused by
+// fully_shard (FsdpTpErrorsNameTheMeshes).
+DTENSOR_TEST_F(FsdpThreads, TensorParallelOnTheLeadingMeshDimIsRefused) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);
+  auto mesh = init_device_mesh(device_type(), {2, ranks() / 2}, {"tp", "dp"}, group_ptr());
+  models::Transformer model(uneven_args());
+  expect_error([&] { models::Transformer::parallelize(model, mesh["tp"], false); },
+               "parallelize_module: the tensor-parallel mesh " + mesh["tp"].to_string() + " is dim 0 of its parent mesh " +
+                   mesh.to_string() + "; tensor parallelism must be the innermost (last) dim of its parent mesh");
+  for (auto& p : nn::parameters(*model)) EXPECT_FALSE(is_dtensor(p));
 }
 
 // A mesh need not hold every rank of its group: fully_shard on a rank outside its mesh fails
@@ -1194,7 +1355,9 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpErrorsNameTheMeshes) {
                  "the FSDP mesh must be the leading dims of the parent mesh");
   }
   {
-    auto lin = make(mesh["dp"]);
+    // By hand: parallelize_module refuses tensor parallelism on a leading dim.
+    torch::nn::Linear lin(4, 4);
+    nn::swap_parameter(*lin, "weight", distribute_tensor(lin->weight.detach(), mesh["dp"], {Shard{0}}));
     opts.mesh = mesh["tp"];
     expect_error([&] { fsdp::fully_shard(lin, opts); }, "they are the parent's dims [1] and [0]");
     EXPECT_FALSE(fsdp::get_fsdp_module(*lin).has_value());
