@@ -418,9 +418,12 @@ DTENSOR_TEST_BOTH(FsdpOverlapGloo, FsdpOverlapThreads, FailedBackwardLeavesNoGra
 }
 
 // A backward prefetch list naming a module other than the next one to run: blocks 3 and 2 both
-// prefetch block 0 (as FSDP2 allows). The prefetch is only early work: block 1 gathers in its own
-// pre-backward, block 0's all-gather is waited for once, and losses, gradients and parameters
-// match one rank on the global batch step after step.
+// prefetch block 0 (as FSDP2 allows), and block 0, the last to run backward, prefetches block 3,
+// whose backward is over (PyTorch's test_backward_misprefetch: in_proj prefetches out_proj). The
+// prefetch is only early work: block 1 gathers in its own pre-backward, block 0's all-gather is
+// waited for once, block 3's is dropped at the end of backward (its parameters change in the
+// step), and losses, gradients and parameters match one rank on the global batch step after
+// step.
 DTENSOR_TEST_BOTH(FsdpOverlapGloo, FsdpOverlapThreads, MistargetedBackwardPrefetchMatchesOneRank) {
   const c10::Device device(t.device_type());
   Stack ref, model;
@@ -433,6 +436,7 @@ DTENSOR_TEST_BOTH(FsdpOverlapGloo, FsdpOverlapThreads, MistargetedBackwardPrefet
   shard(model, opts, /*prefetch=*/false);
   layer_module(model, 3).set_modules_to_backward_prefetch({layer_module(model, 0)});
   layer_module(model, 2).set_modules_to_backward_prefetch({layer_module(model, 0)});
+  layer_module(model, 0).set_modules_to_backward_prefetch({layer_module(model, 3)});
   auto make = [](Stack& m) { return torch::optim::SGD(nn::parameters(*m), torch::optim::SGDOptions(0.05).momentum(0.9)); };
   auto opt_ref = make(ref), opt_model = make(model);
   const at::Tensor global = values({2 * t.ranks(), 7}, 0.3).to(device);
