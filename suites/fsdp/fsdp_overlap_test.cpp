@@ -21,6 +21,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
 #include <map>
@@ -426,34 +427,44 @@ DTENSOR_TEST_BOTH(FsdpOverlapGloo, FsdpOverlapThreads, FailedBackwardLeavesNoGra
 // step.
 DTENSOR_TEST_BOTH(FsdpOverlapGloo, FsdpOverlapThreads, MistargetedBackwardPrefetchMatchesOneRank) {
   const c10::Device device(t.device_type());
-  Stack ref, model;
-  init_deterministic(*ref);
-  init_deterministic(*model);
-  ref->to(device);
-  model->to(device);
-  fsdp::FullyShardOptions opts;
-  opts.mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, t.group_ptr());
-  shard(model, opts, /*prefetch=*/false);
-  layer_module(model, 3).set_modules_to_backward_prefetch({layer_module(model, 0)});
-  layer_module(model, 2).set_modules_to_backward_prefetch({layer_module(model, 0)});
-  layer_module(model, 0).set_modules_to_backward_prefetch({layer_module(model, 3)});
-  auto make = [](Stack& m) { return torch::optim::SGD(nn::parameters(*m), torch::optim::SGDOptions(0.05).momentum(0.9)); };
-  auto opt_ref = make(ref), opt_model = make(model);
-  const at::Tensor global = values({2 * t.ranks(), 7}, 0.3).to(device);
-  const at::Tensor input = my_rows(global, t.rank(), t.ranks());
-  for (int step = 0; step < 4; ++step) {
-    const std::string when = "step " + std::to_string(step);
-    opt_ref.zero_grad();
-    opt_model.zero_grad();
-    at::Tensor loss_ref = mean_square(nn::call(ref, global));
-    at::Tensor loss = mean_square(nn::call(model, input));
-    EXPECT_NEAR(loss_ref.item<double>(), mean_over_ranks(t, loss), 1e-5) << when << " loss";
-    loss_ref.backward();
-    loss.backward();
-    expect_sharded_parity(*ref, *model, /*grads=*/true, when);
-    opt_ref.step();
-    opt_model.step();
-    expect_sharded_parity(*ref, *model, /*grads=*/false, when + " after the step");
+  // Resharding after forward (the default) or not, with SGD's momentum or Adam's state.
+  for (const bool reshard : {true, false}) {
+    SCOPED_TRACE(reshard ? "reshard_after_forward default, SGD" : "reshard_after_forward=false, Adam");
+    Stack ref, model;
+    init_deterministic(*ref);
+    init_deterministic(*model);
+    ref->to(device);
+    model->to(device);
+    fsdp::FullyShardOptions opts;
+    opts.mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, t.group_ptr());
+    if (!reshard) opts.reshard_after_forward = false;
+    shard(model, opts, /*prefetch=*/false);
+    layer_module(model, 3).set_modules_to_backward_prefetch({layer_module(model, 0)});
+    layer_module(model, 2).set_modules_to_backward_prefetch({layer_module(model, 0)});
+    layer_module(model, 0).set_modules_to_backward_prefetch({layer_module(model, 3)});
+    auto make = [reshard](Stack& m) -> std::unique_ptr<torch::optim::Optimizer> {
+      if (reshard) {
+        return std::make_unique<torch::optim::SGD>(nn::parameters(*m), torch::optim::SGDOptions(0.05).momentum(0.9));
+      }
+      return std::make_unique<torch::optim::Adam>(nn::parameters(*m), torch::optim::AdamOptions(1e-2));
+    };
+    auto opt_ref = make(ref), opt_model = make(model);
+    const at::Tensor global = values({2 * t.ranks(), 7}, 0.3).to(device);
+    const at::Tensor input = my_rows(global, t.rank(), t.ranks());
+    for (int step = 0; step < 4; ++step) {
+      const std::string when = "step " + std::to_string(step);
+      opt_ref->zero_grad();
+      opt_model->zero_grad();
+      at::Tensor loss_ref = mean_square(nn::call(ref, global));
+      at::Tensor loss = mean_square(nn::call(model, input));
+      EXPECT_NEAR(loss_ref.item<double>(), mean_over_ranks(t, loss), 1e-5) << when << " loss";
+      loss_ref.backward();
+      loss.backward();
+      expect_sharded_parity(*ref, *model, /*grads=*/true, when);
+      opt_ref->step();
+      opt_model->step();
+      expect_sharded_parity(*ref, *model, /*grads=*/false, when + " after the step");
+    }
   }
 }
 
