@@ -14,7 +14,10 @@
 //    until the test was reported, and leaves the job (exit 1).
 //  - Results are exchanged through the store (t<k>/result/<rank>), not by a collective. A
 //    rank that neither reports nor beats its heartbeat (hb/<rank>, every kHeartbeat) for
-//    kDeadAfter is gone (crashed or killed).
+//    kDeadAfter is gone (crashed or killed, or its host is cut off).
+//  - While a body runs, the watchdog also reads its peers' heartbeats (NOTE: [A peer lost
+//    without a word]): one that stopped for kDeadAfter is gone, and the rank's collectives are
+//    aborted naming it, instead of waiting for the test's timeout.
 //  - The reporter is rank 0, or, when rank 0 is stuck or gone, the first surviving rank: when
 //    the store (rank 0's) fails, rank 1 reports; a rank > 1 reports only when rank 1's backup
 //    store (a TCPStore rank 1 hosts for this purpose) cannot be reached either.
@@ -36,11 +39,20 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <condition_variable>
 #include <iostream>
 #include <mutex>
@@ -59,6 +71,13 @@ constexpr milliseconds kHeartbeat{100};
 constexpr milliseconds kDeadAfter{3000};
 constexpr milliseconds kStuckGrace{2000};
 constexpr milliseconds kReportWait{10000};
+// How often the watchdog reads its peers' heartbeats while a body runs.
+constexpr milliseconds kPeerCheck{250};
+// The watchdog's store requests: one unanswered this long means the store's host (rank 0) is
+// gone or unreachable (NOTE: [A peer lost without a word]).
+constexpr milliseconds kStoreLostAfter{5000};
+// The group's and the store's own timeout beyond DTENSOR_TEST_TIMEOUT, when that is set.
+constexpr milliseconds kGroupTimeoutMargin{30000};
 const std::string kPrefix = "dtensor_ext/";
 
 std::optional<comm::RendezvousInfo> g_info;
@@ -97,6 +116,88 @@ c10::intrusive_ptr<c10d::TCPStore> connect_store(const std::string& host, int po
   o.timeout = timeout;
   compat::disable_libuv(o);
   return c10::make_intrusive<c10d::TCPStore>(host, o);
+}
+
+// NOTE: [A peer lost without a word]
+// A rank whose process dies closes its sockets: its peers' Gloo pairs fail at once. A rank whose
+// host is cut off (a link down, a host frozen or SIGSTOPped) closes nothing: its peers' pairs
+// wait for data that never comes, until the test's timeout or the group's. So while a body
+// runs, each rank's watchdog reads its peers' heartbeats every kPeerCheck and, when one has
+// not moved for kDeadAfter, aborts its own collectives naming that rank (stderr says so at
+// once); the results then mark it gone without waiting again. On the far side of the cut, the
+// lost rank's own watchdog sees the store stop answering within kStoreLostAfter (its
+// connection has that receive timeout) and that rank reports alone, as when rank 0 dies. A
+// store request has no timeout of its own in libtorch 1.13 (only waits set the socket's), so
+// connect_watchdog_store arms it with a wait.
+
+// A connection for the watchdog: every request on it fails after kStoreLostAfter without an
+// answer.
+c10::intrusive_ptr<c10d::TCPStore> connect_watchdog_store(const std::string& host, int port) {
+  auto s = connect_store(host, port, kStoreLostAfter);
+  s->add(kPrefix + "watchdogs", 1);
+  s->wait({kPrefix + "watchdogs"}, kStoreLostAfter);  // sets the socket's receive timeout
+  return s;
+}
+
+// The IPv4 address of the network interface `name` (GLOO_SOCKET_IFNAME, as PyTorch reads it).
+std::string interface_address(const std::string& name) {
+  TORCH_CHECK(name.find(',') == std::string::npos, "GLOO_SOCKET_IFNAME='", name,
+              "': the harness binds Gloo to one interface; name one");
+  ifaddrs* all = nullptr;
+  TORCH_CHECK(::getifaddrs(&all) == 0, "GLOO_SOCKET_IFNAME='", name, "': getifaddrs failed: ", std::strerror(errno));
+  std::string found, names;
+  for (ifaddrs* a = all; a; a = a->ifa_next) {
+    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET) continue;
+    if (names.find(std::string(" ") + a->ifa_name + ",") == std::string::npos)
+      names += std::string(" ") + a->ifa_name + ",";
+    if (found.empty() && name == a->ifa_name) {
+      char buf[INET_ADDRSTRLEN] = {};
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof buf);
+      found = buf;
+    }
+  }
+  ::freeifaddrs(all);
+  if (!names.empty()) names.pop_back();
+  TORCH_CHECK(!found.empty(), "GLOO_SOCKET_IFNAME='", name, "': this host has no IPv4 interface of that name (it has:",
+              names, ")");
+  return found;
+}
+
+// The local address this host's packets to `host` leave from (its route's source): where the
+// other ranks, which reach `host` too, can reach this one.
+std::string source_address_towards(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) return "127.0.0.1";
+  std::string out = "127.0.0.1";
+  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd >= 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof local;
+    if (::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char buf[INET_ADDRSTRLEN] = {};
+      if (::inet_ntop(AF_INET, &local.sin_addr, buf, sizeof buf)) out = buf;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
+// The group's and the store's timeout: DTENSOR_TEST_TIMEOUT plus a margin when set (short
+// test timeouts then bound every wait), else the collectives' default.
+milliseconds group_timeout() {
+  const std::string v = env_or("DTENSOR_TEST_TIMEOUT", "");
+  try {
+    const double s = v.empty() ? 0 : std::stod(v);
+    if (s > 0) return milliseconds(static_cast<int64_t>(s * 1000)) + kGroupTimeoutMargin;
+  } catch (const std::exception&) {
+    // the tests report the malformed value (MultiRankTest::effective_timeout)
+  }
+  return comm::kDefaultCollectiveTimeout;
 }
 
 // ---- printing on one rank only, switchable -----------------------------------------------
@@ -147,8 +248,12 @@ void start_reporting() {
 class Watchdog {
  public:
   void connect(c10::intrusive_ptr<c10d::Store> store) { store_ = std::move(store); }
-  void start(int rank) {
+  void start(int rank, int world_size) {
     rank_ = rank;
+    n_ = world_size;
+    beat_.assign(n_, -1);
+    beat_at_.assign(n_, Clock::now());
+    lost_.assign(n_, false);
     thread_ = std::thread([this] { loop(); });
   }
   void stop() {
@@ -181,11 +286,26 @@ class Watchdog {
     std::lock_guard<std::mutex> lk(mu_);
     return store_lost_;
   }
+  // The peers found gone while a body ran (NOTE: [A peer lost without a word]).
+  std::vector<bool> lost() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return lost_;
+  }
+  // The peers' heartbeats as last read during test `test`, and when each last moved; false
+  // when none was read during that test.
+  bool peer_beats(int test, std::vector<int64_t>* beat, std::vector<Clock::time_point>* at) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (baseline_test_ != test) return false;
+    *beat = beat_;
+    *at = beat_at_;
+    return true;
+  }
 
  private:
   void loop() {
     c10::intrusive_ptr<c10d::Store> store = store_;
     auto last_beat = Clock::now() - kHeartbeat;
+    auto last_peer_check = Clock::now();
     std::unique_lock<std::mutex> lk(mu_);
     while (!stop_) {
       cv_.wait_for(lk, kPoll);
@@ -208,6 +328,10 @@ class Watchdog {
             std::lock_guard<std::mutex> g(mu_);
             if (test_ == test) comm::abort_waits(why);  // not once the next test began
           }
+          if (in_body && now - last_peer_check >= kPeerCheck) {
+            last_peer_check = now;
+            check_peers(*store, test, now);
+          }
           if (in_body && now > deadline) on_deadline(*store, test, pre, now > deadline + kStuckGrace);
         }
       } catch (const std::exception& e) {
@@ -218,6 +342,43 @@ class Watchdog {
       }
       lk.lock();
     }
+  }
+
+  // NOTE: [A peer lost without a word]. Runs on the watchdog thread, mu_ not held.
+  void check_peers(c10d::Store& store, int test, Clock::time_point now) {
+    std::vector<int64_t> read(n_, -1);
+    for (int r = 0; r < n_; ++r)
+      if (r != rank_ && !lost_[r]) read[r] = store.add(kPrefix + "hb/" + std::to_string(r), 0);
+    std::vector<int> newly;
+    {
+      // beat_ and beat_at_ are written by this thread only, under mu_ for peer_beats().
+      std::lock_guard<std::mutex> g(mu_);
+      if (test != baseline_test_) {  // a fresh baseline for every test
+        baseline_test_ = test;
+        std::fill(beat_.begin(), beat_.end(), -1);
+        std::fill(beat_at_.begin(), beat_at_.end(), now);
+      }
+      for (int r = 0; r < n_; ++r) {
+        if (r == rank_ || lost_[r]) continue;
+        if (read[r] != beat_[r]) {
+          beat_[r] = read[r];
+          beat_at_[r] = now;
+        } else if (now - beat_at_[r] > kDeadAfter) {
+          newly.push_back(r);
+        }
+      }
+    }
+    if (newly.empty()) return;
+    std::ostringstream why;
+    why << (newly.size() == 1 ? "rank " : "ranks ");
+    for (size_t i = 0; i < newly.size(); ++i) why << (i ? "," : "") << newly[i];
+    why << (newly.size() == 1 ? " is" : " are") << " gone: no heartbeat for " << kDeadAfter.count() / 1000
+        << " s (crashed, killed, or cut off from the job's store)";
+    std::lock_guard<std::mutex> g(mu_);
+    if (test_ != test || !in_body_) return;
+    for (int r : newly) lost_[r] = true;
+    std::cerr << "[dtensor] rank " << rank_ << ": " << why.str() << "; ending this rank's collectives" << std::endl;
+    if (!comm::waits_aborted()) comm::abort_waits(why.str());
   }
 
   void on_deadline(c10d::Store& store, int test, const std::string& pre, bool stuck) {
@@ -261,6 +422,11 @@ class Watchdog {
   }
 
   int rank_ = -1;
+  int n_ = 0;
+  std::vector<int64_t> beat_;               // peers' heartbeats as last read (watchdog thread)
+  std::vector<Clock::time_point> beat_at_;  // when each last moved
+  std::vector<bool> lost_;                  // peers found gone (NOTE: [A peer lost without a word])
+  int baseline_test_ = -1;                  // the test beat_ was read in
   c10::intrusive_ptr<c10d::Store> store_;  // its own connection to the job's store
   std::thread thread_;
   std::mutex mu_;
@@ -344,16 +510,20 @@ void init_external_launcher() {
             << info.world_size << " (local rank " << info.local_rank << "), master " << info.master_addr
             << ":" << info.master_port << std::endl;
   g_group_options.backend = env_or("DTENSOR_BACKEND", "gloo");
-  g_group_options.timeout = comm::kDefaultCollectiveTimeout;
+  g_group_options.timeout = group_timeout();
   install_rank_signals(info.rank);
   g_watchdog = new Watchdog();
   try {
+    // Gloo binds to the interface named by GLOO_SOCKET_IFNAME, as under PyTorch (a host with
+    // several, or whose hostname does not resolve to the one the job uses).
+    const std::string ifname = env_or("GLOO_SOCKET_IFNAME", "");
+    if (!ifname.empty()) g_group_options.gloo_hostname = interface_address(ifname);
     g_store = comm::make_tcp_store(info.master_addr, info.master_port, info.rank, info.world_size,
                                    g_group_options.timeout);
     // Everything that needs every rank alive happens before the group's creation, which no
     // rank leaves before all have arrived: a rank 0 failing in its first test cannot stop a
     // peer still joining.
-    g_watchdog->connect(connect_store(info.master_addr, info.master_port, g_group_options.timeout));
+    g_watchdog->connect(connect_watchdog_store(info.master_addr, info.master_port));
     if (info.world_size > 1) {
       if (info.rank == 1) {
         c10d::TCPStoreOptions o;
@@ -362,8 +532,11 @@ void init_external_launcher() {
         o.waitWorkers = false;
         o.timeout = std::chrono::seconds(30);
         compat::disable_libuv(o);
-        char host[256] = "127.0.0.1";
-        if (info.master_addr != "127.0.0.1" && info.master_addr != "localhost") ::gethostname(host, sizeof host);
+        // The address the peers reach this host at: the one it reaches the master from (the
+        // hostname may resolve to another interface, or to nothing the peers can reach).
+        const std::string host = g_group_options.gloo_hostname.empty()
+                                     ? source_address_towards(info.master_addr, info.master_port)
+                                     : g_group_options.gloo_hostname;
         g_backup = c10::make_intrusive<c10d::TCPStore>(host, o);
         g_store->set(kPrefix + "backup", str_bytes(std::string(host) + " " + std::to_string(g_backup->getPort())));
       }
@@ -385,7 +558,7 @@ void init_external_launcher() {
     std::cerr << "[dtensor] rank " << info.rank << ": " << g_join_error << std::endl;
   }
   comm::set_waits_abortable(true);
-  if (g_join_error.empty()) g_watchdog->start(info.rank);
+  if (g_join_error.empty()) g_watchdog->start(info.rank, info.world_size);
   // Every rank records the results; only the reporter (rank 0, NOTE above) prints them.
   auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
   if (auto* p = listeners.default_result_printer()) listeners.Append(g_printer = new Switchable(listeners.Release(p)));
@@ -422,7 +595,11 @@ void run_external(const std::string& test_id, std::chrono::milliseconds timeout)
 
   std::vector<RankOutcome> outcomes(n);
   std::vector<bool> stuck(n, false), gone(n, false);
+  const std::vector<bool> lost = g_watchdog->lost();  // NOTE: [A peer lost without a word]
   try {
+    // Cut off from the store: reporting through it would wait for its timeout.
+    const std::string store_lost = g_watchdog->store_lost();
+    if (!store_lost.empty()) throw std::runtime_error(store_lost);
     if (mine.fatal() && g_store->add(pre + "nwhy", 1) == 1) {
       std::string why;
       for (auto& p : mine.parts)
@@ -440,6 +617,9 @@ void run_external(const std::string& test_id, std::chrono::milliseconds timeout)
     std::vector<bool> have(n, false);
     std::vector<int64_t> beat(n, -1);
     std::vector<Clock::time_point> beat_at(n, Clock::now());
+    // Go on from the watchdog's reading during the body: a peer it saw stop is not given
+    // kDeadAfter anew (its body may have ended by a peer's failure first).
+    g_watchdog->peer_beats(k, &beat, &beat_at);
     const auto give_up = t0 + timeout + kStuckGrace + kReportWait / 2;
     for (;;) {
       bool all = true;
@@ -460,7 +640,7 @@ void run_external(const std::string& test_id, std::chrono::milliseconds timeout)
         if (b != beat[r]) {
           beat[r] = b;
           beat_at[r] = now;
-        } else if (now - beat_at[r] > kDeadAfter || now > give_up) {
+        } else if (lost[r] || now - beat_at[r] > kDeadAfter || now > give_up) {
           gone[r] = true;
           continue;
         }
@@ -487,12 +667,16 @@ void run_external(const std::string& test_id, std::chrono::milliseconds timeout)
   }
   for (int r = 0; r < n; ++r) {
     outcomes[r].rank = r;
+    if (gone[r] && !lost[r])  // each survivor says so (the watchdog did for those it found)
+      std::cerr << "[dtensor] rank " << me << ": rank " << r << " is gone: it posted no result for " << test_id
+                << " and its heartbeat stopped" << std::endl;
     if (gone[r]) {
       RankResult gr;
       gr.rank = r;
       gr.parts.push_back({"exception", "", -1,
                           "rank " + std::to_string(r) +
-                              " is gone: it posted no result and its heartbeat stopped (crashed or killed)"});
+                              " is gone: it posted no result and its heartbeat stopped (crashed, killed, or cut off from "
+                              "the job's store)"});
       outcomes[r].result = gr;
     }
   }

@@ -11,7 +11,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <numeric>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace dtensor {
 namespace {
@@ -78,15 +80,31 @@ void check_collective_and_isolation(testing::MultiRankTest& t) {
 DTENSOR_TEST_F(SpawnRanks, CollectiveWorks) { check_collective_and_isolation(*this); }
 DTENSOR_TEST_F(PoolRanks, CollectiveWorks) { check_collective_and_isolation(*this); }
 
-// Pool workers keep their process (and group) from test to test.
-int64_t g_pool_tests_seen = 0;  // per worker process
-DTENSOR_TEST_F(PoolRanks, WorkersAreReused1) { ++g_pool_tests_seen; }
-DTENSOR_TEST_F(PoolRanks, WorkersAreReused2) {
-  ++g_pool_tests_seen;
-  // Run alone (ctest runs one test per program) a worker has seen 1 test; in a full run, 2+.
-  EXPECT_GE(g_pool_tests_seen, 1);
-  auto seen = comm::all_gather_object(group(), g_pool_tests_seen);
-  EXPECT_EQ(std::set<int64_t>(seen.begin(), seen.end()).size(), 1u) << "workers disagree";
+// Pool workers keep their process (and group) from test to test. A test run alone starts its
+// own pool (ctest runs every test as its own program), so reuse shows only across tests of one
+// program: these two are DISABLED_ and WorkerPool.RunsConsecutiveTestsInTheSameProcesses runs
+// them in that order in a child program. The second fails unless each of its ranks is the
+// process that ran the same rank of the first.
+int g_pool_bodies = 0;                // bodies this worker process ran
+std::vector<int64_t> g_pool_first_pids;  // every rank's pid, as the first test saw them
+DTENSOR_TEST_F(PoolRanks, DISABLED_WorkersAreReused1) {
+  ++g_pool_bodies;
+  g_pool_first_pids = comm::all_gather_object(group(), static_cast<int64_t>(::getpid()));
+}
+DTENSOR_TEST_F(PoolRanks, DISABLED_WorkersAreReused2) {
+  ++g_pool_bodies;
+  EXPECT_EQ(g_pool_bodies, 2) << "rank " << rank() << " (pid " << ::getpid() << ") did not run the previous test";
+  EXPECT_EQ(comm::all_gather_object(group(), static_cast<int64_t>(::getpid())), g_pool_first_pids)
+      << "the ranks are not the processes of the previous test";
+}
+
+TEST(WorkerPool, RunsConsecutiveTestsInTheSameProcesses) {
+  // DTENSOR_LAUNCH_MODE would override the fixture's pool (a CI pass in fork mode).
+  auto run = testing::run_self({"--gtest_filter=PoolRanks.DISABLED_WorkersAreReused1:PoolRanks.DISABLED_WorkersAreReused2",
+                                "--gtest_also_run_disabled_tests"},
+                               {{"DTENSOR_LAUNCH_MODE", "pool"}});
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("[  PASSED  ] 2 tests"), std::string::npos) << run.output;
 }
 
 // Fork-server ranks are fresh processes in every test, also when the fork server hands out

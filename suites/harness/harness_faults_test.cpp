@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <fstream>
 #include <future>
 #include <regex>
 #include <sstream>
@@ -83,6 +84,24 @@ DTENSOR_TEST_F(Faults, DISABLED_CrashInRank0) {
   if (rank() == 0) std::raise(SIGSEGV);
   at::Tensor x = at::ones({1});
   group().all_reduce(x);
+}
+
+// Collectives until a rank is lost without a word (its host cut off, or its process stopped:
+// no socket closes), or until the timeout. With DTENSOR_TEST_READY_DIR each rank leaves a file
+// ready.<rank> (holding its pid) there once its first collective completed; the rank named by
+// DTENSOR_TEST_FREEZE_RANK then stops itself (SIGSTOP). ci/multihost cuts a host's link instead.
+DTENSOR_TEST_F(Faults, DISABLED_CollectivesUntilARankIsLost) {
+  const char* dir = std::getenv("DTENSOR_TEST_READY_DIR");
+  const char* freeze = std::getenv("DTENSOR_TEST_FREEZE_RANK");
+  at::Tensor x = at::ones({1024});
+  for (int64_t i = 0;; ++i) {
+    group().all_reduce(x);
+    ASSERT_EQ(x[0].item<float>(), group().size()) << "after " << i << " all_reduces";
+    x.fill_(1);
+    if (i > 0) continue;
+    if (dir) std::ofstream(std::string(dir) + "/ready." + std::to_string(rank())) << ::getpid() << std::endl;
+    if (freeze && std::atoi(freeze) == rank()) std::raise(SIGSTOP);
+  }
 }
 
 // No collective at all: every rank leaves as soon as its group exists (DESIGN.md D12).
@@ -417,11 +436,15 @@ TEST(HarnessReports, TimeoutCanBeSetFromTheEnvironment) {
   EXPECT_CONTAINS(f.run.output, "timed out after 1.5 s");
 }
 
+// The fixture's timeout is 3 s, so neither the run's time nor a FAILED line tells a failure
+// from a hang killed at the timeout: the report must name both calls and no timeout.
 TEST(HarnessReports, DifferentCollectivesFailInsteadOfHanging) {
   auto f = run_fault("HangingFaults.DISABLED_DifferentCollectiveInRank1");
   EXPECT_NE(f.run.exit_code, 0);
-  EXPECT_CONTAINS(f.run.output, "HangingFaults.DISABLED_DifferentCollectiveInRank1");
-  EXPECT_CONTAINS(f.run.output, "FAILED");
+  EXPECT_CONTAINS(f.run.output, "[  FAILED  ] HangingFaults.DISABLED_DifferentCollectiveInRank1");
+  EXPECT_CONTAINS(f.run.output, "[rank 1: broadcast(");
+  EXPECT_CONTAINS(f.run.output, "[rank 0: all_reduce(");
+  EXPECT_EQ(f.run.output.find("timed out"), std::string::npos) << f.run.output;
   EXPECT_LT(f.run.seconds, 30);
 }
 
@@ -604,23 +627,30 @@ TEST(HarnessReports, ExternalLauncherRunsInLockstepAndOnlyRankZeroPrints) {
 }
 
 // NOTE: [External ranks learn of failures through the store] (harness/internal/external.cpp).
-// `n` processes of this program started by hand as torchrun would start them.
-std::vector<testing::ChildRun> run_external_job(const std::string& filter, int n,
-                                                const std::map<std::string, std::string>& extra = {}) {
+// `n` processes of this program started by hand as torchrun would start them. The threads
+// running them are returned, one per rank, for the caller to join.
+std::vector<std::thread> start_external_job(std::vector<testing::ChildRun>& runs, const std::string& filter,
+                                            const std::map<std::string, std::string>& extra,
+                                            std::chrono::seconds limit) {
+  const int n = static_cast<int>(runs.size());
   const std::string port = std::to_string(free_port());
-  std::vector<testing::ChildRun> runs(n);
   std::vector<std::thread> ts;
   for (int r = 0; r < n; ++r) {
-    ts.emplace_back([&, r] {
-      std::map<std::string, std::string> env = {
-          {"RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(n)}, {"LOCAL_RANK", std::to_string(r)},
-          {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}, {"DTENSOR_WORLD_SIZE", ""}, {"DTENSOR_BACKEND", ""}};
-      for (auto& kv : extra) env[kv.first] = kv.second;
-      runs[r] = testing::run_self({"--gtest_filter=" + filter, "--gtest_also_run_disabled_tests"}, env,
-                                  std::chrono::seconds(60));
+    std::map<std::string, std::string> env = {
+        {"RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(n)}, {"LOCAL_RANK", std::to_string(r)},
+        {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}, {"DTENSOR_WORLD_SIZE", ""}, {"DTENSOR_BACKEND", ""}};
+    for (auto& kv : extra) env[kv.first] = kv.second;
+    ts.emplace_back([&runs, r, env, filter, limit] {
+      runs[r] = testing::run_self({"--gtest_filter=" + filter, "--gtest_also_run_disabled_tests"}, env, limit);
     });
   }
-  for (auto& t : ts) t.join();
+  return ts;
+}
+
+std::vector<testing::ChildRun> run_external_job(const std::string& filter, int n,
+                                                const std::map<std::string, std::string>& extra = {}) {
+  std::vector<testing::ChildRun> runs(n);
+  for (auto& t : start_external_job(runs, filter, extra, std::chrono::seconds(60))) t.join();
   return runs;
 }
 
@@ -683,6 +713,47 @@ TEST(HarnessReports, ExternalRankZeroDyingIsReportedByTheFirstSurvivor) {
   EXPECT_CONTAINS(runs[1].output, "[  FAILED  ] Faults.DISABLED_CrashInRank0");
   EXPECT_EQ(runs[2].output.find("[  FAILED  ]"), std::string::npos) << runs[2].output;
   expect_every_rank_ends(runs, /*passed=*/false);
+}
+
+// NOTE: [A peer lost without a word] (harness/internal/external.cpp): rank 2 stops itself
+// (SIGSTOP) between collectives, its sockets open and silent, as a rank whose host was cut
+// off. Ranks 0 and 1 name it within seconds, far inside the 30 s timeout, and skip the rest
+// of the job. Before: they waited in all_reduce for the timeout. ci/multihost cuts a real link.
+TEST(HarnessReports, ExternalRankLostWithoutAWordIsNamedBeforeTheTimeout) {
+  testing::TempDir dir;
+  std::vector<testing::ChildRun> runs(3);
+  auto ts = start_external_job(runs, "Faults.DISABLED_CollectivesUntilARankIsLost:Faults.DISABLED_MeshCreation",
+                               {{"DTENSOR_TEST_READY_DIR", dir.path()}, {"DTENSOR_TEST_FREEZE_RANK", "2"},
+                                {"DTENSOR_TEST_TIMEOUT", "30"}},
+                               std::chrono::seconds(90));
+  ts[0].join();
+  ts[1].join();
+  // The stopped rank is killed by hand: nothing else would end it.
+  const std::string pid = testing::read_file(dir.path() + "/ready.2");
+  if (!pid.empty()) ::kill(static_cast<pid_t>(std::stol(pid)), SIGKILL);
+  ts[2].join();
+  ASSERT_FALSE(pid.empty()) << "rank 2 never completed a collective:\n" << runs[2].output;
+  EXPECT_CONTAINS(runs[0].output, "[  FAILED  ] Faults.DISABLED_CollectivesUntilARankIsLost");
+  EXPECT_CONTAINS(runs[0].output, "[rank 2] rank 2 is gone: it posted no result and its heartbeat stopped");
+  EXPECT_CONTAINS(runs[0].output, "not run: rank 2 left the job during Faults.DISABLED_CollectivesUntilARankIsLost");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_CONTAINS(runs[r].output, "[dtensor] rank " + std::to_string(r) + ": rank 2 is gone: no heartbeat for 3 s");
+    EXPECT_NE(runs[r].exit_code, 0) << runs[r].output;
+    EXPECT_LT(runs[r].seconds, 20) << "named at the timeout, not when its heartbeat stopped:\n" << runs[r].output;
+  }
+  EXPECT_EQ(runs[1].output.find("[  FAILED  ]"), std::string::npos) << "only rank 0 prints:\n" << runs[1].output;
+}
+
+// GLOO_SOCKET_IFNAME names the interface Gloo binds to, as under PyTorch; a name the host
+// lacks fails the job, naming the interfaces it has.
+TEST(HarnessReports, ExternalGlooInterfaceIsChosenByName) {
+  auto ok = run_external_job("Faults.DISABLED_MeshCreation", 2, {{"GLOO_SOCKET_IFNAME", "lo"}});
+  EXPECT_CONTAINS(ok[0].output, "[       OK ] Faults.DISABLED_MeshCreation");
+  expect_every_rank_ends(ok, /*passed=*/true);
+  auto bad = run_external_job("Faults.DISABLED_MeshCreation", 2, {{"GLOO_SOCKET_IFNAME", "nosuchif0"}});
+  EXPECT_CONTAINS(bad[0].output, "GLOO_SOCKET_IFNAME='nosuchif0': this host has no IPv4 interface of that name "
+                                 "(it has: lo");
+  expect_every_rank_ends(bad, /*passed=*/false);
 }
 
 }  // namespace
