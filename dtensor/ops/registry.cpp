@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <list>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -34,9 +35,62 @@ std::mutex g_cache_mu;
 // c10::hash_combine'd hashes; that combination collides for calls that differ in several
 // places (a causal attention call with inputs (Shard(2), Shard(0), Shard(3)) took the strategy
 // of a non-causal one with (Shard(2), Replicate, Shard(2))), and a collision silently gave the
-// wrong sharding. Equal keys now mean equal calls.
-std::unordered_map<std::string, OutputSharding> g_cache;
-CacheStats g_stats;
+// wrong sharding. Equal keys now mean equal calls. The cache is bounded (least recently used
+// first out, kPropagationCacheCapacity in registry.h): keys hold shapes, so a job whose shapes
+// keep changing would otherwise grow it without end.
+class PropagationCache {
+ public:
+  // The cached strategy for `key` (now the most recently used), or nullptr.
+  const OutputSharding* find(const std::string& key) {
+    auto it = index_.find(key);
+    if (it == index_.end()) {
+      ++stats_.misses;
+      return nullptr;
+    }
+    ++stats_.hits;
+    order_.splice(order_.begin(), order_, it->second);
+    return &it->second->second;
+  }
+  void insert(std::string key, OutputSharding value) {
+    if (index_.count(key)) return;  // two threads missed the same key
+    order_.emplace_front(std::move(key), std::move(value));
+    index_.emplace(order_.front().first, order_.begin());
+    evict_beyond(stats_.capacity);
+  }
+  size_t set_capacity(size_t capacity) {
+    TORCH_CHECK(capacity >= 1, "set_propagation_cache_capacity: the capacity must be at least 1, got ", capacity);
+    const size_t previous = stats_.capacity;
+    stats_.capacity = capacity;
+    evict_beyond(capacity);
+    return previous;
+  }
+  void clear() {
+    index_.clear();
+    order_.clear();
+    const size_t capacity = stats_.capacity;
+    stats_ = {};
+    stats_.capacity = capacity;
+  }
+  CacheStats stats() const {
+    CacheStats s = stats_;
+    s.size = order_.size();
+    return s;
+  }
+
+ private:
+  void evict_beyond(size_t capacity) {
+    while (order_.size() > capacity) {
+      index_.erase(order_.back().first);
+      order_.pop_back();
+      ++stats_.evictions;
+    }
+  }
+  // Most recently used first; the index points into it (list iterators stay valid).
+  std::list<std::pair<std::string, OutputSharding>> order_;
+  std::unordered_map<std::string, std::list<std::pair<std::string, OutputSharding>>::iterator> index_;
+  CacheStats stats_;
+};
+PropagationCache g_cache;
 
 // The bytes of a propagation cache key (NOTE: [Propagation cache keys are exact]).
 struct CacheKey {
@@ -354,12 +408,7 @@ OutputSharding propagate_plain(OpCall& call, const std::function<std::vector<Ten
   std::string key = std::move(k.bytes);
   {
     std::lock_guard<std::mutex> lk(g_cache_mu);
-    auto it = g_cache.find(key);
-    if (it != g_cache.end()) {
-      ++g_stats.hits;
-      return it->second;
-    }
-    ++g_stats.misses;
+    if (const OutputSharding* hit = g_cache.find(key)) return *hit;
   }
   // 2. The rule's single-dim options (or NOTE: [Replicate fallback]).
   TORCH_CHECK(entry != nullptr || t_replicate_fallback, "DTensor: operator ", call.name,
@@ -385,7 +434,7 @@ OutputSharding propagate_plain(OpCall& call, const std::function<std::vector<Ten
     }
     for (size_t j = 0; j < call.inputs.size(); ++j) fb.cost += redistribute_cost(*call.inputs[j], rep);
     std::lock_guard<std::mutex> lk(g_cache_mu);
-    g_cache.emplace(std::move(key), fb);
+    g_cache.insert(std::move(key), fb);
     return fb;
   }
   std::vector<DimOption> options = entry->rule(call);
@@ -483,7 +532,7 @@ OutputSharding propagate_plain(OpCall& call, const std::function<std::vector<Ten
                               " has data-dependent output shapes but chose a non-Replicate output");
   best.output_meta = call.output_meta;
   std::lock_guard<std::mutex> lk(g_cache_mu);
-  g_cache.emplace(std::move(key), best);
+  g_cache.insert(std::move(key), best);
   return best;
 }
 }  // namespace
@@ -496,13 +545,17 @@ void note_replicate_fallback_use() { ++t_replicate_fallback_uses; }
 
 CacheStats propagation_cache_stats() {
   std::lock_guard<std::mutex> lk(g_cache_mu);
-  return g_stats;
+  return g_cache.stats();
 }
 
 void clear_propagation_cache() {
   std::lock_guard<std::mutex> lk(g_cache_mu);
   g_cache.clear();
-  g_stats = {};
+}
+
+size_t set_propagation_cache_capacity(size_t capacity) {
+  std::lock_guard<std::mutex> lk(g_cache_mu);
+  return g_cache.set_capacity(capacity);
 }
 
 int64_t broadcast_input_dim(const std::vector<int64_t>& in_shape, const std::vector<int64_t>& out_shape,

@@ -172,12 +172,22 @@ OutputSharding propagate(OpCall& call, const std::function<std::vector<TensorMet
 // Estimated bytes moved to take `from` to `to` (0 when equal).
 double redistribute_cost(const DTensorSpec& from, const std::vector<Placement>& to);
 
-// Cache statistics (for tests and benchmarks).
+// The propagation cache is a least-recently-used map of at most this many strategies (NOTE:
+// [Propagation cache keys are exact]): a training loop's calls fit many times over (the
+// Transformer's step makes a few hundred), while a job whose shapes keep changing (a new
+// sequence length every step) holds a bounded amount, the least recently used dropped first.
+constexpr size_t kPropagationCacheCapacity = 4096;
+
+// Cache statistics (for tests and benchmarks); clear_propagation_cache() resets them.
 struct CacheStats {
-  int64_t hits = 0, misses = 0;
+  int64_t hits = 0, misses = 0, evictions = 0;
+  size_t size = 0, capacity = kPropagationCacheCapacity;
 };
 CacheStats propagation_cache_stats();
 void clear_propagation_cache();
+// Sets the capacity (at least 1; entries beyond it are evicted now) and returns the previous
+// one. For tests; the default is kPropagationCacheCapacity.
+size_t set_propagation_cache_capacity(size_t capacity);
 
 // ---- helpers for rules -----------------------------------------------------------------------
 // Shard(d) maps for a broadcasting input: the input dim that lines up with output dim d, or

@@ -3,6 +3,7 @@
 // placements to distribute_tensor named on every rank. As Gloo processes and as threads.
 #include "dtensor/comm/comm.h"
 #include "dtensor/mesh/device_mesh.h"
+#include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
 #include "suites/testing/counting_group.h"
@@ -62,6 +63,42 @@ DTENSOR_TEST_BOTH(TrustGloo, TrustThreads, DifferentPlacementsAreNamedOnEveryRan
     EXPECT_NE(what.substr(r0, r1 - r0).find("Shard(dim=0)"), std::string::npos) << what;
     EXPECT_NE(what.substr(r1).find("Shard(dim=1)"), std::string::npos) << what;
   }
+}
+
+// The propagation cache is bounded and drops the least recently used strategy first: with a
+// capacity of 3, calls on five shapes leave at most 3 entries, a repeated recent call hits, and
+// the first shape's call misses again, with the same result. Processes: the cache is
+// process-wide, so thread ranks would share it.
+DTENSOR_TEST_F(TrustGloo, PropagationCacheIsBoundedLeastRecentlyUsedFirst) {
+  struct Restore {
+    size_t capacity;
+    ~Restore() {
+      ops::set_propagation_cache_capacity(capacity);
+      ops::clear_propagation_cache();
+    }
+  } restore{ops::set_propagation_cache_capacity(3)};
+  ops::clear_propagation_cache();
+  const int64_t n = ranks();
+  DeviceMesh mesh = init_device_mesh(device_type(), {n});
+  auto call = [&](int64_t cols) {
+    at::Tensor full = at::arange(4 * n * cols, at::kFloat).view({4 * n, cols});
+    at::Tensor x = distribute_tensor(full, mesh, {Shard{0}});
+    at::Tensor y = x.mul(2);
+    EXPECT_TRUE(full_tensor(y).equal(full.mul(2))) << cols << " columns";
+  };
+  for (int64_t cols = 1; cols <= 5; ++cols) call(cols);
+  ops::CacheStats s = ops::propagation_cache_stats();
+  EXPECT_EQ(s.capacity, 3u);
+  EXPECT_LE(s.size, 3u);
+  EXPECT_GE(s.evictions, 2);
+  const int64_t misses = s.misses, hits = s.hits;
+  call(5);  // the most recent shape: its strategies are cached
+  s = ops::propagation_cache_stats();
+  EXPECT_EQ(s.misses, misses);
+  EXPECT_GT(s.hits, hits);
+  call(1);  // the least recent: evicted, propagated again
+  EXPECT_GT(ops::propagation_cache_stats().misses, misses);
+  EXPECT_THROW(ops::set_propagation_cache_capacity(0), c10::Error);
 }
 
 }  // namespace
