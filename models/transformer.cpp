@@ -107,7 +107,7 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
 }
 
 
-// The plan of PyTorch's Transformer.parallelize (seeds/README.md).
+// The plan of PyTorch's Transformer.parallelize (common_dtensor.py).
 Transformer Transformer::parallelize(Transformer module, const DeviceMesh& mesh, bool use_seq_parallel,
                                      bool local_output_for_attn, bool async_tp) {
   const ModelArgs& args = module->model_args;

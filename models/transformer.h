@@ -1,7 +1,7 @@
 // models/transformer.h
 //
 // The toy Transformer of PyTorch's common_dtensor.py (after nanoGPT) and its parts, with
-// Transformer::parallelize applying PyTorch's tensor-parallel plan (seeds/README.md). Children
+// Transformer::parallelize applying PyTorch's tensor-parallel plan (common_dtensor.py). Children
 // are called through dtensor::nn::call, so parallel styles can hook them; parameter names
 // equal PyTorch's ("layers.0.attention.wq.weight", ...).
 //
@@ -30,7 +30,7 @@
 namespace dtensor {
 namespace models {
 
-// The seed's dataclass, same fields and defaults.
+// common_dtensor.py's ModelArgs dataclass, same fields and defaults.
 struct ModelArgs {
   int64_t n_layers = 2;
   int64_t vocab_size = 8;
@@ -109,7 +109,7 @@ class Transformer : public torch::nn::ModuleHolder<TransformerImpl> {
   using torch::nn::ModuleHolder<TransformerImpl>::ModuleHolder;
   using Impl = TransformerImpl;
 
-  // Applies PyTorch's tensor-parallel plan (seeds/README.md) on the 1-D mesh `mesh` and, with
+  // Applies PyTorch's tensor-parallel plan (common_dtensor.py's Transformer.parallelize) on the 1-D mesh `mesh` and, with
   // weight tying, ties output.weight to tok_embeddings.weight again. Without sequence
   // parallelism the embeddings are row-sharded with replicated outputs, attention and
   // feed-forward projections are Colwise/Rowwise pairs, and the output layer is column-sharded

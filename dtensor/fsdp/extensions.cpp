@@ -86,7 +86,7 @@ at::Tensor _all_gather_dtensor_last_dim(const at::Tensor& tensor, const std::opt
   return to_local(redistribute(tensor, spec.mesh, placements));
 }
 
-// ---- Seed 004's helpers ---------------------------------------------------------------------------
+// ---- The helpers of PyTorch's tensor/parallel/fsdp.py -------------------------------------------
 
 std::pair<at::Tensor, ParamExtension> _flatten_tensor(const at::Tensor& tensor) {
   if (!is_dtensor(tensor)) return {tensor, std::nullopt};

@@ -82,7 +82,7 @@ class FSDPExtensions {
   virtual at::Tensor all_gather_dtensor(const at::Tensor& tensor, const std::optional<DeviceMesh>& parent_mesh) const = 0;
 };
 
-// PyTorch's DTensorExtensions: the seed's helpers below.
+// PyTorch's DTensorExtensions: tensor/parallel/fsdp.py's helpers below.
 class DTensorExtensions : public FSDPExtensions {
  public:
   std::pair<at::Tensor, ParamExtension> pre_flatten_transform(const at::Tensor& tensor) const override;
@@ -143,7 +143,7 @@ at::Tensor _create_chunk_dtensor(const at::Tensor& tensor, int rank, const Devic
 // `root_mesh` is the tensor's mesh).
 at::Tensor _all_gather_dtensor_last_dim(const at::Tensor& tensor, const std::optional<DeviceMesh>& root_mesh);
 
-// ---- Seed 004's helpers ---------------------------------------------------------------------
+// ---- The helpers of PyTorch's tensor/parallel/fsdp.py ---------------------------------------
 
 // Not collective. (local tensor, spec) of a DTensor (the local tensor made to require grad, as
 // PyTorch does, when it is a leaf); (tensor, nullopt) otherwise.

@@ -76,7 +76,7 @@ at::Tensor storage_alias(const at::Tensor& t) {
 // NOTE: [FSDP over tensor-parallel parameters]
 // A parameter that is already a DTensor on a 1-D tensor-parallel mesh (parallelize_module on
 // mesh["tp"]) is sharded by fully_shard on mesh["dp"] like PyTorch's FSDP2
-// (_fsdp_param.py, _init_sharding_spec_tp) with the seed-004 transforms of FSDP1:
+// (_fsdp_param.py, _init_sharding_spec_tp) with the transforms of FSDP1's DTensorExtensions (tensor/parallel/fsdp.py):
 //   1. pre_flatten_transform (the FSDP extension's, NOTE: [FSDP extensions]): the parameter's
 //      local (TP) tensor and its spec (the param extension). FSDP chunks, pads, all-gathers and
 //      reduce-scatters that local tensor over the dp group exactly as it does a plain parameter

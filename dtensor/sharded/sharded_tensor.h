@@ -52,7 +52,7 @@ class ShardedTensor;
 // in `nested` and leaves `tensor` undefined. Only construction from local shards and global
 // metadata (not collective) and the accessors take nested shards; local_tensor(), gather,
 // reshard, to_dtensor and state() refuse them, naming the way out (_pre_load_state_dict
-// unwraps the inner tensor). The seed's helpers nest on every rank of the group, so the
+// unwraps the inner tensor). PyTorch's helpers (tensor/parallel/fsdp.py) nest on every rank of the group, so the
 // collectives refuse on every rank.
 struct Shard {
   // Throws unless the tensor's sizes are the metadata's and its device is the placement's.

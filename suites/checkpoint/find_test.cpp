@@ -1,5 +1,5 @@
 // dtensor/checkpoint lookups: find_tensor_shard, find_shard and find_state_dict_object over plain
-// tensors, DTensors, ShardedTensors and other objects, with every error of the seed; as 4 ranks
+// tensors, DTensors, ShardedTensors and other objects, with every error of PyTorch's checkpoint/utils.py; as 4 ranks
 // (gloo processes and threads) since sharded values need a group.
 #include "dtensor/checkpoint/checkpoint.h"
 #include "dtensor/comm/comm.h"

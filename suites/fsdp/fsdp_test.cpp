@@ -1453,7 +1453,7 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpStateDictRoundTrips) {
 }
 
 
-// ---- Seed 004's FSDPExtensions through fully_shard and the state-dict functions ------------------
+// ---- PyTorch's FSDPExtensions (tensor/parallel/fsdp.py) through fully_shard and the state dicts -
 
 // DTensorExtensions counting its calls (per rank: each rank thread has its own).
 class CountingExtensions : public fsdp::DTensorExtensions {

@@ -215,7 +215,7 @@ DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, ShardModuleOnASubProcessG
   EXPECT_TRUE(testing::tensors_close(nn::call(plain, input()), full_tensor(nn::call(mlp, input()))));
 }
 
-// ---- plan errors (the seed's, and the cross-rank ones) -------------------------------------------------
+// ---- plan errors (PyTorch's _shard/api.py ones, and the cross-rank ones) -------------------------------------------------
 
 // A Sharder that wraps the module in a Sequential-like holder, or changes it in place.
 struct WrapSharder : sharded::Sharder {
@@ -323,7 +323,7 @@ DTENSOR_TEST_BOTH(ShardModuleGloo, ShardModuleThreads, OutputHooksLeaveOtherOutp
                "must place one shard on each rank of the output's DeviceMesh('cpu', [0, 1, 2, 3])");
 }
 
-// Issue 15, item 19: an output on a 2-D mesh used to pass through unchanged, silently.
+// An output on a 2-D mesh must raise (it once passed through unchanged, silently).
 DTENSOR_TEST_F(ShardModuleThreads, ReshardOutputOnA2DMeshRaises) {
   auto mesh = init_device_mesh(device_type(), {1, ranks()});
   torch::nn::Identity id;

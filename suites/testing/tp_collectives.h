@@ -1,5 +1,5 @@
 // suites/testing/tp_collectives.h: the collectives one training step of the toy Transformer
-// needs under PyTorch's tensor-parallel plan (seeds/README.md), derived from the plan, for the
+// needs under PyTorch's tensor-parallel plan (common_dtensor.py's Transformer.parallelize), derived from the plan, for the
 // suite and the benchmark to compare against what CountingGroup measures.
 //
 // NOTE: [Collectives of the Transformer plan]
