@@ -8,7 +8,8 @@
 //   CollectiveError("<op> on <group> aborted: <reason>")
 // and so does every collective that starts waiting until clear_aborted_waits(). The backend's
 // operation stays pending: the group must not be used again (make a new one). A collective
-// that completes is never slowed down (the slice ends at completion). The harness's external
+// that completes is never slowed down (the slice ends at completion). Point-to-point send and
+// recv wait whole (NOTE: [Point-to-point waits are whole] in c10d_group.cpp). The harness's external
 // launcher mode uses this (harness/internal/external.cpp); nothing else does.
 #pragma once
 

@@ -430,9 +430,15 @@ std::string error_text(const std::exception& e) {
 // shared block because an aborted wait may drop this source while the operation is pending.
 class C10dSource final : public Work::Source {
  public:
+  // `sliceable`: false for point-to-point operations, whose waits are never sliced (NOTE:
+  // [Point-to-point waits are whole]).
   C10dSource(c10::intrusive_ptr<c10d::Work> work, std::shared_ptr<std::atomic<bool>> poisoned, const char* op,
-             GroupName where)
-      : work_(std::move(work)), poisoned_(std::move(poisoned)), op_(op), where_(std::move(where)) {
+             GroupName where, bool sliceable)
+      : work_(std::move(work)),
+        poisoned_(std::move(poisoned)),
+        op_(op),
+        where_(std::move(where)),
+        sliceable_(sliceable) {
     try {
       auto done = done_at_;
       work_->getFuture()->addCallback([done](c10::ivalue::Future&) {
@@ -454,7 +460,7 @@ class C10dSource final : public Work::Source {
       }
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Work::Clock::now());
-      const auto slice = g_abortable.load() ? std::min(left, kAbortSlice) : left;
+      const auto slice = sliceable_ && g_abortable.load() ? std::min(left, kAbortSlice) : left;
       try {
         work_->wait(std::max(std::chrono::milliseconds(1), slice));
         return true;
@@ -488,6 +494,7 @@ class C10dSource final : public Work::Source {
 
   c10::intrusive_ptr<c10d::Work> work_;
   std::shared_ptr<std::atomic<bool>> poisoned_;
+  bool sliceable_;
   const char* op_;
   GroupName where_;
   std::exception_ptr error_;
@@ -523,10 +530,17 @@ void check_avg(const Group& g, const char* op, const at::Tensor& t, ReduceOp r) 
 
 namespace {
 
+// NOTE: [Point-to-point waits are whole]
+// Abortable waits (NOTE: [Aborting waits]) wait in slices of kAbortSlice, which is harmless for
+// collectives: a c10d collective's timed wait only waits. A Gloo send or recv waits on Gloo's
+// unbound buffer, whose timed wait closes the connection when it expires ("Application timeout
+// caused pair closure"): a recv whose sender came one slice late failed, and with it every later
+// operation of the group. Point-to-point operations therefore wait whole, up to their deadline;
+// an abort ends them only after that.
 // The Work of a c10d operation issued on `g` (named by g.name(): nothing is formatted here).
 WorkPtr issue(const C10dGroup& g, const C10dGroup::Impl& impl, const char* op, c10::intrusive_ptr<c10d::Work> work,
-              std::function<void()> finish) {
-  auto source = std::make_unique<C10dSource>(std::move(work), impl.poisoned, op, g.name());
+              std::function<void()> finish, bool point_to_point = false) {
+  auto source = std::make_unique<C10dSource>(std::move(work), impl.poisoned, op, g.name(), !point_to_point);
   return std::make_shared<Work>(op, g.name(), std::move(source), std::move(finish), impl.options.timeout);
 }
 
@@ -669,7 +683,7 @@ WorkPtr C10dGroup::send_async(const at::Tensor& tensor, int dst, int tag) {
   TORCH_CHECK(dst != rank(), "send on ", describe(), ": a rank cannot send to itself");
   const Target tg = impl_->target(tensor);
   std::vector<at::Tensor> ts{for_backend(tensor, tg)};
-  return issue(*this, *impl_, "send", tg.pg->send(ts, dst, tag), nullptr);
+  return issue(*this, *impl_, "send", tg.pg->send(ts, dst, tag), nullptr, /*point_to_point=*/true);
 }
 
 WorkPtr C10dGroup::recv_async(const at::Tensor& tensor, int src, int tag) {
@@ -679,7 +693,7 @@ WorkPtr C10dGroup::recv_async(const at::Tensor& tensor, int src, int tag) {
   TORCH_CHECK(src != rank(), "recv on ", describe(), ": a rank cannot receive from itself");
   const Target tg = impl_->target(tensor);
   std::vector<at::Tensor> ts{for_backend(tensor, tg)};
-  return issue(*this, *impl_, "recv", tg.pg->recv(ts, src, tag), copy_back(tensor, ts[0]));
+  return issue(*this, *impl_, "recv", tg.pg->recv(ts, src, tag), copy_back(tensor, ts[0]), /*point_to_point=*/true);
 }
 
 WorkPtr C10dGroup::gather_async(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int dst) {

@@ -5,6 +5,7 @@
 // native NCCL collective runs) and "cpu:gloo,cuda:nccl". Each behaviour is written once
 // (COMM_TEST) and instantiated for every fixture; the NCCL ones skip, with the reason, where
 // this build has no NCCL or the machine too few GPUs.
+#include "dtensor/comm/abort.h"
 #include "dtensor/comm/c10d_guard.h"
 #include "dtensor/comm/comm.h"
 #include "dtensor/comm/device.h"
@@ -12,8 +13,10 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <thread>
 
 namespace dtensor {
 namespace {
@@ -531,6 +534,28 @@ COMM_TEST(GroupDestroyedWithWorkInFlight) {
   sub.reset();
   w->wait();
   EXPECT_TRUE(at::equal(x, at::full({2}, static_cast<double>(g.size()))));
+}
+
+// With abortable waits (NOTE: [Aborting waits], the harness's external mode) collectives wait
+// in short slices; a Gloo send or recv must not: the timed wait of Gloo's unbound buffer closes
+// the connection when it expires ("Application timeout caused pair closure"). A recv whose
+// sender comes well after one slice (it starts late on purpose) completes with the message.
+DTENSOR_TEST_F(GlooCollectives, AbortableWaitsLeaveALateSendRecvWhole) {
+  struct Restore {
+    ~Restore() { comm::set_waits_abortable(false); }
+  } restore;
+  comm::set_waits_abortable(true);
+  auto& g = group();
+  const at::Tensor msg = at::arange(3, at::kInt) + 10;
+  at::Tensor got = at::zeros({3}, at::kInt);
+  if (rank() == 0) {
+    g.recv(got, 1, 5);
+    EXPECT_TRUE(got.equal(msg)) << got;
+  } else if (rank() == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // ten slices late
+    g.send(msg, 0, 5);
+  }
+  g.barrier();
 }
 
 }  // namespace
