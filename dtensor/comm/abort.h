@@ -20,6 +20,7 @@ namespace dtensor {
 namespace comm {
 
 void set_waits_abortable(bool on);
+bool waits_abortable();
 void abort_waits(const std::string& reason);
 void clear_aborted_waits();
 std::optional<std::string> waits_aborted();  // the reason, while aborted

@@ -777,6 +777,7 @@ std::shared_ptr<Group> C10dGroup::new_subgroup(const std::vector<int>& ranks) {
 }
 
 void set_waits_abortable(bool on) { g_abortable = on; }
+bool waits_abortable() { return g_abortable.load(); }
 void abort_waits(const std::string& reason) {
   std::lock_guard<std::mutex> lk(g_abort_mu);
   if (!g_aborted.load()) g_abort_reason = reason;

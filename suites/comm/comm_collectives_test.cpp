@@ -541,9 +541,10 @@ COMM_TEST(GroupDestroyedWithWorkInFlight) {
 // the connection when it expires ("Application timeout caused pair closure"). A recv whose
 // sender comes well after one slice (it starts late on purpose) completes with the message.
 DTENSOR_TEST_F(GlooCollectives, AbortableWaitsLeaveALateSendRecvWhole) {
-  struct Restore {
-    ~Restore() { comm::set_waits_abortable(false); }
-  } restore;
+  struct Restore {  // as it was (on already under the harness's external mode)
+    bool was;
+    ~Restore() { comm::set_waits_abortable(was); }
+  } restore{comm::waits_abortable()};
   comm::set_waits_abortable(true);
   auto& g = group();
   const at::Tensor msg = at::arange(3, at::kInt) + 10;
