@@ -2,6 +2,7 @@
 // safetensors files read into sharded state dicts (see export.h).
 #include "dtensor/checkpoint/export.h"
 
+#include "dtensor/checkpoint/json_internal.h"
 #include "dtensor/checkpoint/load_internal.h"
 
 #include <ATen/ATen.h>
@@ -146,7 +147,7 @@ SafetensorsFile read_safetensors_header(const std::string& dir, const std::strin
   TORCH_CHECK(in.gcount() == 8, "safetensors file '", path, "' is truncated: it has no 8-byte header length");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | le[i];
-  TORCH_CHECK(int64_t(n) <= file_size - 8, "safetensors file '", path, "' is truncated or not safetensors: its header says ",
+  TORCH_CHECK(n <= uint64_t(file_size - 8), "safetensors file '", path, "' is truncated or not safetensors: its header says ",
               n, " bytes of JSON, the file has ", file_size - 8, " after the length");
   std::string text(size_t(n), '\0');
   in.read(text.data(), std::streamsize(n));
@@ -165,18 +166,22 @@ SafetensorsFile read_safetensors_header(const std::string& dir, const std::strin
       Entry e;
       e.kind = ItemKind::Tensor;
       e.dtype = dtype_from_safetensors(v.at("dtype").get<std::string>());
-      e.size = v.at("shape").get<std::vector<int64_t>>();
-      auto off = v.at("data_offsets").get<std::vector<int64_t>>();
+      e.size = detail::json_integers<int64_t>(v.at("shape"), ("key '" + k + "': shape").c_str());
+      auto off = detail::json_integers<int64_t>(v.at("data_offsets"), ("key '" + k + "': data_offsets").c_str());
       TORCH_CHECK(off.size() == 2, "key '", k, "': data_offsets must be [begin, end]");
-      int64_t numel = 1;
+      // The shape and offsets come from the file: no product or sum may overflow.
+      int64_t numel = 1, nbytes = 0;
       for (int64_t s : e.size) {
         TORCH_CHECK(s >= 0, "key '", k, "': negative dim in shape");
-        numel *= s;
+        TORCH_CHECK(!__builtin_mul_overflow(numel, s, &numel), "key '", k, "': the shape has more than 2^63 elements");
       }
-      TORCH_CHECK(off[0] >= 0 && off[1] - off[0] == numel * element_size(e.dtype), "key '", k, "': data_offsets [",
+      TORCH_CHECK(!__builtin_mul_overflow(numel, element_size(e.dtype), &nbytes), "key '", k,
+                  "': the shape has more than 2^63 bytes");
+      TORCH_CHECK(off[0] >= 0 && off[1] >= off[0] && off[1] - off[0] == nbytes, "key '", k, "': data_offsets [",
                   off[0], ", ", off[1], ") do not hold ", numel, " elements of ", e.dtype);
-      TORCH_CHECK(data_start + off[1] <= file_size, "key '", k, "': its bytes end at ", data_start + off[1],
-                  ", past the end of the file (", file_size, " bytes): the file is truncated");
+      TORCH_CHECK(off[1] <= file_size - data_start, "key '", k, "': its bytes end at ", off[1],
+                  " after the header, past the end of the file (", file_size - data_start,
+                  " bytes after the header): the file is truncated");
       StoredChunk sc;
       sc.chunk = ChunkMeta{std::vector<int64_t>(e.size.size(), 0), e.size};
       sc.file = name;
@@ -215,7 +220,14 @@ void read_safetensors_source(const std::string& path, const StateDict& state_dic
       TORCH_CHECK(false, "safetensors index '", path, "' is not valid: ", e.what());
     }
     std::set<std::string> names;
-    for (const auto& [k, f] : weight_map) names.insert(f);
+    for (const auto& [k, f] : weight_map) {
+      // Hugging Face's split files lie beside their index.
+      TORCH_CHECK(!f.empty() && f != "." && f != ".." && f.find('/') == std::string::npos &&
+                      f.find('\0') == std::string::npos,
+                  "safetensors index '", path, "' maps key '", k, "' to '", f,
+                  "', which is not a file name beside the index");
+      names.insert(f);
+    }
     for (const auto& name : names) files.push_back(read_safetensors_header(dir, name));
   } else {
     files.push_back(read_safetensors_header(dir, fs::path(path).filename().string()));
@@ -224,7 +236,9 @@ void read_safetensors_source(const std::string& path, const StateDict& state_dic
   m.checksum_block_bytes = kDefaultChecksumBlockBytes;
   if (is_index) {
     // The keys the index maps, each from its file (other tensors of the files are not read).
-    for (const auto& [k, name] : weight_map) {
+    for (const auto& key_file : weight_map) {
+      const std::string& k = key_file.first;
+      const std::string& name = key_file.second;  // named: C++17 lambdas cannot capture bindings
       auto f = std::find_if(files.begin(), files.end(), [&](const SafetensorsFile& x) { return x.name == name; });
       auto it = f->tensors.find(k);
       TORCH_CHECK(it != f->tensors.end(), "safetensors index '", path, "' maps key '", k, "' to '", name,
@@ -242,7 +256,8 @@ void read_safetensors_source(const std::string& path, const StateDict& state_dic
       auto it = f.metadata.find(k);
       if (it == f.metadata.end()) continue;
       auto bytes = from_hex(it->second);
-      TORCH_CHECK(bytes, "key '", k, "' of the metadata of '", f.name, "' is not a value export_safetensors wrote (not hex)");
+      TORCH_CHECK(bytes, "key '", k, "' of the \"__metadata__\" of safetensors file '", (fs::path(dir) / f.name).string(),
+                  "' is not a value export_safetensors wrote (not hex)");
       Entry e;
       e.kind = ItemKind::Object;
       StoredChunk sc;

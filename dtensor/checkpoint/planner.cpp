@@ -1,6 +1,8 @@
 // dtensor/checkpoint/planner.cpp: chunks, save planning (merge, dedup, validate), metadata.
 #include "dtensor/checkpoint/planner.h"
 
+#include "dtensor/checkpoint/json_internal.h"
+
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
@@ -58,23 +60,26 @@ bool boxes_overlap(const ChunkMeta& a, const ChunkMeta& b) {
 
 // Chunks of one tensor of `size`: each in bounds, none overlapping, all covering it. `what()`
 // names the tensor in errors (built only for one: this runs for every key of every load).
+// NOTE: [Sizes from files]: the sizes and offsets may come from a file (`.metadata`): every sum
+// and product is checked so that none overflows, and a chunk in bounds has no more elements
+// than its tensor.
 template <class What>
 void validate_chunks(const What& what, const std::vector<int64_t>& size, const std::vector<const ChunkMeta*>& chunks) {
-  int64_t covered = 0;
+  int64_t numel = 1;
+  for (int64_t s : size) {
+    TORCH_CHECK(s >= 0 && !__builtin_mul_overflow(numel, s, &numel), what(), ": size ", join(size),
+                " is negative or has more than 2^63 elements");
+  }
   c10::SmallVector<const ChunkMeta*, 8> nonempty;
   for (const ChunkMeta* cp : chunks) {
     const ChunkMeta& c = *cp;
     TORCH_CHECK(c.offsets.size() == size.size() && c.sizes.size() == size.size(), what(), ": chunk ", c.to_string(),
                 " has ", c.sizes.size(), " dims, the tensor ", size.size(), " (size ", join(size), ")");
     for (size_t d = 0; d < size.size(); ++d) {
-      TORCH_CHECK(c.offsets[d] >= 0 && c.sizes[d] >= 0 && c.offsets[d] + c.sizes[d] <= size[d], what(), ": chunk ",
-                  c.to_string(), " is out of bounds of size ", join(size));
+      TORCH_CHECK(c.offsets[d] >= 0 && c.sizes[d] >= 0 && c.offsets[d] <= size[d] && c.sizes[d] <= size[d] - c.offsets[d],
+                  what(), ": chunk ", c.to_string(), " is out of bounds of size ", join(size));
     }
-    const int64_t n = c.numel();
-    if (n > 0) {
-      covered += n;
-      nonempty.push_back(&c);
-    }
+    if (c.numel() > 0) nonempty.push_back(&c);
   }
   for (size_t i = 0; i < nonempty.size(); ++i) {
     for (size_t j = i + 1; j < nonempty.size(); ++j) {
@@ -82,8 +87,11 @@ void validate_chunks(const What& what, const std::vector<int64_t>& size, const s
                   nonempty[j]->to_string(), " overlap");
     }
   }
-  TORCH_CHECK(covered == numel_of(size), what(), ": the chunks cover ", covered, " of the ", numel_of(size),
-              " elements of size ", join(size));
+  // Disjoint boxes in bounds: their sum is at most numel.
+  int64_t covered = 0;
+  for (const ChunkMeta* c : nonempty) covered += c->numel();
+  TORCH_CHECK(covered == numel, what(), ": the chunks cover ", covered, " of the ", numel, " elements of size ",
+              join(size));
 }
 
 }  // namespace
@@ -201,7 +209,9 @@ std::vector<SavePlan> create_global_save_plan(const std::vector<SavePlan>& local
       if (item.kind == ItemKind::Tensor) chunks[item.fqn].push_back(item.chunk);
     }
   }
-  for (const auto& [fqn, cs] : chunks) {
+  for (const auto& key_chunks : chunks) {
+    const std::string& fqn = key_chunks.first;  // named: C++17 lambdas cannot capture bindings
+    const std::vector<ChunkMeta>& cs = key_chunks.second;
     const KeyInfo& k = keys.at(fqn);
     std::vector<int> ranks;
     for (int r = 0; r < int(local_plans.size()); ++r) {
@@ -241,14 +251,32 @@ int64_t Metadata::total_bytes() const {
   return n;
 }
 
+namespace {
+// A data file name from `.metadata`: a file of the checkpoint directory (save writes
+// "__<rank>_<save_id>.distcp"), never a path that leads out of it.
+bool plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+}  // namespace
+
 void validate_metadata(const Metadata& m) {
-  TORCH_CHECK(m.checksum_block_bytes > 0 && m.checksum_block_bytes % 16 == 0,
-              "checkpoint metadata: checksum_block_bytes ", m.checksum_block_bytes, " is not a positive multiple of 16");
+  TORCH_CHECK(m.checksum_block_bytes > 0 && m.checksum_block_bytes % 16 == 0 &&
+                  m.checksum_block_bytes <= kMaxChecksumBlockBytes,
+              "checkpoint metadata: checksum_block_bytes ", m.checksum_block_bytes,
+              " is not a positive multiple of 16 of at most ", kMaxChecksumBlockBytes);
   std::vector<const ChunkMeta*> cs;
-  for (const auto& [fqn, e] : m.entries) {
+  for (const auto& entry : m.entries) {
+    const std::string& fqn = entry.first;  // named: C++17 lambdas cannot capture bindings
+    const Entry& e = entry.second;
     for (const auto& c : e.chunks) {
-      TORCH_CHECK(c.offset >= 0 && c.length >= 0, "checkpoint metadata: key '", fqn, "' has a negative byte range");
-      int64_t blocks = (c.length + m.checksum_block_bytes - 1) / m.checksum_block_bytes;
+      TORCH_CHECK(plain_file_name(c.file), "checkpoint metadata: key '", fqn, "' is stored in '", c.file,
+                  "', which is not a file name of the checkpoint directory");
+      // NOTE: [Sizes from files]
+      TORCH_CHECK(c.offset >= 0 && c.length >= 0 && c.offset <= std::numeric_limits<int64_t>::max() - c.length,
+                  "checkpoint metadata: key '", fqn, "' has an invalid byte range (offset ", c.offset, ", length ",
+                  c.length, ")");
+      const int64_t blocks = c.length / m.checksum_block_bytes + (c.length % m.checksum_block_bytes != 0);
       TORCH_CHECK(int64_t(c.crc32.size()) == blocks, "checkpoint metadata: key '", fqn, "' chunk ", c.chunk.to_string(),
                   " has ", c.crc32.size(), " checksums for ", blocks, " blocks");
     }
@@ -257,21 +285,26 @@ void validate_metadata(const Metadata& m) {
                   " stored copies, expected 1");
       continue;
     }
-    int64_t esize = element_size(e.dtype);
+    const int64_t esize = element_size(e.dtype);
     cs.clear();
+    for (const auto& c : e.chunks) cs.push_back(&c.chunk);
+    validate_chunks([&] { return "checkpoint metadata: key '" + fqn + "'"; }, e.size, cs);
+    int64_t nbytes = 0;
+    TORCH_CHECK(!__builtin_mul_overflow(numel_of(e.size), esize, &nbytes), "checkpoint metadata: key '", fqn,
+                "' of size ", join(e.size), " has more than 2^63 bytes");
+    // In bounds (validated above): every chunk's byte count is at most nbytes.
     for (const auto& c : e.chunks) {
       TORCH_CHECK(c.length == c.chunk.numel() * esize, "checkpoint metadata: key '", fqn, "' chunk ",
                   c.chunk.to_string(), " has ", c.length, " bytes, expected ", c.chunk.numel() * esize);
-      cs.push_back(&c.chunk);
     }
-    validate_chunks([&] { return "checkpoint metadata: key '" + fqn + "'"; }, e.size, cs);
   }
 }
 
 void to_json(nlohmann::json& j, const ChunkMeta& c) { j = {{"offsets", c.offsets}, {"sizes", c.sizes}}; }
+// Numbers through detail::json_integer(s): these from_json read `.metadata`, a file.
 void from_json(const nlohmann::json& j, ChunkMeta& c) {
-  j.at("offsets").get_to(c.offsets);
-  j.at("sizes").get_to(c.sizes);
+  c.offsets = detail::json_integers<int64_t>(j.at("offsets"), "checkpoint metadata: chunk offsets");
+  c.sizes = detail::json_integers<int64_t>(j.at("sizes"), "checkpoint metadata: chunk sizes");
 }
 
 void to_json(nlohmann::json& j, const WriteItem& w) {
@@ -300,12 +333,11 @@ void to_json(nlohmann::json& j, const StoredChunk& c) {
   }
 }
 void from_json(const nlohmann::json& j, StoredChunk& c) {
-  j.at("offsets").get_to(c.chunk.offsets);
-  j.at("sizes").get_to(c.chunk.sizes);
+  from_json(j, c.chunk);
   j.at("file").get_to(c.file);
-  j.at("offset").get_to(c.offset);
-  j.at("length").get_to(c.length);
-  j.at("crc32").get_to(c.crc32);
+  c.offset = detail::json_integer<int64_t>(j.at("offset"), "checkpoint metadata: chunk offset");
+  c.length = detail::json_integer<int64_t>(j.at("length"), "checkpoint metadata: chunk length");
+  c.crc32 = detail::json_integers<uint32_t>(j.at("crc32"), "checkpoint metadata: crc32");
 }
 
 void to_json(nlohmann::json& j, const Entry& e) {
@@ -319,7 +351,7 @@ void from_json(const nlohmann::json& j, Entry& e) {
   e.kind = kind_from_name(j.at("kind").get<std::string>());
   if (e.kind == ItemKind::Tensor) {
     j.at("dtype").get_to(e.dtype);
-    j.at("size").get_to(e.size);
+    e.size = detail::json_integers<int64_t>(j.at("size"), "checkpoint metadata: size");
   }
   j.at("chunks").get_to(e.chunks);
 }
@@ -336,14 +368,15 @@ void to_json(nlohmann::json& j, const Metadata& m) {
 void from_json(const nlohmann::json& j, Metadata& m) {
   TORCH_CHECK(j.is_object() && j.value("format", std::string()) == kFormatName,
               "not a dtensor-cpp checkpoint metadata file (no \"format\": \"", kFormatName, "\")");
-  j.at("version").get_to(m.version);
+  m.version = detail::json_integer<int>(j.at("version"), "checkpoint metadata: version");
   TORCH_CHECK(m.version == kFormatVersion, "checkpoint format version ", m.version, ", this build reads version ",
               kFormatVersion);
   TORCH_CHECK(j.value("checksum", std::string()) == "crc32", "checkpoint: unknown checksum '",
               j.value("checksum", std::string()), "'");
-  j.at("save_id").get_to(m.save_id);
-  j.at("world_size").get_to(m.world_size);
-  j.at("checksum_block_bytes").get_to(m.checksum_block_bytes);
+  m.save_id = detail::json_integer<int64_t>(j.at("save_id"), "checkpoint metadata: save_id");
+  m.world_size = detail::json_integer<int>(j.at("world_size"), "checkpoint metadata: world_size");
+  m.checksum_block_bytes =
+      detail::json_integer<int64_t>(j.at("checksum_block_bytes"), "checkpoint metadata: checksum_block_bytes");
   j.at("entries").get_to(m.entries);
 }
 

@@ -38,6 +38,8 @@ constexpr int kFormatVersion = 1;
 constexpr const char* kFormatName = "dtensor-cpp-dcp";
 // Default checksum block: every stored chunk is checksummed in blocks of this many bytes.
 constexpr int64_t kDefaultChecksumBlockBytes = int64_t(1) << 20;
+// The largest checksum block readers accept (1 TiB): larger ones are not from save.
+constexpr int64_t kMaxChecksumBlockBytes = int64_t(1) << 40;
 
 // A box of a tensor: element offsets and sizes per dim (a 0-dim tensor: both empty).
 struct ChunkMeta {
@@ -119,7 +121,9 @@ struct Metadata {
 };
 
 // Throws, naming the key, when an entry's chunks are out of bounds, overlap or leave
-// elements uncovered, or a chunk's length or checksum count does not match its box.
+// elements uncovered, a chunk's length or checksum count does not match its box, its byte
+// range overflows, or its file is not a plain file name (no '/', not "." or ".."). The sizes
+// and ranges may come from a file: nothing in here overflows.
 void validate_metadata(const Metadata& metadata);
 
 void to_json(nlohmann::json& j, const ChunkMeta& c);

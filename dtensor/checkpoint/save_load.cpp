@@ -3,6 +3,8 @@
 
 #include "dtensor/checkpoint/dist_wrapper.h"
 #include "dtensor/checkpoint/load_internal.h"
+#include "dtensor/checkpoint/pickle_internal.h"
+#include "dtensor/checkpoint/save_internal.h"
 #include "dtensor/placement/placement.h"
 #include "dtensor/tensor/dtensor.h"
 
@@ -315,6 +317,7 @@ std::vector<WriteResult> write_items(const std::vector<LocalItem>& local, const 
 
   const std::string name = data_file_name(rank, save_id);
   const std::string path = (fs::path(dir) / name).string();
+  detail::save_fault_point(detail::SaveFaultPoint::kBeforeData, rank);
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   TORCH_CHECK(fd >= 0, "cannot create data file '", path, "': ", errno_str());
   struct Closer {
@@ -326,6 +329,7 @@ std::vector<WriteResult> write_items(const std::vector<LocalItem>& local, const 
 
   const int64_t block = opts.checksum_block_bytes;
   int64_t offset = 0;
+  bool first_block = true;
   for (const auto& w : plan.items) {
     auto it = by_key.find({w.fqn, w.chunk});
     TORCH_CHECK(it != by_key.end(), "the global plan gave rank ", rank, " key '", w.fqn, "' chunk ",
@@ -354,14 +358,17 @@ std::vector<WriteResult> write_items(const std::vector<LocalItem>& local, const 
       const int64_t len = std::min(block, n - b);
       sc.crc32.push_back(crc32(bytes + b, size_t(len)));
       write_all(fd, bytes + b, len, path);
+      if (first_block) detail::save_fault_point(detail::SaveFaultPoint::kMidData, rank);
+      first_block = false;
     }
     offset += n;
     results.push_back({w, sc});
     if (opts.on_item_written) opts.on_item_written(w.fqn, n);
   }
   if (opts.sync_files) TORCH_CHECK(::fsync(fd) == 0, "cannot sync '", path, "': ", errno_str());
-  TORCH_CHECK(::close(fd) == 0, "cannot close '", path, "': ", errno_str());
   closer.fd = -1;
+  TORCH_CHECK(::close(fd) == 0, "cannot close '", path, "': ", errno_str());
+  detail::save_fault_point(detail::SaveFaultPoint::kAfterData, rank);
   return results;
 }
 
@@ -388,12 +395,37 @@ Metadata build_metadata(const std::vector<std::vector<WriteResult>>& all, int64_
   return m;
 }
 
-// The coordinator's commit: writes the metadata under a temporary name, renames it to
-// `.metadata`, and removes the data files of older saves.
-void commit(const Metadata& m, const std::string& dir, const SaveOptions& opts) {
+// NOTE: [Crash consistency of save]
+// A save must leave the directory's checkpoint loadable whatever happens to it: a rank killed
+// (kill -9, a machine lost) at any point, a full disk, a read-only directory, another job
+// saving into the same directory. The steps, in order:
+//   1. The coordinator locks the directory (detail::DirectoryLock: flock on `.lock`, which
+//      names the holder). A second save into it fails at once, naming the job that holds the
+//      lock; a lock left by a job that died is not held (the kernel drops it) and is taken
+//      over.
+//   2. The save id is above every id the directory knows: the committed `.metadata`'s, those
+//      of the files it names, and those of every data file present (debris of saves that
+//      died). A new save never writes a file the committed checkpoint reads.
+//   3. Each rank writes and fsyncs its data file `__<rank>_<id>.distcp`.
+//   4. When every rank has written, the coordinator writes `.metadata.tmp`, fsyncs it and the
+//      directory (the data files' entries are durable before the metadata can be), and
+//      renames it to `.metadata`: the commit. Then it fsyncs the directory again and removes
+//      the files no longer named.
+// A save that fails before the rename (any rank's error: every rank raises) removes what it
+// wrote: each rank its data file, the coordinator `.metadata.tmp`. A save that dies (a rank
+// killed: the others see a failed collective, not an agreed error) leaves its files: a rank
+// cannot tell whether the coordinator renamed before it died, or whether it still will. That
+// debris is ignored by the next save (step 2) and removed by its commit (step 4); the previous
+// checkpoint is untouched either way. A failure after the rename leaves the new checkpoint
+// committed and its files in place.
+
+// The coordinator's commit (NOTE: [Crash consistency of save], step 4). Returns "" when done,
+// else the error of a step after the rename (the checkpoint is committed); throws, having
+// removed `.metadata.tmp`, when the metadata could not be put in place.
+std::string commit(const Metadata& m, const std::string& dir, const SaveOptions& opts, int rank) {
   const std::string tmp = (fs::path(dir) / (std::string(kMetadataFile) + ".tmp")).string();
   const std::string final_path = (fs::path(dir) / kMetadataFile).string();
-  {
+  try {
     std::string text = nlohmann::json(m).dump();  // compact: parsed on every rank of every load
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     TORCH_CHECK(fd >= 0, "cannot create '", tmp, "': ", errno_str());
@@ -405,10 +437,24 @@ void commit(const Metadata& m, const std::string& dir, const SaveOptions& opts) 
       throw;
     }
     TORCH_CHECK(::close(fd) == 0, "cannot close '", tmp, "': ", errno_str());
+    if (opts.sync_files) fsync_path(dir, /*directory=*/true);
+    detail::save_fault_point(detail::SaveFaultPoint::kBeforeRename, rank);
+    TORCH_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0, "cannot rename '", tmp, "' to '", final_path,
+                "': ", errno_str());
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
   }
-  TORCH_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0, "cannot rename '", tmp, "' to '", final_path,
-              "': ", errno_str());
-  if (opts.sync_files) fsync_path(dir, /*directory=*/true);
+  // Committed: from here on an error is reported, not thrown (the ranks keep their files).
+  std::string error;
+  try {
+    detail::save_fault_point(detail::SaveFaultPoint::kAfterRename, rank);
+    if (opts.sync_files) fsync_path(dir, /*directory=*/true);
+  } catch (const std::exception& e) {
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    error = (c10_error ? c10_error->msg() : std::string(e.what())) +
+            " (after the commit: the checkpoint is in place, but may not survive a power loss)";
+  }
   // The commit is done; what follows only frees space.
   auto files = m.files();
   std::set<std::string> keep(files.begin(), files.end());
@@ -418,14 +464,32 @@ void commit(const Metadata& m, const std::string& dir, const SaveOptions& opts) 
     std::string name = de.path().filename().string();
     if (std::regex_match(name, data_file) && !keep.count(name) && de.is_regular_file(ec)) fs::remove(de.path(), ec);
   }
+  return error;
 }
 
+// The save id of `name` when it is a data file's name (`__<rank>_<id>.distcp`), else -1.
+int64_t save_id_of_file(const std::string& name) {
+  static const std::regex data_file(R"(__\d+_(\d{1,18})\.distcp)");
+  std::smatch match;
+  if (!std::regex_match(name, match, data_file)) return -1;
+  return std::stoll(match[1].str());
+}
+
+// NOTE: [Crash consistency of save], step 2.
 int64_t next_save_id(const std::string& dir) {
+  int64_t last = 0;
   try {
-    return read_metadata(dir).save_id + 1;
+    const Metadata m = read_metadata(dir);
+    last = m.save_id;
+    for (const auto& f : m.files()) last = std::max(last, save_id_of_file(f));
   } catch (const std::exception&) {
-    return 1;
+    // No committed checkpoint (or none readable): the data files present decide.
   }
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(dir, ec)) {
+    if (de.is_regular_file(ec)) last = std::max(last, save_id_of_file(de.path().filename().string()));
+  }
+  return last + 1;
 }
 
 // Runs `fn` (the same deterministic computation on every rank, from values every rank has);
@@ -446,19 +510,26 @@ auto on_every_rank(const DistWrapper& dist, const std::string& step, Fn&& fn) {
 // Three rounds of object collectives (each costs a few messages between every rank; on small
 // hosts their latency is much of a save's time, so there are as few as the steps need):
 //   1. "plan": all_gather of the local plans (the coordinator's also carries the save id, and
-//      creating the directory is part of its step); every rank then merges them into the same
-//      global plan (deterministic) and takes its part;
+//      creating and locking the directory is part of its step); every rank then merges them
+//      into the same global plan (deterministic) and takes its part;
 //   2. "write": each rank writes its part; all_gather of the write results, from which every
 //      rank builds the same metadata;
 //   3. "commit": the coordinator writes the metadata (only reached when every write succeeded);
 //      a broadcast tells every rank whether it did.
+// A failure before the commit removes the files the save wrote (NOTE: [Crash consistency of
+// save]).
 Metadata save_items(const std::vector<LocalItem>& local, std::exception_ptr local_error, const std::string& dir,
                     const SaveOptions& opts, bool use_dist, const comm::GroupPtr& group) {
-  TORCH_CHECK(opts.checksum_block_bytes > 0 && opts.checksum_block_bytes % 16 == 0,
-              "SaveOptions.checksum_block_bytes must be a positive multiple of 16, got ", opts.checksum_block_bytes);
+  TORCH_CHECK(opts.checksum_block_bytes > 0 && opts.checksum_block_bytes % 16 == 0 &&
+                  opts.checksum_block_bytes <= kMaxChecksumBlockBytes,
+              "SaveOptions.checksum_block_bytes must be a positive multiple of 16 of at most ", kMaxChecksumBlockBytes,
+              ", got ", opts.checksum_block_bytes);
   DistWrapper dist(group, use_dist, opts.coordinator_rank);
   const int rank = dist.get_rank();
 
+  // Held by the coordinator until the save is committed or failed (NOTE: [Crash consistency
+  // of save], step 1).
+  std::unique_ptr<detail::DirectoryLock> lock;
   std::vector<nlohmann::json> offers = dist.all_gather("plan", [&] {
     if (local_error) std::rethrow_exception(local_error);
     SavePlan p;
@@ -468,6 +539,8 @@ Metadata save_items(const std::vector<LocalItem>& local, std::exception_ptr loca
       std::error_code ec;
       fs::create_directories(dir, ec);
       TORCH_CHECK(!ec && fs::is_directory(dir), "cannot create checkpoint directory '", dir, "': ", ec.message());
+      lock = std::make_unique<detail::DirectoryLock>(
+          dir, "coordinator rank " + std::to_string(rank) + " of " + std::to_string(dist.get_world_size()));
       offer["save_id"] = next_save_id(dir);
     }
     return offer;
@@ -480,13 +553,27 @@ Metadata save_items(const std::vector<LocalItem>& local, std::exception_ptr loca
     return create_global_save_plan(all).at(size_t(rank));
   });
 
-  std::vector<std::vector<WriteResult>> written =
-      dist.all_gather("write", [&] { return write_items(local, plan, dir, rank, save_id, opts); });
-  Metadata m = on_every_rank(dist, "commit", [&] { return build_metadata(written, save_id, opts); });
-  dist.broadcast("commit", [&] {
-    commit(m, dir, opts);
-    return true;
-  });
+  // A failure that every rank agrees on (a CheckpointException: some rank's write, or the
+  // coordinator's commit before the rename, failed) removes this rank's data file. A failed
+  // collective (a peer died, the network broke) does not: the coordinator may have committed
+  // before it died or may still commit, and the next save removes what this one left
+  // (NOTE: [Crash consistency of save]). unlink leaves a directory in the file's way.
+  const std::string own_file = (fs::path(dir) / data_file_name(rank, save_id)).string();
+  std::string after_commit_error;
+  Metadata m;
+  try {
+    std::vector<std::vector<WriteResult>> written =
+        dist.all_gather("write", [&] { return write_items(local, plan, dir, rank, save_id, opts); });
+    m = on_every_rank(dist, "commit", [&] { return build_metadata(written, save_id, opts); });
+    after_commit_error = dist.broadcast("commit", [&] { return commit(m, dir, opts, rank); });
+  } catch (const CheckpointException&) {
+    if (!plan.items.empty()) ::unlink(own_file.c_str());
+    throw;
+  }
+  if (!after_commit_error.empty()) {
+    throw CheckpointException("commit",
+                              {{dist.coordinator_rank(), WrappedException{"c10::Error", after_commit_error}}});
+  }
   return m;
 }
 
@@ -500,7 +587,7 @@ class Reader {
   // verify: check each block read against the chunk's checksums (false: chunks without any).
   Reader(std::string dir, int64_t block, bool verify) : dir_(std::move(dir)), block_(block), verify_(verify) {}
   ~Reader() {
-    for (auto& [name, file] : fds_) ::close(file.first);
+    for (auto& [name, file] : files_) ::close(file.fd);
   }
   Reader(const Reader&) = delete;
   Reader& operator=(const Reader&) = delete;
@@ -511,7 +598,9 @@ class Reader {
   // scratch buffer.
   void read(const std::string& fqn, const StoredChunk& sc, int64_t from, int64_t to, char* out) {
     if (to <= from) return;
-    const auto& [fd, path] = open_file(fqn, sc);
+    const OpenFile& file = open_file(fqn, sc);
+    const int fd = file.fd;
+    const std::string& path = file.path;
     if (!verify_) {
       read_exact(fd, path, fqn, sc, from, to, out);
       return;
@@ -547,7 +636,22 @@ class Reader {
     }
   }
 
+  // Throws unless the stored chunk's bytes lie inside its file: called before allocating
+  // memory for them, whose size comes from the metadata (NOTE: [Sizes from files]).
+  void check_in_file(const std::string& fqn, const StoredChunk& sc) {
+    const OpenFile& file = open_file(fqn, sc);
+    TORCH_CHECK(sc.offset + sc.length <= file.size, "data file '", file.path, "' is truncated: key '", fqn,
+                "' (chunk ", sc.chunk.to_string(), ") needs bytes [", sc.offset, ", ", sc.offset + sc.length,
+                ") of it, the file ends at ", file.size);
+  }
+
  private:
+  struct OpenFile {
+    int fd;
+    std::string path;
+    int64_t size;  // when opened
+  };
+
   void read_exact(int fd, const std::string& path, const std::string& fqn, const StoredChunk& sc, int64_t lo,
                   int64_t hi, char* p) {
     int64_t got = 0;
@@ -572,20 +676,26 @@ class Reader {
                 " (the file is corrupted)");
   }
 
-  // {fd, path} of the chunk's file, opened once.
-  const std::pair<int, std::string>& open_file(const std::string& fqn, const StoredChunk& sc) {
-    auto it = fds_.find(sc.file);
-    if (it != fds_.end()) return it->second;
+  // The chunk's file, opened once.
+  const OpenFile& open_file(const std::string& fqn, const StoredChunk& sc) {
+    auto it = files_.find(sc.file);
+    if (it != files_.end()) return it->second;
     std::string path = (fs::path(dir_) / sc.file).string();
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     TORCH_CHECK(fd >= 0, "cannot open data file '", path, "' (key '", fqn, "'): ", errno_str());
-    return fds_.emplace(sc.file, std::make_pair(fd, std::move(path))).first->second;
+    struct stat st;
+    const std::string why = ::fstat(fd, &st) != 0 ? errno_str() : S_ISREG(st.st_mode) ? "" : "not a regular file";
+    if (!why.empty()) {
+      ::close(fd);
+      TORCH_CHECK(false, "cannot read data file '", path, "' (key '", fqn, "'): ", why);
+    }
+    return files_.emplace(sc.file, OpenFile{fd, std::move(path), int64_t(st.st_size)}).first->second;
   }
 
   std::string dir_;
   int64_t block_;
   bool verify_;
-  std::map<std::string, std::pair<int, std::string>> fds_;
+  std::map<std::string, OpenFile> files_;
   std::vector<char> scratch_;
 };
 
@@ -633,12 +743,32 @@ void read_into(Reader& reader, const std::string& fqn, const Entry& e, const Chu
   }
 }
 
+// libtorch's unpickler (torch::jit::pickle_load) on stored bytes; its errors (c10::Error,
+// std::runtime_error, ...) as a c10::Error that names the key and `where` the bytes are.
+c10::IValue unpickle(const std::vector<char>& bytes, const std::string& fqn, const std::string& where) {
+  detail::check_pickled_value(bytes.data(), bytes.size(), "cannot read the value of key '" + fqn + "' from " + where);
+  try {
+    return torch::jit::pickle_load(bytes);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "cannot read the value of key '", fqn, "' from ", where, ": ", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "cannot read the value of key '", fqn, "' from ", where, ": ", e.what());
+  }
+}
+
 c10::IValue read_object(Reader& reader, const detail::ReadSource& src, const std::string& fqn, const Entry& e) {
   const StoredChunk& sc = e.chunks.at(0);
-  if (sc.file.empty()) return torch::jit::pickle_load(src.inline_objects.at(fqn));
+  if (sc.file.empty()) {
+    auto it = src.inline_objects.find(fqn);
+    TORCH_CHECK(it != src.inline_objects.end(), "key '", fqn, "' of ", src.what, " has no data file");
+    return unpickle(it->second, fqn, src.what);
+  }
+  reader.check_in_file(fqn, sc);
   std::vector<char> bytes(size_t(sc.length));
   reader.read(fqn, sc, 0, sc.length, bytes.data());
-  return torch::jit::pickle_load(bytes);
+  return unpickle(bytes, fqn,
+                  "data file '" + (fs::path(src.dir) / sc.file).string() + "' (bytes [" + std::to_string(sc.offset) +
+                      ", " + std::to_string(sc.offset + sc.length) + "))");
 }
 
 }  // namespace
@@ -689,6 +819,7 @@ LoadResult detail::load_local(StateDict& state_dict, const ReadSource& src, cons
   dests.reserve(matched.size());
   std::vector<const Match*> objects;
   std::vector<std::string> errors;
+  Reader reader(src.dir, m.checksum_block_bytes, src.verify_checksums && opts.verify_checksums);
   auto check_tensor = [&](const std::string& fqn, const Entry& e, at::ScalarType dtype, c10::IntArrayRef size) {
     if (e.kind != ItemKind::Tensor) {
       errors.push_back("key '" + fqn + "' is an object in the checkpoint but a tensor in the state dict");
@@ -714,7 +845,9 @@ LoadResult detail::load_local(StateDict& state_dict, const ReadSource& src, cons
       if (iv->isTensor()) {
         v = iv->toTensor();
       } else if (e.kind == ItemKind::Tensor && iv->isNone()) {
-        // A None placeholder receives the whole tensor.
+        // A None placeholder receives the whole tensor: its chunks' bytes (which tile it) must
+        // be in their files before it is allocated.
+        for (const auto& sc : e.chunks) reader.check_in_file(fqn, sc);
         v = at::empty(e.size, at::TensorOptions().dtype(dtype_from_name(e.dtype)));
       } else {
         if (e.kind != ItemKind::Object) {
@@ -755,7 +888,6 @@ LoadResult detail::load_local(StateDict& state_dict, const ReadSource& src, cons
     TORCH_CHECK(false, os.str());
   }
 
-  Reader reader(src.dir, m.checksum_block_bytes, src.verify_checksums && opts.verify_checksums);
   c10::AutoGradMode no_grad(false);
   for (const auto& d : dests) read_into(reader, *d.fqn, *d.entry, d.box, d.target);
   for (const Match* o : objects) *o->value = read_object(reader, src, *o->fqn, *o->entry);

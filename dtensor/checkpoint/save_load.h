@@ -21,7 +21,9 @@
 // element covered), each rank writes its file `__<rank>_<save_id>.distcp`, and when every
 // rank has finished the coordinator writes `.metadata` (to a temporary name, then renamed: the
 // commit) and removes the files of older saves. A save that fails or dies before the commit
-// leaves the previous checkpoint of the directory loadable.
+// leaves the previous checkpoint of the directory loadable (a failed one removes its files).
+// One save into a directory at a time: another save into it while one runs (from any job)
+// raises, naming the job that saves (README, "Crash consistency").
 //
 // Errors: a failure on any rank (cannot write, missing or truncated file, checksum mismatch,
 // unknown or missing key, shape or dtype mismatch, inconsistent plans) raises one

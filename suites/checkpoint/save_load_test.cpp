@@ -720,7 +720,8 @@ TEST(CheckpointAtomic, ProcessKilledMidSaveKeepsThePreviousCheckpoint) {
   checkpoint::load(sd, ckpt, lopts);
   EXPECT_TRUE(at::equal(std::get<at::Tensor>(sd.at("v")), at::full({1000}, 1.0f)));
   EXPECT_TRUE(at::equal(std::get<at::Tensor>(sd.at("w")), at::full({1000}, 1.0f)));
-  // The next save succeeds and removes both the old files and the debris.
+  // The next save succeeds (as save 3: its id is above the debris's) and removes both the old
+  // files and the debris.
   checkpoint::save(StateDict{{"v", at::full({1000}, 3.0f)}, {"w", at::full({1000}, 3.0f)}}, ckpt, sopts);
   checkpoint::load(sd, ckpt, lopts);
   EXPECT_TRUE(at::equal(std::get<at::Tensor>(sd.at("w")), at::full({1000}, 3.0f)));
@@ -728,7 +729,7 @@ TEST(CheckpointAtomic, ProcessKilledMidSaveKeepsThePreviousCheckpoint) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(ckpt)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{".metadata", "__0_2.distcp"}));
+  EXPECT_EQ(names, (std::vector<std::string>{".metadata", "__0_3.distcp"}));
 }
 
 }  // namespace

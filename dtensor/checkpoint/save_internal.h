@@ -1,0 +1,64 @@
+// dtensor/checkpoint/save_internal.h: the machinery of save's commit that is not part of the
+// API: the directory lock that keeps two jobs from saving into one directory at once, and the
+// fault points at which tests stop a save (NOTE: [Crash consistency of save] in
+// save_load.cpp). Internal: tests and save_load.cpp only.
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace dtensor {
+namespace checkpoint {
+namespace detail {
+
+// The points of a save at which the fault hook is called, in the order a save reaches them.
+enum class SaveFaultPoint {
+  kBeforeData,      // every writing rank: the plan is agreed, its data file is not created yet
+  kMidData,         // every writing rank: its data file holds its first block, not the rest
+  kAfterData,       // every writing rank: its data file is complete and synced, not yet reported
+  kBeforeRename,    // coordinator: `.metadata.tmp` is complete and synced, not renamed
+  kAfterRename,     // coordinator: `.metadata` names the new save (committed), old files remain
+};
+const char* to_string(SaveFaultPoint point);
+
+// Called at each fault point with the point and the saving rank (the rank in the save's
+// group). A test hook kills the process there (raise(SIGKILL)) or throws, as a failing disk
+// would. Empty (the default): nothing is called. Process-wide; set it before the save starts
+// and clear it after (not while a save runs).
+using SaveFaultHook = std::function<void(SaveFaultPoint point, int rank)>;
+void set_save_fault_hook(SaveFaultHook hook);
+// Calls the hook, if one is set.
+void save_fault_point(SaveFaultPoint point, int rank);
+
+// Whether the identity a lock file holds ("pid 1234 on host node7 ...") names a process of
+// this host that no longer exists (a lock left by a job that died, on a file system without
+// flock). A holder on another host, or one that cannot be parsed, is not known to be gone.
+bool lock_holder_is_gone(const std::string& holder);
+
+// The exclusive right to save into a checkpoint directory, held by the coordinator of one save
+// from its plan step until its commit is done or failed (NOTE: [Crash consistency of save]).
+// An flock(2) on `<dir>/.lock`, which holds the holder's identity (pid, host, start time) so
+// that a refused save can name the job that holds it. The kernel drops the lock of a process
+// that dies, so a lock file left by a killed job never blocks: the next save takes it over.
+// On a file system without flock the file's content is the lock: it is taken over when empty
+// or when lock_holder_is_gone. The destructor removes the file and releases the lock.
+class DirectoryLock {
+ public:
+  // Takes the lock of `dir` (which exists) without waiting; throws, naming the job that holds
+  // it, when another save (of this or another process) holds it. `who`: how the holder
+  // describes itself besides pid, host and time ("coordinator rank 0 of 4").
+  DirectoryLock(const std::string& dir, const std::string& who);
+  ~DirectoryLock();
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+  static constexpr const char* kFileName = ".lock";
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+}  // namespace detail
+}  // namespace checkpoint
+}  // namespace dtensor
