@@ -19,6 +19,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -201,6 +202,17 @@ void run_guarded(RankSink& capture, int rank, const Entry& entry, const char* wh
 }
 }  // namespace
 
+// gtest's testing::Test saves every gtest flag when it is constructed and writes them back when
+// it is destroyed. Thread ranks construct and destroy their fixtures at the same moment, so
+// those writes would race (with equal values, but a data race all the same, which TSan
+// reports): one process-wide mutex orders fixture construction and destruction.
+namespace {
+std::mutex& fixture_lifetime_mutex() {
+  static std::mutex m;
+  return m;
+}
+}  // namespace
+
 RankResult run_rank_body(const std::string& test_id, int rank, const comm::GroupPtr& group,
                          RankSink& capture, bool barrier_after) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -218,7 +230,10 @@ RankResult run_rank_body(const std::string& test_id, int rank, const comm::Group
   auto guarded = [&](const char* where, const std::function<void()>& fn) {
     run_guarded(capture, rank, entry, where, fn);
   };
-  guarded("the fixture constructor", [&] { fx = entry.factory(); });
+  guarded("the fixture constructor", [&] {
+    std::lock_guard<std::mutex> lk(fixture_lifetime_mutex());
+    fx = entry.factory();
+  });
   if (fx) {
     fx->internal_set_rank(rank, group);
     guarded("SetUpRank", [&] { fx->SetUpRank(); });
@@ -239,7 +254,10 @@ RankResult run_rank_body(const std::string& test_id, int rank, const comm::Group
   if (t_body_done_hook) t_body_done_hook();
   res.parts = std::move(parts);
   if (barrier_after) run_closing_barrier(test_id, group, capture, res);
-  fx.reset();
+  {
+    std::lock_guard<std::mutex> lk(fixture_lifetime_mutex());
+    fx.reset();
+  }
   res.duration_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return res;

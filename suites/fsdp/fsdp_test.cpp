@@ -294,7 +294,8 @@ DTENSOR_TEST_F(FsdpThreads, ParametersAreShardedLikeTorchChunk) {
   }
   // Layer 2's bias has 3 rows: torch.chunk's rows of 3 over the ranks (2 ranks: 2 and 1; 4 or
   // more: one each, and none from rank 3 on).
-  const at::Tensor& bias = nn::named_parameters(*m->layers[2])[1].second;
+  // A copy: named_parameters returns a temporary vector (a reference would dangle).
+  const at::Tensor bias = nn::named_parameters(*m->layers[2])[1].second;
   const int64_t chunk = (3 + ranks() - 1) / ranks();
   EXPECT_EQ(local_tensor(bias).size(0), std::max<int64_t>(0, std::min<int64_t>(chunk, 3 - rank() * chunk)));
 }

@@ -236,7 +236,7 @@ DTENSOR_TEST_F(TpModelsThreads4, ParallelizeShardsParametersAsThePlanSays) {
     models::Transformer m{ModelArgs()};
     models::Transformer::parallelize(m, mesh, sp);
     auto placement = [&](const std::string& name) -> std::string {
-      const at::Tensor& p = m->named_parameters()[name];
+      const at::Tensor p = m->named_parameters()[name];  // a copy: the dict is a temporary
       return is_dtensor(p) ? to_string(get_spec(p).placements) : "plain";
     };
     SCOPED_TRACE(sp);
