@@ -18,6 +18,7 @@
 #include "suites/testing/child_process.h"
 #include "suites/testing/errors.h"
 #include "suites/testing/rank_modes.h"
+#include "suites/testing/shared_dir.h"
 
 #include <ATen/ATen.h>
 
@@ -104,21 +105,7 @@ std::string join(const std::vector<std::string>& v) {
   return os.str();
 }
 
-// A directory every rank sees: rank 0's temporary directory, removed when the test ends.
-class SharedDir {
- public:
-  explicit SharedDir(comm::Group& g) : group_(g) {
-    if (g.rank() == 0) owned_ = std::make_unique<testing::TempDir>();
-    path_ = comm::all_gather_object(g, owned_ ? owned_->path() : std::string())[0];
-  }
-  ~SharedDir() { group_.barrier(); }  // rank 0 removes it only after every rank is done
-  std::string sub(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
- private:
-  comm::Group& group_;
-  std::unique_ptr<testing::TempDir> owned_;
-  std::string path_;
-};
+using testing::SharedDir;  // suites/testing/shared_dir.h
 
 // The save fault hook (save_internal.h) for the duration of a scope, set in every rank (each
 // process has its own; thread ranks set the same one). Every rank constructs and destroys it;
@@ -446,60 +433,74 @@ TEST(SaveDirectoryLock, ALockLeftByADeadProcessOfThisHostDoesNotBlock) {
 
 // ---- full disk, read-only directory -----------------------------------------------------------
 
+// A 256 KiB tmpfs in a directory every rank sees, holding version 1 of the checkpoint (`ckpt`,
+// whose files are `before`); error() says why not where the tmpfs cannot be mounted.
+class DiskWithCheckpoint {
+ public:
+  static constexpr const char* kOptions = "size=256k";
+  DiskWithCheckpoint(testing::MultiRankTest& t, const DeviceMesh& mesh)
+      : dir_(t.group()), disk_(t.group(), dir_.sub("disk"), kOptions), ckpt_(dir_.sub("disk/ckpt")) {
+    if (!disk_.error().empty()) return;
+    checkpoint::save(state(mesh, 1), ckpt_);
+    t.group().barrier();
+    before_ = entries(ckpt_);
+  }
+  const std::string& error() const { return disk_.error(); }
+  const std::string& ckpt() const { return ckpt_; }
+  const std::vector<std::string>& before() const { return before_; }
+  void make_read_only() { disk_.make_read_only(kOptions); }
+  // Version 1 still loads, bit-exact.
+  void expect_previous_loads(const DeviceMesh& mesh, int64_t ranks) const {
+    StateDict sd = sharded_dest(mesh);
+    checkpoint::load(sd, ckpt_);
+    expect_version(sd, ranks, 1);
+  }
+
+ private:
+  SharedDir dir_;
+  TmpfsMount disk_;
+  std::string ckpt_;
+  std::vector<std::string> before_;
+};
+
 // The disk fills up in the middle of a save (one rank writes a key larger than the disk):
 // every rank raises, naming the rank(s) that could not write, the file and the system's
 // error; the previous checkpoint loads bit-exact, and no file of the failed save is left.
 DTENSOR_TEST_BOTH(CrashGloo, CrashThreads, AFullDiskRaisesEverywhereAndKeepsThePreviousCheckpoint) {
-  SharedDir dir(t.group());
-  const std::string options = "size=256k";
-  TmpfsMount disk(t.group(), dir.sub("disk"), options);
-  if (!disk.error().empty()) GTEST_SKIP() << disk.error();
   auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
-  const std::string ckpt = dir.sub("disk/ckpt");
-  checkpoint::save(state(mesh, 1), ckpt);
-  t.group().barrier();
-  const auto before = entries(ckpt);
+  DiskWithCheckpoint disk(t, mesh);
+  if (!disk.error().empty()) GTEST_SKIP() << disk.error();
   StateDict big = state(mesh, 2);
   big["big"] = at::ones({1 << 20}, at::kByte);  // 1 MiB, written by one rank
-  auto e = checkpoint_error_of([&] { checkpoint::save(big, ckpt); });
+  auto e = checkpoint_error_of([&] { checkpoint::save(big, disk.ckpt()); });
   ASSERT_TRUE(e);
   EXPECT_EQ(e->step(), "write");
   ASSERT_FALSE(e->failures().empty());
   for (const auto& [r, f] : e->failures()) {
-    EXPECT_PRED2(contains, f.message, ckpt + "/__" + std::to_string(r) + "_");
+    EXPECT_PRED2(contains, f.message, disk.ckpt() + "/__" + std::to_string(r) + "_");
     EXPECT_PRED2(contains, f.message, "No space left on device");
   }
-  StateDict sd = sharded_dest(mesh);
-  checkpoint::load(sd, ckpt);
-  expect_version(sd, t.ranks(), 1);
+  disk.expect_previous_loads(mesh, t.ranks());
   t.group().barrier();
-  EXPECT_EQ(entries(ckpt), before) << "left: " << join(entries(ckpt));
+  EXPECT_EQ(entries(disk.ckpt()), disk.before()) << "left: " << join(entries(disk.ckpt()));
 }
 
 // A read-only directory: the save raises on every rank naming the directory and the system's
 // error; the checkpoint in it still loads.
 DTENSOR_TEST_BOTH(CrashGloo, CrashThreads, AReadOnlyDirectoryRaisesEverywhereAndStillLoads) {
-  SharedDir dir(t.group());
-  const std::string options = "size=256k";
-  TmpfsMount disk(t.group(), dir.sub("disk"), options);
-  if (!disk.error().empty()) GTEST_SKIP() << disk.error();
   auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
-  const std::string ckpt = dir.sub("disk/ckpt");
-  checkpoint::save(state(mesh, 1), ckpt);
-  t.group().barrier();
-  const auto before = entries(ckpt);
-  disk.make_read_only(options);
-  auto e = checkpoint_error_of([&] { checkpoint::save(state(mesh, 2), ckpt); });
+  DiskWithCheckpoint disk(t, mesh);
+  if (!disk.error().empty()) GTEST_SKIP() << disk.error();
+  disk.make_read_only();
+  auto e = checkpoint_error_of([&] { checkpoint::save(state(mesh, 2), disk.ckpt()); });
   ASSERT_TRUE(e);
   ASSERT_FALSE(e->failures().empty());
   for (const auto& [r, f] : e->failures()) {
-    EXPECT_PRED2(contains, f.message, ckpt + "/");
+    EXPECT_PRED2(contains, f.message, disk.ckpt() + "/");
     EXPECT_PRED2(contains, f.message, "Read-only file system");
   }
-  StateDict sd = sharded_dest(mesh);
-  checkpoint::load(sd, ckpt);
-  expect_version(sd, t.ranks(), 1);
-  EXPECT_EQ(entries(ckpt), before);
+  disk.expect_previous_loads(mesh, t.ranks());
+  EXPECT_EQ(entries(disk.ckpt()), disk.before());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "suites/testing/counting_group.h"
 #include "suites/testing/errors.h"
 #include "suites/testing/rank_modes.h"
+#include "suites/testing/shared_dir.h"
 
 #include <ATen/ATen.h>
 
@@ -38,21 +39,7 @@ using testing::contains;
 
 DTENSOR_RANK_FIXTURES(CheckpointGloo, CheckpointThreads);
 
-// A directory every rank sees: rank 0's temporary directory, removed when the test ends.
-class SharedDir {
- public:
-  explicit SharedDir(comm::Group& g) : group_(g) {
-    if (g.rank() == 0) owned_ = std::make_unique<testing::TempDir>();
-    path_ = comm::all_gather_object(g, owned_ ? owned_->path() : std::string())[0];
-  }
-  ~SharedDir() { group_.barrier(); }  // rank 0 removes it only after every rank is done
-  std::string sub(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
- private:
-  comm::Group& group_;
-  std::unique_ptr<testing::TempDir> owned_;
-  std::string path_;
-};
+using testing::SharedDir;  // suites/testing/shared_dir.h
 
 using testing::checkpoint_error_of;
 using testing::failing_ranks;
