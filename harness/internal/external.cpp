@@ -95,6 +95,7 @@ int g_live = 0;         // ranks expected to check out at the end (not stuck, no
 bool g_rank_zero_gone = false;
 bool g_joined = false;
 std::string g_join_error;  // joining the job failed: the first test fails with this
+std::string g_peers_failed_to_join;  // the peers whose join failed too (NOTE: [Who could not join])
 comm::C10dGroupOptions g_group_options;
 
 std::string err_text(const std::exception& e) {
@@ -478,6 +479,38 @@ bool rank_zero_answers() {
   }
 }
 
+// NOTE: [Who could not join]
+// Each rank says in the job's store that it arrived and, when its join fails before the
+// group's timeout, why. A rank whose join fails at once (its Gloo connect to a peer finds no
+// route, its hostname does not resolve) leaves its peers waiting in the group's creation for
+// it until that timeout; they then read the store and name it, with its reason, instead of
+// saying only "Socket Timeout". The peers that waited out the timeout with them are not named;
+// a rank that never reached the store is. Best effort: the store may be gone.
+std::string peers_that_could_not_join() {
+  constexpr int kMaxNamed = 8;
+  std::string out;
+  int named = 0, more = 0;
+  try {
+    for (int r = 0; r < g_info->world_size && g_store; ++r) {
+      if (r == g_info->rank) continue;
+      const std::string failed = kPrefix + "join_failed/" + std::to_string(r);
+      std::string what;
+      if (g_store->check({failed})) {
+        what = "rank " + std::to_string(r) + " could not join: " + bytes_str(g_store->get(failed));
+      } else if (!g_store->check({kPrefix + "arrived/" + std::to_string(r)})) {
+        what = "rank " + std::to_string(r) + " never reached the job's store";
+      }
+      if (what.empty()) continue;
+      if (named++ < kMaxNamed) out += (out.empty() ? "" : "; ") + what;
+      else ++more;
+    }
+  } catch (const std::exception&) {
+    // the store is gone too: this rank's own error says what failed
+  }
+  if (more > 0) out += "; " + std::to_string(more) + " more ranks could not join";
+  return out;
+}
+
 // A rank other than 0 decides whether it reports in rank 0's place (rank 0 is gone).
 bool i_report_for_rank_zero() {
   if (g_info->rank == 1) return true;
@@ -513,6 +546,7 @@ void init_external_launcher() {
   g_group_options.timeout = group_timeout();
   install_rank_signals(info.rank);
   g_watchdog = new Watchdog();
+  const auto join_start = Clock::now();
   try {
     // Gloo binds to the interface named by GLOO_SOCKET_IFNAME, as under PyTorch (a host with
     // several, or whose hostname does not resolve to the one the job uses).
@@ -520,6 +554,7 @@ void init_external_launcher() {
     if (!ifname.empty()) g_group_options.gloo_hostname = interface_address(ifname);
     g_store = comm::make_tcp_store(info.master_addr, info.master_port, info.rank, info.world_size,
                                    g_group_options.timeout);
+    g_store->set(kPrefix + "arrived/" + std::to_string(info.rank), str_bytes("1"));  // NOTE: [Who could not join]
     // Everything that needs every rank alive happens before the group's creation, which no
     // rank leaves before all have arrived: a rank 0 failing in its first test cannot stop a
     // peer still joining.
@@ -547,12 +582,25 @@ void init_external_launcher() {
     make_group();
   } catch (const std::exception& e) {
     // Reported as the first test's failure (run_external), by this rank when rank 0 is gone.
+    const std::string why = short_text(err_text(e));
     g_join_error = "joining the job (" + info.source + ", master " + info.master_addr + ":" +
-                   std::to_string(info.master_port) + ") failed: " + short_text(err_text(e));
+                   std::to_string(info.master_port) + ") failed: " + why;
+    // A rank whose join waited out the group's timeout waited for another: it is not named.
+    const bool waited_out = Clock::now() - join_start >= g_group_options.timeout * 9 / 10;
+    if (g_store && !waited_out) {
+      try {
+        g_store->set(kPrefix + "join_failed/" + std::to_string(info.rank), str_bytes(why));
+      } catch (const std::exception&) {
+        // the store is gone as well: the peers report that
+      }
+    }
     if (info.rank > 0 && !rank_zero_answers()) {
       g_rank_zero_gone = true;
       g_join_error = "rank 0 is gone (it no longer answers at " + info.master_addr + ":" +
                      std::to_string(info.master_port) + ", the job's store it hosts): " + g_join_error;
+    } else {
+      g_peers_failed_to_join = peers_that_could_not_join();
+      if (!g_peers_failed_to_join.empty()) g_join_error += " (" + g_peers_failed_to_join + ")";
     }
     g_broken = g_join_error;
     std::cerr << "[dtensor] rank " << info.rank << ": " << g_join_error << std::endl;
@@ -569,7 +617,7 @@ void init_external_launcher() {
 void run_external(const std::string& test_id, std::chrono::milliseconds timeout) {
   if (!g_join_error.empty() && g_test++ == 0) {
     ADD_FAILURE() << "[rank " << g_info->rank << "] " << g_join_error
-                  << (g_info->rank == 0 || g_rank_zero_gone ? ""
+                  << (g_info->rank == 0 || g_rank_zero_gone || !g_peers_failed_to_join.empty() ? ""
                                                             : " (rank 0, which hosts the job's store, answers: "
                                                               "this rank's own connection failed)");
     return;

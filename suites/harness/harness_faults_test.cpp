@@ -626,12 +626,15 @@ TEST(HarnessReports, ExternalLauncherRunsInLockstepAndOnlyRankZeroPrints) {
   EXPECT_EQ(runs[1].output.find("[       OK ]"), std::string::npos) << runs[1].output;
 }
 
+using EnvOf = std::map<int, std::map<std::string, std::string>>;
+
 // NOTE: [External ranks learn of failures through the store] (harness/internal/external.cpp).
-// `n` processes of this program started by hand as torchrun would start them. The threads
-// running them are returned, one per rank, for the caller to join.
+// `n` processes of this program started by hand as torchrun would start them, with `extra` in
+// every rank's environment and `rank_extra[r]` in rank r's. The threads running them are
+// returned, one per rank, for the caller to join.
 std::vector<std::thread> start_external_job(std::vector<testing::ChildRun>& runs, const std::string& filter,
                                             const std::map<std::string, std::string>& extra,
-                                            std::chrono::seconds limit) {
+                                            std::chrono::seconds limit, const EnvOf& rank_extra = {}) {
   const int n = static_cast<int>(runs.size());
   const std::string port = std::to_string(free_port());
   std::vector<std::thread> ts;
@@ -640,6 +643,8 @@ std::vector<std::thread> start_external_job(std::vector<testing::ChildRun>& runs
         {"RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(n)}, {"LOCAL_RANK", std::to_string(r)},
         {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}, {"DTENSOR_WORLD_SIZE", ""}, {"DTENSOR_BACKEND", ""}};
     for (auto& kv : extra) env[kv.first] = kv.second;
+    if (auto it = rank_extra.find(r); it != rank_extra.end())
+      for (auto& kv : it->second) env[kv.first] = kv.second;
     ts.emplace_back([&runs, r, env, filter, limit] {
       runs[r] = testing::run_self({"--gtest_filter=" + filter, "--gtest_also_run_disabled_tests"}, env, limit);
     });
@@ -742,6 +747,25 @@ TEST(HarnessReports, ExternalRankLostWithoutAWordIsNamedBeforeTheTimeout) {
     EXPECT_LT(runs[r].seconds, 20) << "named at the timeout, not when its heartbeat stopped:\n" << runs[r].output;
   }
   EXPECT_EQ(runs[1].output.find("[  FAILED  ]"), std::string::npos) << "only rank 0 prints:\n" << runs[1].output;
+}
+
+// NOTE: [Who could not join] (harness/internal/external.cpp): rank 2 cannot create its Gloo
+// device (its hostname does not resolve) while ranks 0 and 1 wait for it in the group's
+// creation. When their wait times out, they name rank 2 and its reason; rank 0's report does.
+// Before: every rank said only "Socket Timeout", and rank 1 that its own connection failed.
+TEST(HarnessReports, ExternalRankThatCannotJoinIsNamedByItsPeers) {
+  std::vector<testing::ChildRun> runs(3);
+  auto ts = start_external_job(runs, "Faults.DISABLED_MeshCreation", {{"DTENSOR_TEST_TIMEOUT", "0.5"}},
+                               std::chrono::seconds(90), {{2, {{"DTENSOR_GLOO_HOSTNAME", "no-such-host.invalid"}}}});
+  for (auto& t : ts) t.join();
+  EXPECT_CONTAINS(runs[2].output, "[dtensor] rank 2: joining the job (torchrun, master 127.0.0.1:");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_CONTAINS(runs[r].output, "(rank 2 could not join: ");
+    EXPECT_CONTAINS(runs[r].output, "no-such-host.invalid");
+    EXPECT_EQ(runs[r].output.find("this rank's own connection failed"), std::string::npos) << runs[r].output;
+  }
+  EXPECT_CONTAINS(runs[0].output, "[  FAILED  ] Faults.DISABLED_MeshCreation");
+  for (auto& run : runs) EXPECT_NE(run.exit_code, 0) << run.output;
 }
 
 // GLOO_SOCKET_IFNAME names the interface Gloo binds to, as under PyTorch; a name the host
