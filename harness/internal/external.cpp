@@ -56,6 +56,7 @@
 #include <condition_variable>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -126,10 +127,13 @@ c10::intrusive_ptr<c10d::TCPStore> connect_store(const std::string& host, int po
 // runs, each rank's watchdog reads its peers' heartbeats every kPeerCheck and, when one has
 // not moved for kDeadAfter, aborts its own collectives naming that rank (stderr says so at
 // once); the results then mark it gone without waiting again. On the far side of the cut, the
-// lost rank's own watchdog sees the store stop answering within kStoreLostAfter (its
-// connection has that receive timeout) and that rank reports alone, as when rank 0 dies. A
-// store request has no timeout of its own in libtorch 1.13 (only waits set the socket's), so
-// connect_watchdog_store arms it with a wait.
+// lost rank's own watchdog sees the store stop answering and that rank reports alone, as when
+// rank 0 dies. A store request (add, check, get) has no timeout of its own: in libtorch 1.13
+// only a wait sets the socket's receive timeout (connect_watchdog_store arms it with one), and
+// since 2.x a wait polls and leaves the socket without one, so a request to a store cut off
+// blocks until TCP gives up, many minutes later. So a second thread, the monitor, watches the
+// watchdog's requests: one unanswered for kStoreLostAfter marks the store lost and aborts this
+// rank's collectives; the watchdog's thread, still blocked, is left behind at exit.
 
 // A connection for the watchdog: every request on it fails after kStoreLostAfter without an
 // answer.
@@ -256,14 +260,20 @@ class Watchdog {
     beat_at_.assign(n_, Clock::now());
     lost_.assign(n_, false);
     thread_ = std::thread([this] { loop(); });
+    monitor_ = std::thread([this] { monitor(); });
   }
   void stop() {
+    bool lost;
     {
       std::lock_guard<std::mutex> lk(mu_);
       stop_ = true;
+      lost = !store_lost_.empty();
     }
     cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
+    if (monitor_.joinable()) monitor_.join();
+    if (!thread_.joinable()) return;
+    if (lost) thread_.detach();  // may be blocked in a request to the lost store for good
+    else thread_.join();
   }
   void begin(int test, const std::string& test_id, Clock::time_point deadline, milliseconds timeout) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -315,6 +325,7 @@ class Watchdog {
       const int test = test_;
       const auto deadline = deadline_;
       const bool in_body = in_body_;
+      asking_since_ = Clock::now();  // the monitor watches the requests below
       lk.unlock();
       try {
         const auto now = Clock::now();
@@ -337,12 +348,28 @@ class Watchdog {
         }
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> g(mu_);
-        store_lost_ = short_text(err_text(e));
-        comm::abort_waits("rank 0 is gone (the connection to the job's store, which it hosts, failed: " +
-                          store_lost_ + ")");
+        if (store_lost_.empty()) lose_store(short_text(err_text(e)));
       }
       lk.lock();
+      asking_since_.reset();
     }
+  }
+
+  // NOTE: [A peer lost without a word]: a watchdog request unanswered for kStoreLostAfter.
+  void monitor() {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!stop_) {
+      cv_.wait_for(lk, kPoll);
+      if (stop_ || !store_lost_.empty() || !asking_since_) continue;
+      if (Clock::now() - *asking_since_ > kStoreLostAfter)
+        lose_store("no answer for " + std::to_string(kStoreLostAfter.count() / 1000) + " s");
+    }
+  }
+
+  // mu_ held.
+  void lose_store(const std::string& why) {
+    store_lost_ = why;
+    comm::abort_waits("rank 0 is gone (the connection to the job's store, which it hosts, failed: " + why + ")");
   }
 
   // NOTE: [A peer lost without a word]. Runs on the watchdog thread, mu_ not held.
@@ -430,6 +457,8 @@ class Watchdog {
   int baseline_test_ = -1;                  // the test beat_ was read in
   c10::intrusive_ptr<c10d::Store> store_;  // its own connection to the job's store
   std::thread thread_;
+  std::thread monitor_;
+  std::optional<Clock::time_point> asking_since_;  // a store request in flight since (mu_)
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

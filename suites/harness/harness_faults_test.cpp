@@ -750,22 +750,54 @@ TEST(HarnessReports, ExternalRankLostWithoutAWordIsNamedBeforeTheTimeout) {
 }
 
 // NOTE: [Who could not join] (harness/internal/external.cpp): rank 2 cannot create its Gloo
-// device (its hostname does not resolve) while ranks 0 and 1 wait for it in the group's
+// device (its address, from the documentation range, is not this host's; a numeric address,
+// so no name lookup is involved) while ranks 0 and 1 wait for it in the group's
 // creation. When their wait times out, they name rank 2 and its reason; rank 0's report does.
 // Before: every rank said only "Socket Timeout", and rank 1 that its own connection failed.
 TEST(HarnessReports, ExternalRankThatCannotJoinIsNamedByItsPeers) {
   std::vector<testing::ChildRun> runs(3);
   auto ts = start_external_job(runs, "Faults.DISABLED_MeshCreation", {{"DTENSOR_TEST_TIMEOUT", "0.5"}},
-                               std::chrono::seconds(90), {{2, {{"DTENSOR_GLOO_HOSTNAME", "no-such-host.invalid"}}}});
+                               std::chrono::seconds(90), {{2, {{"DTENSOR_GLOO_HOSTNAME", "192.0.2.1"}}}});
   for (auto& t : ts) t.join();
   EXPECT_CONTAINS(runs[2].output, "[dtensor] rank 2: joining the job (torchrun, master 127.0.0.1:");
   for (int r = 0; r < 2; ++r) {
     EXPECT_CONTAINS(runs[r].output, "(rank 2 could not join: ");
-    EXPECT_CONTAINS(runs[r].output, "no-such-host.invalid");
+    EXPECT_CONTAINS(runs[r].output, "192.0.2.1");
     EXPECT_EQ(runs[r].output.find("this rank's own connection failed"), std::string::npos) << runs[r].output;
   }
   EXPECT_CONTAINS(runs[0].output, "[  FAILED  ] Faults.DISABLED_MeshCreation");
   for (auto& run : runs) EXPECT_NE(run.exit_code, 0) << run.output;
+}
+
+// The far side of NOTE: [A peer lost without a word]: rank 0, which hosts the job's store,
+// stops itself (SIGSTOP) between collectives; its sockets stay open and the store never
+// answers. Ranks 1 and 2 find the store lost within seconds, far inside the 30 s timeout,
+// and rank 1 reports in rank 0's place. Before, under a libtorch whose store requests have no
+// receive timeout (the PyTorch wheels since 2.x), they waited in all_reduce and in the store
+// until the group's timeout.
+TEST(HarnessReports, ExternalStoreHostLostWithoutAWordIsReportedByTheFirstSurvivor) {
+  testing::TempDir dir;
+  std::vector<testing::ChildRun> runs(3);
+  auto ts = start_external_job(runs, "Faults.DISABLED_CollectivesUntilARankIsLost:Faults.DISABLED_MeshCreation",
+                               {{"DTENSOR_TEST_READY_DIR", dir.path()}, {"DTENSOR_TEST_FREEZE_RANK", "0"},
+                                {"DTENSOR_TEST_TIMEOUT", "30"}},
+                               std::chrono::seconds(90));
+  ts[1].join();
+  ts[2].join();
+  const std::string pid = testing::read_file(dir.path() + "/ready.0");
+  if (!pid.empty()) ::kill(static_cast<pid_t>(std::stol(pid)), SIGKILL);
+  ts[0].join();
+  ASSERT_FALSE(pid.empty()) << "rank 0 never completed a collective:\n" << runs[0].output;
+  EXPECT_CONTAINS(runs[1].output, "[rank 1] rank 0 is gone (the connection to the job's store, which it hosts, "
+                                  "failed: ");
+  EXPECT_CONTAINS(runs[1].output, "[  FAILED  ] Faults.DISABLED_CollectivesUntilARankIsLost");
+  EXPECT_EQ(runs[2].output.find("[  FAILED  ]"), std::string::npos) << "rank 1 reports, not rank 2:\n"
+                                                                    << runs[2].output;
+  for (int r = 1; r < 3; ++r) {
+    EXPECT_NE(runs[r].exit_code, 0) << runs[r].output;
+    EXPECT_LT(runs[r].seconds, 20) << "found at the timeout, not when the store stopped answering:\n"
+                                   << runs[r].output;
+  }
 }
 
 // GLOO_SOCKET_IFNAME names the interface Gloo binds to, as under PyTorch; a name the host
