@@ -16,10 +16,14 @@ install(TARGETS ${_dtensor_targets} EXPORT dtensor_cppTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(DIRECTORY dtensor DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
-install(DIRECTORY models DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
+# The public headers: a user includes these. The library's insides (*_internal.h, internal/
+# and detail/ folders) are not installed; the consumer project (examples/consumer) compiles
+# every installed header, so a public header that needs an internal one fails there.
+set(_dtensor_private PATTERN "*_internal.h" EXCLUDE PATTERN "internal" EXCLUDE PATTERN "detail" EXCLUDE)
+install(DIRECTORY dtensor DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h" ${_dtensor_private})
+install(DIRECTORY models DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h" ${_dtensor_private})
 if(DTENSOR_BUILD_TESTS)
-  install(DIRECTORY harness DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
+  install(DIRECTORY harness DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h" ${_dtensor_private})
 endif()
 install(EXPORT dtensor_cppTargets NAMESPACE dtensor:: DESTINATION ${DTENSOR_INSTALL_CMAKEDIR})
 

@@ -3,7 +3,7 @@
 #include "dtensor/fsdp/fully_shard.h"
 
 #include "dtensor/comm/group.h"
-#include "dtensor/fsdp/fsdp_state.h"
+#include "dtensor/fsdp/fsdp_state_internal.h"
 #include "dtensor/nn/hooks.h"
 #include "dtensor/nn/module_surgery.h"
 #include "dtensor/tensor/dtensor.h"
@@ -1124,11 +1124,11 @@ FSDPModule fully_shard(torch::nn::Module& module, FullyShardOptions options) {
   });
   register_state(module, state);
   state->id_ = register_state_id(state);
-  return FSDPModule(state);
+  return FSDPModuleAccess::make(state);
 }
 
 std::optional<FSDPModule> get_fsdp_module(const torch::nn::Module& module) {
-  if (auto s = lookup_state(module)) return FSDPModule(s);
+  if (auto s = lookup_state(module)) return FSDPModuleAccess::make(s);
   return std::nullopt;
 }
 

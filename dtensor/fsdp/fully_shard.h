@@ -220,12 +220,12 @@ struct FSDPTraceEvent {
 std::string to_string(FSDPTraceEvent::Kind kind);
 
 class FSDPState;
+struct FSDPModuleAccess;
 
 // The FSDP state of one fully_shard-ed module (PyTorch's FSDPModule methods). Cheap to copy.
+// fully_shard and get_fsdp_module make them.
 class FSDPModule {
  public:
-  explicit FSDPModule(std::shared_ptr<FSDPState> state) : state_(std::move(state)) {}
-
   // Collective (over the shard group). All-gathers this group's parameters and swaps the
   // unsharded tensors into the modules; the next forward then does not all-gather. Blocking
   // (waits for a prefetch of this group in flight, if any).
@@ -261,7 +261,6 @@ class FSDPModule {
   // The extension this module's parameters go through (nullptr: plain FSDP). PyTorch:
   // _get_module_fsdp_state(m)._fsdp_extension.
   const FSDPExtensions* extensions() const;
-  const std::shared_ptr<FSDPState>& state() const { return state_; }
 
   // Our addition (no PyTorch counterpart, see FSDPTraceEvent). On the root module (the one
   // whose forward the step calls): true starts recording the events of every group of its
@@ -271,6 +270,8 @@ class FSDPModule {
   std::vector<FSDPTraceEvent> trace() const;
 
  private:
+  friend struct FSDPModuleAccess;  // the library's way in (dtensor/fsdp/fsdp_state_internal.h)
+  explicit FSDPModule(std::shared_ptr<FSDPState> state) : state_(std::move(state)) {}
   std::shared_ptr<FSDPState> state_;
 };
 

@@ -2,7 +2,7 @@
 #include "dtensor/fsdp/state_dict.h"
 
 #include "dtensor/fsdp/extensions.h"
-#include "dtensor/fsdp/fsdp_state.h"
+#include "dtensor/fsdp/fsdp_state_internal.h"
 #include "dtensor/nn/module_surgery.h"
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/tensor/dtensor_impl.h"
@@ -26,7 +26,7 @@ std::unordered_map<const c10::TensorImpl*, at::Tensor> sharded_of(const torch::n
   std::unordered_map<const c10::TensorImpl*, at::Tensor> out;
   auto add = [&](const torch::nn::Module& m) {
     if (auto f = get_fsdp_module(m)) {
-      for (const auto& p : f->state()->params_) {
+      for (const auto& p : FSDPModuleAccess::state(*f)->params_) {
         out[p.unsharded.unsafeGetTensorImpl()] = p.sharded;
         if (p.unsharded_param.defined()) out[p.unsharded_param.unsafeGetTensorImpl()] = p.sharded;
       }
@@ -48,7 +48,8 @@ std::unordered_map<const c10::TensorImpl*, Managed> params_of(const torch::nn::M
   std::unordered_map<const c10::TensorImpl*, Managed> out;
   auto add = [&](const torch::nn::Module& m) {
     if (auto f = get_fsdp_module(m)) {
-      for (const auto& p : f->state()->params_) out[p.sharded.unsafeGetTensorImpl()] = {f->state().get(), &p};
+      const FSDPState* s = FSDPModuleAccess::state(*f).get();
+      for (const auto& p : s->params_) out[p.sharded.unsafeGetTensorImpl()] = {s, &p};
     }
   };
   add(module);

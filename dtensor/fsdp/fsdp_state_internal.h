@@ -1,4 +1,4 @@
-// dtensor/fsdp/fsdp_state.h: the state behind one fully_shard-ed module (PyTorch's FSDPState
+// dtensor/fsdp/fsdp_state_internal.h: the state behind one fully_shard-ed module (PyTorch's FSDPState
 // with its FSDPParamGroup and FSDPParams). Internal to dtensor/fsdp; users hold FSDPModule.
 #pragma once
 
@@ -229,6 +229,12 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   // init (PyTorch's FSDPParamGroup._module_fqn).
   std::string fqn_;
   int64_t index_ = -1;
+};
+
+// The library's way into an FSDPModule: its state is not part of the API.
+struct FSDPModuleAccess {
+  static FSDPModule make(std::shared_ptr<FSDPState> state) { return FSDPModule(std::move(state)); }
+  static const std::shared_ptr<FSDPState>& state(const FSDPModule& module) { return module.state_; }
 };
 
 }  // namespace fsdp
