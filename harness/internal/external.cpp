@@ -431,7 +431,7 @@ class Watchdog {
     ::kill(::getpid(), SIGUSR1);  // the test thread prints its stack (install_rank_signals)
     RankResult r;
     r.rank = rank_;
-    r.parts.push_back({"exception", "", -1,
+    r.parts.push_back({RankPart::Kind::kException, "", -1,
                        "still running the test body " + std::to_string(kStuckGrace.count() / 1000) +
                            " s after the timeout, outside any collective (its stack is on this "
                            "rank's stderr); this rank leaves the job"});
@@ -680,8 +680,8 @@ void run_external(const std::string& test_id, std::chrono::milliseconds timeout)
     if (mine.fatal() && g_store->add(pre + "nwhy", 1) == 1) {
       std::string why;
       for (auto& p : mine.parts)
-        if (p.kind != "failure") {
-          why = (p.kind == "skip" ? "skipped: " : "failed: ") + short_text(p.message, 200);
+        if (p.kind != RankPart::Kind::kFailure) {
+          why = (p.kind == RankPart::Kind::kSkip ? "skipped: " : "failed: ") + short_text(p.message, 200);
           break;
         }
       g_store->set(pre + "why", str_bytes("rank " + std::to_string(me) + " " + why));
@@ -750,7 +750,7 @@ void run_external(const std::string& test_id, std::chrono::milliseconds timeout)
     if (gone[r]) {
       RankResult gr;
       gr.rank = r;
-      gr.parts.push_back({"exception", "", -1,
+      gr.parts.push_back({RankPart::Kind::kException, "", -1,
                           "rank " + std::to_string(r) +
                               " is gone: it posted no result and its heartbeat stopped (crashed, killed, or cut off from "
                               "the job's store)"});
@@ -791,6 +791,29 @@ void run_external(const std::string& test_id, std::chrono::milliseconds timeout)
   }
 }
 
+namespace {
+// NOTE: [Who could not join]: the peers read the store rank 0 hosts when their own join fails
+// (whether rank 0 answers, who failed and why), at about the moment rank 0's does. So after a
+// failed join each peer checks out, and rank 0 leaves once every peer that reached the store
+// has (at most kReportWait): leaving at once, it made a peer take it for gone.
+void wait_for_join_reports(int me, int n) {
+  const std::string key = kPrefix + "join_checked_out";
+  try {
+    if (me > 0) {
+      g_store->add(key, 1);
+      return;
+    }
+    int arrived = 0;
+    for (int r = 1; r < n; ++r) arrived += g_store->check({kPrefix + "arrived/" + std::to_string(r)}) ? 1 : 0;
+    const auto until = Clock::now() + kReportWait;
+    while (Clock::now() < until && g_store->add(key, 0) < arrived)
+      std::this_thread::sleep_for(kPoll);  // polling the store rank 0 itself hosts
+  } catch (const std::exception&) {
+    // the store is gone: nothing to wait for
+  }
+}
+}  // namespace
+
 void shutdown_external() {
   if (g_watchdog) g_watchdog->stop();
   if (!g_joined) return;
@@ -805,6 +828,7 @@ void shutdown_external() {
     }
   } catch (const std::exception&) {
   }
+  if (!g_join_error.empty() && g_store && !g_rank_zero_gone) wait_for_join_reports(me, n);
   if (!g_group) return;
   try {
     if (!g_rank_zero_gone) {

@@ -522,7 +522,7 @@ void stop_fork_server() {
     if (!group) {
       RankResult r;
       r.rank = req.rank;
-      r.parts.push_back({"exception", "", -1,
+      r.parts.push_back({RankPart::Kind::kException, "", -1,
                          "creating the " + req.backend + " process group failed: " + group_error});
       return r;
     }
@@ -570,6 +570,8 @@ void stop_fork_server() {
 }
 
 // ---- RankSet -----------------------------------------------------------------------------------
+struct LiveDir;  // NOTE: [Nothing left in TMPDIR]
+
 struct RankSet::Impl {
   LaunchMode mode;
   int n;
@@ -598,7 +600,7 @@ struct RankSet::Impl {
   };
   std::vector<Pending> pending;
   bool healthy = true;
-  int live_slot = -1;  // NOTE: [Nothing left in TMPDIR]
+  LiveDir* live_dir = nullptr;  // NOTE: [Nothing left in TMPDIR]
 
   void start(const std::string& test_id);
   void pump(int wait_ms);
@@ -650,14 +652,19 @@ struct RankSet::Impl {
 // (Boost.Process's terminate does not wait; some containers' init never does), and kill(pid, 0)
 // succeeds on a zombie, which left such directories behind on some machines. It also includes
 // a process that started after the directory was last written: the pid was reused.
-namespace {
-constexpr int kMaxLiveDirs = 8;
+// The live directories are a list the handler walks without a lock: nodes are pushed at its
+// head with a compare-and-swap, published only once written (state kLive), and reused once
+// free, never freed (the handler may run at any moment until the process ends), so the list
+// is as long as the most rank sets ever live at once: any number, each cleaned up.
 struct LiveDir {
-  std::atomic<bool> used{false};
-  char path[512];
+  enum State : int { kFree, kWriting, kLive };
+  std::atomic<int> state{kWriting};
+  std::string path;
   int ranks = 0;
+  LiveDir* next = nullptr;  // set before the node is published, then constant
 };
-LiveDir g_live_dirs[kMaxLiveDirs];
+namespace {
+std::atomic<LiveDir*> g_live_dirs{nullptr};
 
 void remove_dir_now(const char* dir, int ranks) {
   char f[600];
@@ -671,13 +678,13 @@ void remove_dir_now(const char* dir, int ranks) {
 }
 
 void on_stop_signal(int sig) {
-  for (auto& d : g_live_dirs)
-    if (d.used.load()) remove_dir_now(d.path, d.ranks);
+  for (LiveDir* d = g_live_dirs.load(); d; d = d->next)
+    if (d->state.load() == LiveDir::kLive) remove_dir_now(d->path.c_str(), d->ranks);
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }
 
-int register_live_dir(const std::string& path, int ranks) {
+LiveDir* register_live_dir(const std::string& path, int ranks) {
   static const bool installed = [] {
     for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
       struct sigaction prev {};
@@ -690,19 +697,25 @@ int register_live_dir(const std::string& path, int ranks) {
     return true;
   }();
   (void)installed;
-  for (int i = 0; i < kMaxLiveDirs; ++i) {
-    auto& d = g_live_dirs[i];
-    if (d.used.load()) continue;
-    std::snprintf(d.path, sizeof d.path, "%s", path.c_str());
-    d.ranks = ranks;
-    d.used = true;
-    return i;
+  LiveDir* d = nullptr;
+  for (LiveDir* f = g_live_dirs.load(); f && !d; f = f->next) {
+    int free = LiveDir::kFree;
+    if (f->state.compare_exchange_strong(free, LiveDir::kWriting)) d = f;
   }
-  return -1;
+  if (!d) {
+    d = new LiveDir();  // owned by the list for the rest of the process (above)
+    d->next = g_live_dirs.load();
+    while (!g_live_dirs.compare_exchange_weak(d->next, d)) {
+    }
+  }
+  d->path = path;
+  d->ranks = ranks;
+  d->state.store(LiveDir::kLive);
+  return d;
 }
 
-void unregister_live_dir(int slot) {
-  if (slot >= 0) g_live_dirs[slot].used = false;
+void unregister_live_dir(LiveDir* d) {
+  if (d) d->state.store(LiveDir::kFree);
 }
 
 // True when no live process can own a rank-set directory named after `pid` and last written
@@ -771,7 +784,7 @@ void RankSet::Impl::start(const std::string& test_id) {
   TORCH_CHECK(::mkdtemp(tmpl.data()) != nullptr, "cannot create a temp dir from ", tmpl, ": ",
               std::strerror(errno));
   dir = tmpl;
-  live_slot = register_live_dir(dir.string(), n);
+  live_dir = register_live_dir(dir.string(), n);
   const std::string ctl = (dir / "ctl.sock").string();
   listen_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
@@ -937,7 +950,7 @@ RankSet::~RankSet() {
   impl_->store.reset();
   std::error_code ec;
   if (!impl_->dir.empty()) fs::remove_all(impl_->dir, ec);
-  unregister_live_dir(impl_->live_slot);
+  unregister_live_dir(impl_->live_dir);
   comm::trace_event("set.end");
 }
 

@@ -71,38 +71,57 @@ std::string signal_name(int sig) {
 }
 
 // ---- results ---------------------------------------------------------------------------------
+using Kind = RankPart::Kind;
+
 bool RankResult::failed() const {
   for (auto& p : parts)
-    if (p.kind != "skip") return true;
+    if (p.kind != Kind::kSkip) return true;
   return false;
 }
 bool RankResult::fatal() const {
   for (auto& p : parts)
-    if (p.kind != "failure") return true;
+    if (p.kind != Kind::kFailure) return true;
   return false;
 }
 bool RankResult::skipped() const {
   if (failed()) return false;
   for (auto& p : parts)
-    if (p.kind == "skip") return true;
+    if (p.kind == Kind::kSkip) return true;
   return false;
 }
 bool RankResult::only_collective_errors() const {
   bool any = false;
   for (auto& p : parts) {
-    if (p.kind == "skip") continue;
+    if (p.kind == Kind::kSkip) continue;
     if (!p.collective_error) return false;
     any = true;
   }
   return any;
 }
 
+namespace {
+const char* kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::kFailure: return "failure";
+    case Kind::kFatal: return "fatal";
+    case Kind::kSkip: return "skip";
+    case Kind::kException: return "exception";
+  }
+  return "?";
+}
+Kind kind_named(const std::string& name) {
+  for (Kind k : {Kind::kFailure, Kind::kFatal, Kind::kSkip, Kind::kException})
+    if (name == kind_name(k)) return k;
+  C10_THROW_ERROR(ValueError, c10::str("a rank's result has a part of unknown kind '", name, "'"));
+}
+}  // namespace
+
 void to_json(nlohmann::json& j, const RankPart& p) {
-  j = {{"kind", p.kind}, {"file", p.file}, {"line", p.line}, {"message", p.message},
+  j = {{"kind", kind_name(p.kind)}, {"file", p.file}, {"line", p.line}, {"message", p.message},
        {"collective_error", p.collective_error}};
 }
 void from_json(const nlohmann::json& j, RankPart& p) {
-  p.kind = j.at("kind").get<std::string>();
+  p.kind = kind_named(j.at("kind").get<std::string>());
   p.file = j.at("file").get<std::string>();
   p.line = j.at("line").get<int>();
   p.message = j.at("message").get<std::string>();
@@ -125,7 +144,7 @@ RankCapture::RankCapture(std::shared_ptr<RankSink> sink)
 
 void RankCapture::ReportTestPartResult(const ::testing::TestPartResult& r) {
   RankPart p;
-  p.kind = r.skipped() ? "skip" : r.fatally_failed() ? "fatal" : "failure";
+  p.kind = r.skipped() ? Kind::kSkip : r.fatally_failed() ? Kind::kFatal : Kind::kFailure;
   p.file = r.file_name() ? r.file_name() : "";
   p.line = r.line_number();
   p.message = r.message();
@@ -162,7 +181,7 @@ std::string type_name(const std::exception& e) {
 // (a c10::Error records that: TORCH_CHECK's file:line), else at the DTENSOR_TEST_F line.
 RankPart exception_part(const std::string& where, const std::exception& e, const Entry& entry) {
   RankPart p;
-  p.kind = "exception";
+  p.kind = Kind::kException;
   p.file = entry.file;
   p.line = entry.line;
   std::string what = e.what();
@@ -183,7 +202,7 @@ RankPart exception_part(const std::string& where, const std::exception& e, const
 }
 bool stopped(const std::vector<RankPart>& parts) {
   for (auto& p : parts)
-    if (p.kind != "failure") return true;
+    if (p.kind != Kind::kFailure) return true;
   return false;
 }
 
@@ -196,7 +215,7 @@ void run_guarded(RankSink& capture, int rank, const Entry& entry, const char* wh
   } catch (const std::exception& e) {
     capture.add(rank, exception_part(where, e, entry));
   } catch (...) {
-    capture.add(rank, RankPart{"exception", entry.file, entry.line,
+    capture.add(rank, RankPart{Kind::kException, entry.file, entry.line,
                                std::string("uncaught non-std exception in ") + where});
   }
 }
@@ -221,7 +240,7 @@ RankResult run_rank_body(const std::string& test_id, int rank, const comm::Group
   set_current_rank(rank);
   auto it = registry().find(test_id);
   if (it == registry().end()) {
-    res.parts.push_back({"exception", "", -1,
+    res.parts.push_back({Kind::kException, "", -1,
                          "no DTENSOR_TEST_F named " + test_id + " is registered in this program"});
     return res;
   }
@@ -509,7 +528,7 @@ void report_outcomes(const std::string& test_id, const std::vector<RankOutcome>&
       const bool sec = any_primary && o.result->only_collective_errors();
       if (sec) secondary.push_back(o.rank);
       for (auto& p : o.result->parts) {
-        if (p.kind == "skip") {
+        if (p.kind == Kind::kSkip) {
           skips.emplace_back(o.rank, p.message);
           continue;
         }

@@ -20,7 +20,14 @@ namespace testing {
 namespace internal {
 
 struct RankPart {
-  std::string kind;  // "failure" (EXPECT), "fatal" (ASSERT), "skip", "exception"
+  // What the part is; between processes, the strings "failure", "fatal", "skip", "exception".
+  enum class Kind {
+    kFailure,    // a non-fatal failure (EXPECT_*, ADD_FAILURE)
+    kFatal,      // a fatal failure (ASSERT_*, FAIL): the body stopped
+    kSkip,       // GTEST_SKIP: the body stopped
+    kException,  // an uncaught exception, or an error the harness reports for the rank
+  };
+  Kind kind = Kind::kFailure;
   std::string file;
   int line = -1;
   std::string message;

@@ -5,6 +5,7 @@
 #include "dtensor/comm/comm.h"
 #include "dtensor/mesh/device_mesh.h"
 #include "harness/harness.h"
+#include "harness/internal/launcher.h"
 #include "suites/testing/child_process.h"
 
 #include <ATen/ATen.h>
@@ -537,6 +538,52 @@ TEST(HarnessReports, StoppedOrchestratorLeavesNothingInTmpdir) {
   EXPECT_NE(f.run.exit_code, 0) << f.run.output;
   EXPECT_LT(f.run.seconds, 3) << "stopped by its signal, not at the test's timeout";
   EXPECT_TRUE(f.leftovers.empty()) << "left in TMPDIR: " << (f.leftovers.empty() ? "" : f.leftovers[0]);
+}
+
+// NOTE: [Rank process protocol]: a result's parts travel as JSON with their kind by name; an
+// unknown name is refused, naming it (it was once taken as a failure of whatever kind).
+TEST(RankProtocol, PartKindsTravelByNameAndAnUnknownOneIsRefused) {
+  using testing::internal::RankPart;
+  const std::vector<std::pair<RankPart::Kind, std::string>> kinds = {{RankPart::Kind::kFailure, "failure"},
+                                                                    {RankPart::Kind::kFatal, "fatal"},
+                                                                    {RankPart::Kind::kSkip, "skip"},
+                                                                    {RankPart::Kind::kException, "exception"}};
+  for (const auto& [kind, name] : kinds) {
+    RankPart p{kind, "body.cpp", 7, "message", true};
+    const nlohmann::json j = p;
+    EXPECT_EQ(j.at("kind").get<std::string>(), name);
+    const auto back = j.get<RankPart>();
+    EXPECT_EQ(back.kind, kind) << name;
+    EXPECT_EQ(back.file, "body.cpp");
+    EXPECT_EQ(back.line, 7);
+    EXPECT_EQ(back.message, "message");
+    EXPECT_TRUE(back.collective_error);
+  }
+  nlohmann::json bad = {{"kind", "warning"}, {"file", ""}, {"line", -1}, {"message", ""}};
+  try {
+    (void)bad.get<RankPart>();
+    ADD_FAILURE() << "an unknown kind was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_CONTAINS(std::string(e.what_without_backtrace()), "a rank's result has a part of unknown kind 'warning'");
+  }
+}
+
+// Nine rank sets (worker pools of one rank) live at once, then the orchestrator is stopped.
+TEST(LiveRankSets, DISABLED_NineThenSigterm) {
+  std::vector<std::unique_ptr<testing::internal::RankSet>> sets;
+  for (int i = 0; i < 9; ++i)
+    sets.push_back(std::make_unique<testing::internal::RankSet>(testing::LaunchMode::kWorkerPool, 1, "gloo", std::chrono::seconds(30)));
+  std::raise(SIGTERM);
+}
+
+// ... whatever number of rank sets is live. Before: the handler knew 8 of them; the ninth's
+// directory stayed.
+TEST(HarnessReports, StoppedOrchestratorRemovesEveryLiveRankSet) {
+  auto f = run_fault("LiveRankSets.DISABLED_NineThenSigterm");
+  EXPECT_NE(f.run.exit_code, 0) << f.run.output;
+  EXPECT_CONTAINS(f.run.output, "[ RUN      ] LiveRankSets.DISABLED_NineThenSigterm");
+  EXPECT_TRUE(f.leftovers.empty()) << "left in TMPDIR: " << f.leftovers.size() << " entries, the first "
+                                   << (f.leftovers.empty() ? "" : f.leftovers[0]);
 }
 
 // ... and after a SIGKILL, the next test program in that TMPDIR removes what it left.
