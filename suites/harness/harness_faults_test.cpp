@@ -771,20 +771,29 @@ TEST(HarnessReports, ExternalRankZeroDyingIsReportedByTheFirstSurvivor) {
 // (SIGSTOP) between collectives, its sockets open and silent, as a rank whose host was cut
 // off. Ranks 0 and 1 name it within seconds, far inside the 30 s timeout, and skip the rest
 // of the job. Before: they waited in all_reduce for the timeout. ci/multihost cuts a real link.
-TEST(HarnessReports, ExternalRankLostWithoutAWordIsNamedBeforeTheTimeout) {
+// A job of 3 ranks looping collectives in which rank `frozen` stops itself (SIGSTOP) after its
+// first; once the others have ended, it is killed by hand (nothing else would end it). The
+// runs are returned; a rank that never got that far fails the calling test.
+std::vector<testing::ChildRun> run_job_with_a_frozen_rank(int frozen) {
   testing::TempDir dir;
   std::vector<testing::ChildRun> runs(3);
   auto ts = start_external_job(runs, "Faults.DISABLED_CollectivesUntilARankIsLost:Faults.DISABLED_MeshCreation",
-                               {{"DTENSOR_TEST_READY_DIR", dir.path()}, {"DTENSOR_TEST_FREEZE_RANK", "2"},
+                               {{"DTENSOR_TEST_READY_DIR", dir.path()},
+                                {"DTENSOR_TEST_FREEZE_RANK", std::to_string(frozen)},
                                 {"DTENSOR_TEST_TIMEOUT", "30"}},
                                std::chrono::seconds(90));
-  ts[0].join();
-  ts[1].join();
-  // The stopped rank is killed by hand: nothing else would end it.
-  const std::string pid = testing::read_file(dir.path() + "/ready.2");
+  for (int r = 0; r < 3; ++r)
+    if (r != frozen) ts[r].join();
+  const std::string pid = testing::read_file(dir.path() + "/ready." + std::to_string(frozen));
   if (!pid.empty()) ::kill(static_cast<pid_t>(std::stol(pid)), SIGKILL);
-  ts[2].join();
-  ASSERT_FALSE(pid.empty()) << "rank 2 never completed a collective:\n" << runs[2].output;
+  ts[frozen].join();
+  EXPECT_FALSE(pid.empty()) << "rank " << frozen << " never completed a collective:\n" << runs[frozen].output;
+  return runs;
+}
+
+TEST(HarnessReports, ExternalRankLostWithoutAWordIsNamedBeforeTheTimeout) {
+  auto runs = run_job_with_a_frozen_rank(2);
+  if (HasFailure()) return;
   EXPECT_CONTAINS(runs[0].output, "[  FAILED  ] Faults.DISABLED_CollectivesUntilARankIsLost");
   EXPECT_CONTAINS(runs[0].output, "[rank 2] rank 2 is gone: it posted no result and its heartbeat stopped");
   EXPECT_CONTAINS(runs[0].output, "not run: rank 2 left the job during Faults.DISABLED_CollectivesUntilARankIsLost");
@@ -823,18 +832,8 @@ TEST(HarnessReports, ExternalRankThatCannotJoinIsNamedByItsPeers) {
 // receive timeout (the PyTorch wheels since 2.x), they waited in all_reduce and in the store
 // until the group's timeout.
 TEST(HarnessReports, ExternalStoreHostLostWithoutAWordIsReportedByTheFirstSurvivor) {
-  testing::TempDir dir;
-  std::vector<testing::ChildRun> runs(3);
-  auto ts = start_external_job(runs, "Faults.DISABLED_CollectivesUntilARankIsLost:Faults.DISABLED_MeshCreation",
-                               {{"DTENSOR_TEST_READY_DIR", dir.path()}, {"DTENSOR_TEST_FREEZE_RANK", "0"},
-                                {"DTENSOR_TEST_TIMEOUT", "30"}},
-                               std::chrono::seconds(90));
-  ts[1].join();
-  ts[2].join();
-  const std::string pid = testing::read_file(dir.path() + "/ready.0");
-  if (!pid.empty()) ::kill(static_cast<pid_t>(std::stol(pid)), SIGKILL);
-  ts[0].join();
-  ASSERT_FALSE(pid.empty()) << "rank 0 never completed a collective:\n" << runs[0].output;
+  auto runs = run_job_with_a_frozen_rank(0);
+  if (HasFailure()) return;
   EXPECT_CONTAINS(runs[1].output, "[rank 1] rank 0 is gone (the connection to the job's store, which it hosts, "
                                   "failed: ");
   EXPECT_CONTAINS(runs[1].output, "[  FAILED  ] Faults.DISABLED_CollectivesUntilARankIsLost");
