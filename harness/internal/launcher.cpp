@@ -469,12 +469,17 @@ void stop_fork_server() {
   comm::trace_event("rank.start", req.rank);
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  int logfd = ::open(req.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  if (logfd >= 0) {
-    ::dup2(logfd, 1);
-    ::dup2(logfd, 2);
-    ::close(logfd);
+  // The orchestrator created the log (NOTE: [Nothing left in TMPDIR]); it is gone only when the
+  // orchestrator was stopped and removed its directory, and then this rank has nothing to do.
+  int logfd = ::open(req.log_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (logfd < 0) {
+    std::fprintf(stderr, "[dtensor] rank %d: cannot open its log %s: %s (was the test program stopped?)\n",
+                 req.rank, req.log_path.c_str(), std::strerror(errno));
+    ::_exit(3);
   }
+  ::dup2(logfd, 1);
+  ::dup2(logfd, 2);
+  ::close(logfd);
   install_rank_signal_handlers(req.rank);
   int ctl = connect_unix(req.ctl_path);
   if (ctl < 0) {
@@ -646,7 +651,10 @@ struct RankSet::Impl {
 // A rank set's directory (dtensor-ranks-<orchestrator pid>-XXXXXX: ctl.sock, rank<r>.log) is
 // removed by ~RankSet. When the orchestrator is stopped by SIGTERM, SIGINT or SIGHUP (a ctest
 // timeout, Ctrl-C), a handler removes the directories of the live rank sets (async-signal-safe:
-// their file names are known) and then dies of the signal as it would have. After a SIGKILL,
+// their file names are known) and then dies of the signal as it would have. Only the
+// orchestrator creates files there (the rank logs too, before launching the rank): a rank still
+// starting when the handler ran once created its log after the handler had removed it, and the
+// directory stayed (seen under load). After a SIGKILL,
 // the next rank set started in the same TMPDIR removes the directories of dead orchestrators.
 // "Dead" includes a zombie: a killed orchestrator stays one until its parent waits for it
 // (Boost.Process's terminate does not wait; some containers' init never does), and kill(pid, 0)
@@ -824,6 +832,10 @@ void RankSet::Impl::start(const std::string& test_id) {
       procs[r].pid = c.id();
       c.detach();
     } else {
+      // Created here, not by the rank (NOTE: [Nothing left in TMPDIR]).
+      const int logfd = ::open(req.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      TORCH_CHECK(logfd >= 0, "cannot create the log of rank ", r, " at ", req.log_path, ": ", std::strerror(errno));
+      ::close(logfd);
       write_line(g_zygote_fd, json(req));
       procs[r].pid = zygote_pump(/*want_pid=*/true, 10000);
     }

@@ -12,11 +12,13 @@
 
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <future>
 #include <regex>
@@ -584,6 +586,26 @@ TEST(HarnessReports, StoppedOrchestratorRemovesEveryLiveRankSet) {
   EXPECT_CONTAINS(f.run.output, "[ RUN      ] LiveRankSets.DISABLED_NineThenSigterm");
   EXPECT_TRUE(f.leftovers.empty()) << "left in TMPDIR: " << f.leftovers.size() << " entries, the first "
                                    << (f.leftovers.empty() ? "" : f.leftovers[0]);
+}
+
+// ... and a rank still starting when the orchestrator was stopped creates nothing there: its
+// log is the orchestrator's to create. Before: the rank created its log, after the handler
+// had removed it, and the directory stayed (the test above, under load).
+TEST(HarnessReports, RankWhoseLogIsGoneCreatesNothingAndExits) {
+  testing::TempDir dir;
+  testing::internal::RankRequest req;
+  req.rank = 2;
+  req.world_size = 4;
+  req.ctl_path = dir.path() + "/ctl.sock";
+  req.log_path = dir.path() + "/rank2.log";
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0) << std::strerror(errno);
+  if (pid == 0) testing::internal::rank_process_main(req);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the rank died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 3);
+  EXPECT_TRUE(dir.entries().empty()) << "the rank created " << dir.entries().front();
 }
 
 // ... and after a SIGKILL, the next test program in that TMPDIR removes what it left.
