@@ -1,22 +1,29 @@
 // dtensor/tensor/dispatch.cpp: the boxed fallback behind kDTensorKey (DESIGN.md D1).
 //
 // NOTE: [DTensor fallback]
-// Autograd has already recorded the op when we get here (the key is below it). Steps:
-//   1. Read the schema's arguments off the stack; DTensors give specs, plain 0-dim tensors are
-//      scalars, any other plain tensor is an error naming the op (or Replicate inside an
-//      ImplicitReplicationGuard or a backward pass: NOTE: [Plain tensors made by backward
-//      formulas]). Lists: a Tensor[] holds DTensors only (but see that NOTE); the indices of a
-//      Tensor?[] (index, index_put) are arguments like any other (None entries stay None, and
-//      a plain index tensor is replicated only inside the guard).
-//   2. Propagate sharding (dtensor/ops): the cheapest strategy and the outputs' global metadata
-//      (from a run on meta tensors, cached with the strategy).
-//   3. Redistribute inputs to the strategy's placements and put the local tensors on the stack.
-//   4. Run the op on local tensors, below this key and below autograd; a random op runs on
-//      global stand-ins with the RNG tracker instead (NOTE: [Random ops on DTensors]), and a
-//      rule with a local kernel runs that kernel instead (ops::LocalKernel). An in-place view
-//      (squeeze_, ...) or an in-place indexing op that re-laid out its target updates the spec
-//      of the DTensor it wrote (RuleOptions::inplace_view, relayout_written).
-//   5. Wrap outputs as DTensors; in-place/out= returns give back the DTensor that was written.
+// Autograd has already recorded the op when we get here (the key is below it). The fallback
+// runs these stages, each a function below (FallbackCall holds what they share):
+//   1. collect_arguments: the schema's arguments off the stack; DTensors give specs, plain
+//      0-dim tensors are scalars, any other plain tensor is an error naming the op (or
+//      Replicate inside an ImplicitReplicationGuard or a backward pass: NOTE: [Plain tensors
+//      made by backward formulas]). Lists: a Tensor[] holds DTensors only (but see that NOTE);
+//      the indices of a Tensor?[] (index, index_put) are arguments like any other (None
+//      entries stay None, and a plain index tensor is replicated only inside the guard).
+//   2. replicate_plain_tensors: those plain tensors become Replicate DTensors.
+//   3. find_written_arguments: what in-place and out= ops write.
+//   4. propagate (dtensor/ops): the cheapest strategy and the outputs' global metadata (NOTE:
+//      [Output metadata without the data], cached with the strategy); a Partial target of an
+//      in-place op in backward is reduced first when that is what stood in the way.
+//   5. check_writes_reach_their_tensor: NOTE: [In-place writes through DTensor views].
+//   6. return_outside_the_mesh on a rank outside the mesh; else redistribute_inputs to the
+//      strategy's placements, their local tensors onto the stack.
+//   7. run_locally: the op on local tensors, below this key and below autograd; a random op
+//      runs on global stand-ins with the RNG tracker instead (NOTE: [Random ops on DTensors]),
+//      and a rule with a local kernel runs that kernel instead (ops::LocalKernel).
+//   8. update_written_dtensor: an in-place view (squeeze_, ...) or an in-place indexing op
+//      that re-laid out its target updates the spec of the DTensor it wrote
+//      (RuleOptions::inplace_view, relayout_written).
+//   9. wrap_outputs as DTensors; in-place/out= returns give back the DTensor that was written.
 //
 // NOTE: [In-place writes through DTensor views]
 // A view op on DTensors (slice, select, transpose, view...) runs on the local tensors, so its
@@ -33,11 +40,11 @@
 #include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/tensor/dtensor_impl.h"
+#include "dtensor/tensor/output_meta_internal.h"
 #include "dtensor/tensor/random.h"
 #include "dtensor/tensor/redistribute.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -45,8 +52,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <mutex>
-#include <unordered_set>
+#include <optional>
 
 namespace dtensor {
 
@@ -63,29 +69,6 @@ struct DTensorArg {
   int64_t list_pos;      // -1 for a Tensor argument, else position in the TensorList
   at::Tensor dtensor;
 };
-
-// How the output metadata of an op is inferred (NOTE: [DTensor fallback] step 2): on meta
-// tensors, else on zero-filled CPU tensors, else on CPU tensors holding identity matrices (ones
-// on the diagonal of the last two dims, ones for fewer dims): zero matrices are singular, and
-// the ops without a meta kernel that refuse them (cholesky, cholesky_inverse in libtorch
-// 1.13) take the identity.
-enum class StandIn { kMeta, kZeros, kIdentity };
-
-// A stand-in with the DTensor's global shape, strides and storage offset.
-at::Tensor stand_in_for(const DTensorSpec& s, StandIn kind) {
-  const bool meta = kind == StandIn::kMeta;
-  const TensorMeta& m = s.tensor_meta;
-  const auto options = at::TensorOptions().dtype(m.dtype).device(meta ? at::kMeta : at::kCPU);
-  int64_t extent = 1;  // storage elements the strides reach
-  for (size_t d = 0; d < m.shape.size(); ++d) {
-    if (m.shape[d] == 0) extent = 0;
-    if (extent > 0) extent += (m.shape[d] - 1) * m.stride[d];
-  }
-  const int64_t storage = m.storage_offset + extent;
-  at::Tensor t = (meta ? at::empty({storage}, options) : at::zeros({storage}, options)).as_strided(m.shape, m.stride, m.storage_offset);
-  if (kind == StandIn::kIdentity) (t.dim() >= 2 ? t.diagonal(0, -2, -1) : t).fill_(1);
-  return t;
-}
 
 // Tensor[] or Tensor?[].
 bool is_tensor_list(const c10::IValue& v) { return v.isTensorList() || v.isOptionalTensorList(); }
@@ -127,22 +110,6 @@ bool in_autograd_backward() { return torch::autograd::get_current_graph_task_exe
 
 bool implicit_replication() { return ImplicitReplicationGuard::enabled() || in_autograd_backward(); }
 
-// A copy of the list `v` (same element type) with element `pos` replaced: the caller's list
-// must not change (it still holds the DTensors).
-c10::IValue with_list_element(const c10::IValue& v, size_t pos, const at::Tensor& t) {
-  c10::List<c10::IValue> in = v.toList();
-  c10::impl::GenericList out(in.elementType());
-  out.reserve(in.size());
-  for (size_t i = 0; i < in.size(); ++i) out.push_back(i == pos ? c10::IValue(t) : in.get(i));
-  return c10::IValue(std::move(out));
-}
-
-void collect_tensors(const c10::IValue& v, std::vector<at::Tensor>& out) {
-  if (v.isTensor()) out.push_back(v.toTensor());
-  else if (v.isTensorList())
-    for (const at::Tensor& t : v.toTensorVector()) out.push_back(t);
-}
-
 // NOTE: [Loading into DTensors]
 // torch::load(module, path) ends in libtorch's InputArchive::read, which calls
 // `param.set_(loaded)` (no grad) for every parameter and buffer. For a DTensor parameter and a
@@ -169,75 +136,113 @@ bool load_whole_tensor(torch::jit::Stack* stack, size_t begin) {
   return true;
 }
 
-void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto& schema = op.schema();
-  const size_t n_args = schema.arguments().size();
-  const size_t begin = stack->size() - n_args;
-  if (schema.name() == "aten::set_" && schema.overload_name() == "source_Tensor" && load_whole_tensor(stack, begin))
-    return;
+// One call of the fallback: what its stages read and write (NOTE: [DTensor fallback]).
+struct FallbackCall {
+  FallbackCall(const c10::OperatorHandle& o, torch::jit::Stack* s)
+      : op(o), schema(o.schema()), stack(s), n_args(schema.arguments().size()), begin(s->size() - n_args) {
+    call.name = op_name(schema);
+    call.schema = &schema;
+    call.args.resize(n_args);
+  }
+  const c10::OperatorHandle& op;
+  const c10::FunctionSchema& schema;
+  torch::jit::Stack* stack;
+  const size_t n_args;
+  const size_t begin;  // the op's first argument on the stack
   ops::OpCall call;
-  call.name = op_name(schema);
-  call.schema = &schema;
-  call.args.resize(n_args);
-  std::vector<DTensorArg> dargs;
+  std::vector<DTensorArg> dargs;  // in argument order once the arguments are collected
   std::optional<DeviceMesh> mesh;
+  // Plain tensors mixed with DTensors: arguments, and (argument, position) list elements.
+  std::vector<size_t> plain_args;
+  std::vector<std::pair<size_t, size_t>> plain_list_elements;
+  // For each return, the schema argument it aliases and writes (-1: none); the first of them.
+  std::vector<int> written_args;
+  int written_arg = -1;
+  std::vector<bool> is_out_argument;
+  ops::OutputSharding sharding;
+  std::vector<bool> redistributed_arg;  // the argument's local is a redistributed copy
+  at::Tensor relaid_written_local;      // NOTE: [In-place indexing may re-lay out what it writes]
 
-  // 1. Arguments.
-  auto adopt = [&](const at::Tensor& t, size_t i, int64_t pos) -> const DTensorSpec& {
+  c10::IValue& arg(size_t i) { return (*stack)[begin + i]; }
+  torch::jit::Stack arguments() const {
+    return torch::jit::Stack(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
+  }
+  // Replaces the op's arguments (or its returns) on the stack by `values`.
+  void replace_top(size_t from, std::vector<c10::IValue> values) {
+    stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(from), stack->end());
+    for (auto& v : values) stack->push_back(std::move(v));
+  }
+  // The DTensor passed as schema argument `a` (undefined when it is not one).
+  at::Tensor dtensor_arg(int a) const {
+    for (const auto& d : dargs)
+      if (static_cast<int>(d.arg) == a && d.list_pos < 0) return d.dtensor;
+    return at::Tensor();
+  }
+  // Records DTensor `t` as argument `i` (list position `pos`, -1 for none); its spec.
+  const DTensorSpec& adopt(const at::Tensor& t, size_t i, int64_t pos) {
     auto* impl = maybe_get_dtensor_impl(t);
     if (!mesh) mesh = impl->spec().mesh;
     TORCH_CHECK(*mesh == impl->spec().mesh, "DTensor: ", call.name, " got DTensors on different meshes: ",
                 mesh->to_string(), " and ", impl->spec().mesh.to_string());
     dargs.push_back({i, pos, t});
     return impl->spec();
-  };
-  std::vector<size_t> plain_args;
-  std::vector<std::pair<size_t, size_t>> plain_list_elements;  // (argument, position)
-  for (size_t i = 0; i < n_args; ++i) {
-    c10::IValue& v = (*stack)[begin + i];
-    auto& a = call.args[i];
+  }
+};
+
+// Stage 1a: a Tensor[] (cat, stack) or Tensor?[] (index, index_put: None entries stand for ':').
+void collect_list_argument(FallbackCall& f, size_t i) {
+  const c10::IValue& v = f.arg(i);
+  auto& a = f.call.args[i];
+  const bool optional_list = v.isOptionalTensorList();
+  c10::List<c10::IValue> l = v.toList();
+  bool any_dtensor = false, any_plain = false;
+  for (size_t p = 0; p < l.size(); ++p) {
+    const c10::IValue e = l.get(p);
+    if (!e.isTensor() || !e.toTensor().defined()) continue;
+    (is_dtensor(e.toTensor()) ? any_dtensor : any_plain) = true;
+  }
+  if (!any_dtensor && !(optional_list && any_plain)) {
+    a.value = v;
+    return;
+  }
+  a.kind = ops::ArgInfo::Kind::kDTensorList;
+  a.list_size = static_cast<int64_t>(l.size());
+  for (size_t p = 0; p < l.size(); ++p) {
+    const c10::IValue e = l.get(p);
+    if (!e.isTensor() || !e.toTensor().defined()) continue;  // a None of a Tensor?[]
+    at::Tensor t = e.toTensor();
+    if (!is_dtensor(t)) {
+      // Indices of a Tensor?[] are arguments like any other: plain ones are replicated
+      // inside an ImplicitReplicationGuard (checked once the mesh is known). Elements of a
+      // Tensor[] (cat, stack) only where implicit replication is on.
+      TORCH_CHECK(optional_list || implicit_replication(), "DTensor: ", f.call.name,
+                  " got a list mixing DTensors and plain tensors (element ", p,
+                  "); distribute every tensor first, or run inside a dtensor::ImplicitReplicationGuard");
+      f.plain_list_elements.push_back({i, p});
+      continue;
+    }
+    a.list.push_back(f.adopt(t, i, static_cast<int64_t>(p)));
+    a.list_index.push_back(static_cast<int64_t>(p));
+  }
+}
+
+// Stage 1: the schema's arguments: DTensors give specs, plain 0-dim tensors are scalars, other
+// plain tensors are noted for stage 2.
+void collect_arguments(FallbackCall& f) {
+  for (size_t i = 0; i < f.n_args; ++i) {
+    c10::IValue& v = f.arg(i);
+    auto& a = f.call.args[i];
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
       if (is_dtensor(t)) {
         a.kind = ops::ArgInfo::Kind::kDTensor;
-        a.spec = adopt(t, i, -1);
+        a.spec = f.adopt(t, i, -1);
       } else {
         a.value = v;
-        if (t.defined() && t.dim() > 0) plain_args.push_back(i);
+        if (t.defined() && t.dim() > 0) f.plain_args.push_back(i);
       }
     } else if (is_tensor_list(v)) {
-      // Tensor[] (cat, stack) or Tensor?[] (index, index_put: None entries stand for ':').
-      const bool optional_list = v.isOptionalTensorList();
-      c10::List<c10::IValue> l = v.toList();
-      bool any_dtensor = false, any_plain = false;
-      for (size_t p = 0; p < l.size(); ++p) {
-        const c10::IValue e = l.get(p);
-        if (!e.isTensor() || !e.toTensor().defined()) continue;
-        (is_dtensor(e.toTensor()) ? any_dtensor : any_plain) = true;
-      }
-      if (!any_dtensor && !(optional_list && any_plain)) {
-        a.value = v;
-        continue;
-      }
-      a.kind = ops::ArgInfo::Kind::kDTensorList;
-      a.list_size = static_cast<int64_t>(l.size());
-      for (size_t p = 0; p < l.size(); ++p) {
-        const c10::IValue e = l.get(p);
-        if (!e.isTensor() || !e.toTensor().defined()) continue;  // a None of a Tensor?[]
-        at::Tensor t = e.toTensor();
-        if (!is_dtensor(t)) {
-          // Indices of a Tensor?[] are arguments like any other: plain ones are replicated
-          // inside an ImplicitReplicationGuard (the check is below, once the mesh is known).
-          // Elements of a Tensor[] (cat, stack) only where implicit replication is on.
-          TORCH_CHECK(optional_list || implicit_replication(), "DTensor: ", call.name,
-                      " got a list mixing DTensors and plain tensors (element ", p,
-                      "); distribute every tensor first, or run inside a dtensor::ImplicitReplicationGuard");
-          plain_list_elements.push_back({i, p});
-          continue;
-        }
-        a.list.push_back(adopt(t, i, static_cast<int64_t>(p)));
-        a.list_index.push_back(static_cast<int64_t>(p));
-      }
+      collect_list_argument(f, i);
     } else {
       a.value = v;
     }
@@ -245,369 +250,323 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // NOTE: [Factories and the DTensor key]
   // A factory (zeros, arange, ...) has no tensor argument, so it reaches this fallback only when
   // a caller put the DTensor key in the thread's included keys; there is no mesh to build on.
-  TORCH_CHECK(mesh.has_value(), "DTensor: ", call.name,
+  TORCH_CHECK(f.mesh.has_value(), "DTensor: ", f.call.name,
               " reached the DTensor fallback without a DTensor argument, so there is no mesh to create it on "
               "(was the DTensor dispatch key included with an IncludeDispatchKeyGuard?). Create sharded "
               "tensors with dtensor::zeros/ones/empty/full/arange(size, mesh, placements) or distribute_tensor");
-  // NOTE: [Implicit replication of one-element tensors]
-  // A plain tensor with ONE element (any number of dims: 0-dim ones stay plain arguments above)
-  // has the same value on every rank by construction of any sane program, so it is treated as
-  // Replicate without a guard, as PyTorch's dispatcher does (numel() == 1).
-  auto replicated = [&](const at::Tensor& t, size_t arg_index) {
-    TORCH_CHECK(implicit_replication() || t.numel() == 1, "DTensor: ", call.name, " got a plain tensor of shape ",
-                t.sizes(), " as argument '", schema.arguments()[arg_index].name(), "' mixed with DTensors on ",
-                mesh->to_string(),
-                ". Distribute it (distribute_tensor / from_local) or run inside a "
-                "dtensor::ImplicitReplicationGuard to treat it as replicated");
-    return make_dtensor(t, DTensorSpec(*mesh, std::vector<Placement>(mesh->ndim(), Replicate{}),
-                                       TensorMeta{t.sizes().vec(), t.strides().vec(), t.scalar_type()}));
-  };
-  for (size_t i : plain_args) {
-    at::Tensor rep = replicated(call.args[i].value.toTensor(), i);
-    (*stack)[begin + i] = rep;
-    call.args[i].kind = ops::ArgInfo::Kind::kDTensor;
-    call.args[i].spec = adopt(rep, i, -1);
-    call.args[i].value = c10::IValue();
+}
+
+// NOTE: [Implicit replication of one-element tensors]
+// A plain tensor with ONE element (any number of dims: 0-dim ones stay plain arguments) has
+// the same value on every rank by construction of any sane program, so it is treated as
+// Replicate without a guard, as PyTorch's dispatcher does (numel() == 1).
+at::Tensor replicated(const FallbackCall& f, const at::Tensor& t, size_t arg_index) {
+  TORCH_CHECK(implicit_replication() || t.numel() == 1, "DTensor: ", f.call.name, " got a plain tensor of shape ",
+              t.sizes(), " as argument '", f.schema.arguments()[arg_index].name(), "' mixed with DTensors on ",
+              f.mesh->to_string(),
+              ". Distribute it (distribute_tensor / from_local) or run inside a "
+              "dtensor::ImplicitReplicationGuard to treat it as replicated");
+  return make_dtensor(t, DTensorSpec(*f.mesh, std::vector<Placement>(f.mesh->ndim(), Replicate{}),
+                                     TensorMeta{t.sizes().vec(), t.strides().vec(), t.scalar_type()}));
+}
+
+// Stage 2: plain tensors mixed with DTensors become Replicate DTensors (or raise); the DTensor
+// inputs are then listed in argument order.
+void replicate_plain_tensors(FallbackCall& f) {
+  for (size_t i : f.plain_args) {
+    at::Tensor rep = replicated(f, f.call.args[i].value.toTensor(), i);
+    f.arg(i) = rep;
+    auto& a = f.call.args[i];
+    a.kind = ops::ArgInfo::Kind::kDTensor;
+    a.spec = f.adopt(rep, i, -1);
+    a.value = c10::IValue();
   }
-  for (const auto& [i, p] : plain_list_elements) {
-    c10::IValue& slot = (*stack)[begin + i];
-    at::Tensor rep = replicated(slot.toList().get(p).toTensor(), i);
-    slot = with_list_element(slot, p, rep);
-    auto& a = call.args[i];
+  for (const auto& [i, p] : f.plain_list_elements) {
+    c10::IValue& slot = f.arg(i);
+    at::Tensor rep = replicated(f, slot.toList().get(p).toTensor(), i);
+    slot = detail::with_list_element(slot, p, rep);
+    auto& a = f.call.args[i];
     // Keep list / list_index in list order.
     const auto at = std::lower_bound(a.list_index.begin(), a.list_index.end(), static_cast<int64_t>(p));
     const auto k = at - a.list_index.begin();
-    a.list.insert(a.list.begin() + k, adopt(rep, i, static_cast<int64_t>(p)));
+    a.list.insert(a.list.begin() + k, f.adopt(rep, i, static_cast<int64_t>(p)));
     a.list_index.insert(at, static_cast<int64_t>(p));
   }
   // Keep dargs in argument order (implicit replicas were appended last).
-  std::stable_sort(dargs.begin(), dargs.end(), [](const DTensorArg& x, const DTensorArg& y) {
+  std::stable_sort(f.dargs.begin(), f.dargs.end(), [](const DTensorArg& x, const DTensorArg& y) {
     return x.arg != y.arg ? x.arg < y.arg : x.list_pos < y.list_pos;
   });
-  for (auto& d : dargs) call.inputs.push_back(&unsafe_get_dtensor_impl(d.dtensor)->spec());
-  call.mesh = &*mesh;
-  // The written arguments of in-place / out= ops: for each return, the schema argument it
-  // aliases and writes (-1 for a return that writes nothing).
-  std::vector<int> written_args;
-  int written_arg = -1;  // the first one
-  for (const auto& r : schema.returns()) {
+  for (auto& d : f.dargs) f.call.inputs.push_back(&unsafe_get_dtensor_impl(d.dtensor)->spec());
+  f.call.mesh = &*f.mesh;
+}
+
+// Stage 3: the arguments that in-place and out= ops write.
+void find_written_arguments(FallbackCall& f) {
+  for (const auto& r : f.schema.returns()) {
     int w = -1;
     if (r.alias_info() && r.alias_info()->isWrite())
-      for (size_t i = 0; i < n_args && w < 0; ++i) {
-        const auto& ai = schema.arguments()[i].alias_info();
+      for (size_t i = 0; i < f.n_args && w < 0; ++i) {
+        const auto& ai = f.schema.arguments()[i].alias_info();
         if (ai && ai->isWrite() && ai->beforeSets() == r.alias_info()->beforeSets()) w = static_cast<int>(i);
       }
-    written_args.push_back(w);
-    if (written_arg < 0) written_arg = w;
+    f.written_args.push_back(w);
+    if (f.written_arg < 0) f.written_arg = w;
   }
-  std::vector<bool> is_out_argument(n_args, false);
-  for (size_t i : ops::out_arguments(schema)) is_out_argument[i] = true;
-  // The DTensor passed as schema argument `arg` (undefined when it is not one).
-  auto dtensor_arg = [&](int arg) {
-    for (auto& d : dargs)
-      if (static_cast<int>(d.arg) == arg && d.list_pos < 0) return d.dtensor;
-    return at::Tensor();
-  };
+  f.is_out_argument.assign(f.n_args, false);
+  for (size_t i : ops::out_arguments(f.schema)) f.is_out_argument[i] = true;
   // NOTE: [Out= overloads with several outputs] (sort.values, max.dim_max, _linalg_svd.U, ...):
   // propagation keeps each out= DTensor's placements and gives it the output of its position
   // (ops::out_inputs); each is written in place and returned, as PyTorch's DTensor does.
   // call.written_input names the first written DTensor (in-place ops write one).
-  for (size_t k = 0; k < dargs.size(); ++k)
-    if (static_cast<int>(dargs[k].arg) == written_arg && dargs[k].list_pos < 0) call.written_input = static_cast<int>(k);
+  for (size_t k = 0; k < f.dargs.size(); ++k)
+    if (static_cast<int>(f.dargs[k].arg) == f.written_arg && f.dargs[k].list_pos < 0)
+      f.call.written_input = static_cast<int>(k);
+}
 
-  // 2. Propagation (+ output metadata from meta tensors on a cache miss).
-  auto infer_meta = [&]() {
-    std::vector<TensorMeta> metas;
-    bool any_tensor_return = false;
-    for (const auto& r : schema.returns())
-      any_tensor_return = any_tensor_return || r.type()->kind() == c10::TypeKind::TensorType ||
-                          r.type()->kind() == c10::TypeKind::ListType;
-    if (!any_tensor_return) return metas;
-    // Meta tensors cost nothing; ops without a meta kernel in this libtorch (relu, ...) run
-    // once on zero-filled CPU tensors of the global shapes instead (the result is cached).
-    auto run_on = [&](StandIn kind) {
-      torch::jit::Stack ms(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
-      auto stand_in = [&](const DTensorSpec& s) { return stand_in_for(s, kind); };
-      for (size_t i = 0; i < n_args; ++i) {
-        auto& a = call.args[i];
-        if (a.kind == ops::ArgInfo::Kind::kDTensor) ms[i] = stand_in(*a.spec);
-        else if (a.kind == ops::ArgInfo::Kind::kDTensorList) {
-          for (size_t k = 0; k < a.list.size(); ++k)
-            ms[i] = with_list_element(ms[i], static_cast<size_t>(a.list_index[k]), stand_in(a.list[k]));
-        }
-        // Inferring shapes must not draw from the caller's generator (or the default one).
-        const auto& type = schema.arguments()[i].type();
-        if (ms[i].isGenerator() || (ms[i].isNone() && type->kind() == c10::TypeKind::OptionalType &&
-                                    type->expectRef<c10::OptionalType>().getElementType()->kind() ==
-                                        c10::TypeKind::GeneratorType))
-          ms[i] = at::detail::createCPUGenerator();
-      }
-      // NOTE: libtorch 1.13's boxed wrapper of a kernel returning several references (out=
-      // overloads with several outputs: std::tuple<Tensor&, Tensor&>) drops the arguments from
-      // the stack and then copies its returns from the dropped slots: the stand-ins must stay
-      // alive elsewhere, or the copies read freed tensors (heap corruption).
-      const torch::jit::Stack keep_alive = ms;
-      c10::impl::ExcludeDispatchKeyGuard no_dtensor(kDTensorKey);
-      at::AutoDispatchBelowADInplaceOrView below;
-      // Random ops without a Generator argument (native_dropout has no meta kernel either) are
-      // inferred through their re-expression, which takes one.
-      if (detail::has_random_reexpression(call.name))
-        detail::run_random_reexpression(call.name, &ms, 0, at::detail::createCPUGenerator());
-      else
-        op.callBoxed(ms);
-      return ms;
-    };
-    // NOTE: a c10::Error records a symbolised backtrace (~1 ms with libtorch's ~285 shared
-    // libraries), so an op whose meta run failed once goes straight to the CPU run after that.
-    static std::mutex no_meta_mu;
-    static std::unordered_set<std::string> no_meta;
-    bool try_meta;
-    {
-      std::lock_guard<std::mutex> lk(no_meta_mu);
-      try_meta = no_meta.count(call.name) == 0;
+// NOTE: [In-place ops of backward formulas on Partial buffers]
+// An in-place op keeps the placements of the tensor it writes, and a non-linear one (digamma_,
+// ...) has no strategy for a Partial target, so it raises (as PyTorch's DTensor does). Backward
+// formulas do write in place into buffers they just made: mvlgamma_backward computes
+// (self.unsqueeze(-1) + arange).digamma_(), and with a Partial self (the saved input) the sum
+// is Partial. So inside a backward pass (NOTE: [Plain tensors made by backward formulas]),
+// when propagation refuses an in-place op (not out=) whose target is Partial and nothing else
+// aliases it (its shard's storage is its own: no view of it, not a view of anything), the
+// target is reduced in place to Replicate on those mesh dims (the DTensor takes the new shard
+// and spec: same global value, every handle of it sees it) and propagation runs again. A
+// target that is aliased keeps the refusal: a view would no longer see the write.
+bool reduce_partial_target(FallbackCall& f) {
+  if (f.call.written_input < 0 || f.is_out_argument[static_cast<size_t>(f.written_arg)] || !in_autograd_backward())
+    return false;
+  auto* impl = unsafe_get_dtensor_impl(f.dargs[static_cast<size_t>(f.call.written_input)].dtensor);
+  const DTensorSpec& from = impl->spec();
+  std::vector<Placement> to = from.placements;
+  bool partial = false;
+  for (auto& p : to)
+    if (is_partial(p)) {
+      p = Replicate{};
+      partial = true;
     }
-    torch::jit::Stack ms;
-    bool have_meta = false;
-    if (try_meta) {
-      try {
-        ms = run_on(StandIn::kMeta);
-        have_meta = true;
-      } catch (const c10::Error&) {
-        std::lock_guard<std::mutex> lk(no_meta_mu);
-        no_meta.insert(call.name);
-      }
-    }
-    if (!have_meta) {
-      try {
-        ms = run_on(StandIn::kZeros);
-      } catch (const c10::Error& e) {
-        try {
-          ms = run_on(StandIn::kIdentity);
-        } catch (const c10::Error&) {
-          TORCH_CHECK(false, "DTensor: computing the output shape of ", call.name, " failed: ",
-                      e.what_without_backtrace());
-        }
-      }
-    }
-    std::vector<at::Tensor> outs;
-    for (auto& v : ms) collect_tensors(v, outs);
-    for (auto& t : outs)
-      metas.push_back(t.defined() ? TensorMeta{t.sizes().vec(), t.strides().vec(), t.scalar_type(), t.storage_offset()}
-                                  : TensorMeta{});
-    return metas;
-  };
-  // NOTE: [In-place ops of backward formulas on Partial buffers]
-  // An in-place op keeps the placements of the tensor it writes, and a non-linear one (digamma_,
-  // ...) has no strategy for a Partial target, so it raises (as PyTorch's DTensor does). Backward
-  // formulas do write in place into buffers they just made: mvlgamma_backward computes
-  // (self.unsqueeze(-1) + arange).digamma_(), and with a Partial self (the saved input) the sum
-  // is Partial. So inside a backward pass (NOTE: [Plain tensors made by backward formulas]),
-  // when propagation refuses an in-place op (not out=) whose target is Partial and nothing else
-  // aliases it (its shard's storage is its own: no view of it, not a view of anything), the
-  // target is reduced in place to Replicate on those mesh dims (the DTensor takes the new shard
-  // and spec: same global value, every handle of it sees it) and propagation runs again. A
-  // target that is aliased keeps the refusal: a view would no longer see the write.
-  auto reduce_partial_target = [&]() -> bool {
-    if (call.written_input < 0 || is_out_argument[static_cast<size_t>(written_arg)] || !in_autograd_backward())
-      return false;
-    auto* impl = unsafe_get_dtensor_impl(dargs[static_cast<size_t>(call.written_input)].dtensor);
-    const DTensorSpec& from = impl->spec();
-    std::vector<Placement> to = from.placements;
-    bool partial = false;
-    for (auto& p : to)
-      if (is_partial(p)) {
-        p = Replicate{};
-        partial = true;
-      }
-    if (!partial || impl->is_detached_view() || !impl->local().has_storage() ||
-        impl->local().storage().use_count() != 1)
-      return false;
-    at::Tensor local = detail::redistribute_local(impl->local(), from, to);
-    impl->set_local_and_spec(std::move(local), DTensorSpec(from.mesh, to, from.tensor_meta));
-    return true;
-  };
-  ops::OutputSharding sharding;
+  if (!partial || impl->is_detached_view() || !impl->local().has_storage() || impl->local().storage().use_count() != 1)
+    return false;
+  at::Tensor local = detail::redistribute_local(impl->local(), from, to);
+  impl->set_local_and_spec(std::move(local), DTensorSpec(from.mesh, to, from.tensor_meta));
+  return true;
+}
+
+// Stage 4: the cheapest strategy, and the outputs' global metadata (NOTE: [Output metadata
+// without the data]; on a cache hit, propagate does not infer them).
+void propagate(FallbackCall& f) {
+  auto infer_meta = [&f] { return detail::infer_output_meta(f.op, f.arguments(), f.call); };
   try {
-    sharding = ops::propagate(call, infer_meta);
+    f.sharding = ops::propagate(f.call, infer_meta);
   } catch (const c10::Error&) {
-    if (!reduce_partial_target()) throw;
-    sharding = ops::propagate(call, infer_meta);
+    if (!reduce_partial_target(f)) throw;
+    f.sharding = ops::propagate(f.call, infer_meta);
   }
-  call.output_meta = sharding.output_meta;  // on a cache hit, propagate did not infer them
-  if (sharding.replicate_fallback) ops::note_replicate_fallback_use();
+  f.call.output_meta = f.sharding.output_meta;
+  if (f.sharding.replicate_fallback) ops::note_replicate_fallback_use();
+}
 
-  // NOTE: [In-place writes through DTensor views] (checked before any communication: the
-  // flag and the strategy are the same on every rank).
-  for (int arg : written_args) {
-    const at::Tensor written_dt = arg >= 0 && !sharding.inplace_view ? dtensor_arg(arg) : at::Tensor();
+// Stage 5: NOTE: [In-place writes through DTensor views] (checked before any communication:
+// the flag and the strategy are the same on every rank).
+void check_writes_reach_their_tensor(const FallbackCall& f) {
+  for (int a : f.written_args) {
+    const at::Tensor written_dt = a >= 0 && !f.sharding.inplace_view ? f.dtensor_arg(a) : at::Tensor();
     if (!written_dt.defined()) continue;
     const auto* w = unsafe_get_dtensor_impl(written_dt);
-    TORCH_CHECK(!w->is_detached_view(), "DTensor: ", call.name, " writes into a view of a DTensor (placements ",
+    TORCH_CHECK(!w->is_detached_view(), "DTensor: ", f.call.name, " writes into a view of a DTensor (placements ",
                 to_string(w->spec().placements), ", shape ", c10::IntArrayRef(w->spec().tensor_meta.shape),
                 ") that does not share memory with the tensor it was taken from: the view op had to redistribute "
                 "its input, so the write would not reach that tensor. Redistribute the tensor so that the view "
                 "keeps its layout (e.g. replicate the dim being sliced) before taking the view, or clone() the "
                 "view to write into a copy");
   }
+}
 
-  // NOTE: [Ranks outside the mesh] (api.cpp): a rank outside the mesh runs nothing and
-  // communicates nothing; as PyTorch's dispatcher, it returns empty locals (a 0-dim result
-  // gets a 0-dim zero, others shape [0]) with the propagated placements and global shapes,
-  // the written DTensor of an in-place op as is, and `true` for aten::equal.
-  if (!mesh->get_coordinate().has_value()) {
-    const auto& returns = schema.returns();
-    size_t single_tensors = 0, lists = 0;
-    for (const auto& r : returns) {
-      if (r.type()->kind() == c10::TypeKind::TensorType) ++single_tensors;
-      else if (r.type()->kind() == c10::TypeKind::ListType) ++lists;
-    }
-    size_t k = 0;
-    auto empty_output = [&]() -> at::Tensor {
-      TORCH_INTERNAL_ASSERT(k < sharding.outputs.size() && k < sharding.output_meta.size(), call.name,
-                            ": fewer output specs than outputs");
-      const TensorMeta& m = sharding.output_meta[k];
-      at::Tensor local = m.shape.empty() ? at::zeros({}, at::TensorOptions().dtype(m.dtype).device(mesh->device()))
-                                         : at::empty({0}, at::TensorOptions().dtype(m.dtype).device(mesh->device()));
-      return make_dtensor(local, DTensorSpec(*mesh, sharding.outputs[k++], m));
-    };
-    std::vector<c10::IValue> rets;
-    for (size_t ri = 0; ri < returns.size(); ++ri) {
-      const auto& r = returns[ri];
-      const auto kind = r.type()->kind();
-      if (kind == c10::TypeKind::TensorType) {
-        const at::Tensor written_dt = dtensor_arg(written_args[ri]);
-        if (written_dt.defined()) {
-          ++k;
-          rets.emplace_back(written_dt);
-        } else {
-          rets.emplace_back(empty_output());
-        }
-      } else if (kind == c10::TypeKind::ListType && lists == 1) {
-        std::vector<at::Tensor> l;
-        const size_t n = sharding.outputs.size() - single_tensors;
-        for (size_t j = 0; j < n; ++j) l.push_back(empty_output());
-        rets.emplace_back(l);
-      } else if (call.name == "aten::equal" && kind == c10::TypeKind::BoolType) {
-        rets.emplace_back(true);
+// Stage 6 (a rank outside the mesh): NOTE: [Ranks outside the mesh] (api.cpp): such a rank runs
+// nothing and communicates nothing; as PyTorch's dispatcher, it returns empty locals (a 0-dim
+// result gets a 0-dim zero, others shape [0]) with the propagated placements and global
+// shapes, the written DTensor of an in-place op as is, and `true` for aten::equal.
+void return_outside_the_mesh(FallbackCall& f) {
+  const auto& returns = f.schema.returns();
+  size_t single_tensors = 0, lists = 0;
+  for (const auto& r : returns) {
+    if (r.type()->kind() == c10::TypeKind::TensorType) ++single_tensors;
+    else if (r.type()->kind() == c10::TypeKind::ListType) ++lists;
+  }
+  const auto& sharding = f.sharding;
+  size_t k = 0;
+  auto empty_output = [&]() -> at::Tensor {
+    TORCH_INTERNAL_ASSERT(k < sharding.outputs.size() && k < sharding.output_meta.size(), f.call.name,
+                          ": fewer output specs than outputs");
+    const TensorMeta& m = sharding.output_meta[k];
+    const auto options = at::TensorOptions().dtype(m.dtype).device(f.mesh->device());
+    at::Tensor local = m.shape.empty() ? at::zeros({}, options) : at::empty({0}, options);
+    return make_dtensor(local, DTensorSpec(*f.mesh, sharding.outputs[k++], m));
+  };
+  std::vector<c10::IValue> rets;
+  for (size_t ri = 0; ri < returns.size(); ++ri) {
+    const auto kind = returns[ri].type()->kind();
+    if (kind == c10::TypeKind::TensorType) {
+      const at::Tensor written_dt = f.dtensor_arg(f.written_args[ri]);
+      if (written_dt.defined()) {
+        ++k;
+        rets.emplace_back(written_dt);
       } else {
-        TORCH_CHECK(false, "DTensor: ", call.name, " on rank ", mesh->get_rank(), ", which is not in ",
-                    mesh->to_string(), ": the op returns a ", r.type()->str(),
-                    " that a rank outside the mesh cannot compute; call it on the ranks of the mesh only");
+        rets.emplace_back(empty_output());
       }
+    } else if (kind == c10::TypeKind::ListType && lists == 1) {
+      std::vector<at::Tensor> l;
+      const size_t n = sharding.outputs.size() - single_tensors;
+      for (size_t j = 0; j < n; ++j) l.push_back(empty_output());
+      rets.emplace_back(l);
+    } else if (f.call.name == "aten::equal" && kind == c10::TypeKind::BoolType) {
+      rets.emplace_back(true);
+    } else {
+      TORCH_CHECK(false, "DTensor: ", f.call.name, " on rank ", f.mesh->get_rank(), ", which is not in ",
+                  f.mesh->to_string(), ": the op returns a ", returns[ri].type()->str(),
+                  " that a rank outside the mesh cannot compute; call it on the ranks of the mesh only");
     }
-    stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
-    for (auto& v : rets) stack->push_back(std::move(v));
-    return;
   }
+  f.replace_top(f.begin, std::move(rets));
+}
 
-  // 3. Redistribute inputs; local tensors onto the stack.
-  at::Tensor relaid_written_local;  // NOTE: [In-place indexing may re-lay out what it writes]
-  std::vector<bool> redistributed_arg(n_args, false);
-  for (size_t k = 0; k < dargs.size(); ++k) {
-    auto* impl = unsafe_get_dtensor_impl(dargs[k].dtensor);
+// Stage 6: inputs redistributed to the strategy's placements, their locals onto the stack.
+void redistribute_inputs(FallbackCall& f) {
+  f.redistributed_arg.assign(f.n_args, false);
+  for (size_t k = 0; k < f.dargs.size(); ++k) {
+    auto* impl = unsafe_get_dtensor_impl(f.dargs[k].dtensor);
     at::Tensor local = impl->local();
-    if (!(impl->spec().placements == sharding.inputs[k])) {
-      local = detail::redistribute_local(local, impl->spec(), sharding.inputs[k]);
-      redistributed_arg[dargs[k].arg] = true;
-      if (static_cast<int>(k) == call.written_input) relaid_written_local = local;
+    if (!(impl->spec().placements == f.sharding.inputs[k])) {
+      local = detail::redistribute_local(local, impl->spec(), f.sharding.inputs[k]);
+      f.redistributed_arg[f.dargs[k].arg] = true;
+      if (static_cast<int>(k) == f.call.written_input) f.relaid_written_local = local;
     }
-    if (impl->is_detached_view()) redistributed_arg[dargs[k].arg] = true;  // views of it are detached too
-    c10::IValue& slot = (*stack)[begin + dargs[k].arg];
-    if (dargs[k].list_pos < 0) {
-      slot = local;
-    } else {
-      slot = with_list_element(slot, static_cast<size_t>(dargs[k].list_pos), local);
-    }
+    if (impl->is_detached_view()) f.redistributed_arg[f.dargs[k].arg] = true;  // views of it are detached too
+    c10::IValue& slot = f.arg(f.dargs[k].arg);
+    if (f.dargs[k].list_pos < 0) slot = local;
+    else slot = detail::with_list_element(slot, static_cast<size_t>(f.dargs[k].list_pos), local);
   }
-  const at::Tensor written = dtensor_arg(written_arg);
-  if (sharding.rewrite) {
-    std::vector<c10::IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
-    sharding.rewrite(args, call, sharding.outputs);
-    for (size_t i = 0; i < n_args; ++i) (*stack)[begin + i] = std::move(args[i]);
+  if (f.sharding.rewrite) {
+    std::vector<c10::IValue> args = f.arguments();
+    f.sharding.rewrite(args, f.call, f.sharding.outputs);
+    for (size_t i = 0; i < f.n_args; ++i) f.arg(i) = std::move(args[i]);
   }
+}
 
-  // 4. The local op (a random op: NOTE: [Random ops on DTensors]; a rule's local kernel).
-  {
-    c10::impl::ExcludeDispatchKeyGuard no_dtensor(kDTensorKey);
-    at::AutoDispatchBelowADInplaceOrView below;
-    if (sharding.random) {
-      std::vector<detail::RandomOpInput> random_inputs;
-      for (size_t k = 0; k < dargs.size(); ++k)
-        random_inputs.push_back({dargs[k].arg, dargs[k].list_pos, sharding.inputs[k], &call.inputs[k]->tensor_meta});
-      detail::run_random_op(op, stack, begin, *mesh, random_inputs, sharding.outputs, written_arg);
-    } else if (sharding.kernel) {
-      std::vector<c10::IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
-      std::vector<c10::IValue> rets = sharding.kernel(op, args, call, sharding);
-      TORCH_INTERNAL_ASSERT(rets.size() == schema.returns().size(), "the local kernel of ", call.name, " returned ",
-                            rets.size(), " values; the op returns ", schema.returns().size());
-      stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(begin), stack->end());
-      for (auto& r : rets) stack->push_back(std::move(r));
-    } else {
-      op.callBoxed(stack);
-    }
+// Stage 7: the op on the local tensors, below this key and below autograd (a random op: NOTE:
+// [Random ops on DTensors]; a rule's local kernel: ops::LocalKernel).
+void run_locally(FallbackCall& f) {
+  c10::impl::ExcludeDispatchKeyGuard no_dtensor(kDTensorKey);
+  at::AutoDispatchBelowADInplaceOrView below;
+  if (f.sharding.random) {
+    std::vector<detail::RandomOpInput> random_inputs;
+    for (size_t k = 0; k < f.dargs.size(); ++k)
+      random_inputs.push_back(
+          {f.dargs[k].arg, f.dargs[k].list_pos, f.sharding.inputs[k], &f.call.inputs[k]->tensor_meta});
+    detail::run_random_op(f.op, f.stack, f.begin, *f.mesh, random_inputs, f.sharding.outputs, f.written_arg);
+  } else if (f.sharding.kernel) {
+    std::vector<c10::IValue> args = f.arguments();
+    std::vector<c10::IValue> rets = f.sharding.kernel(f.op, args, f.call, f.sharding);
+    TORCH_INTERNAL_ASSERT(rets.size() == f.schema.returns().size(), "the local kernel of ", f.call.name, " returned ",
+                          rets.size(), " values; the op returns ", f.schema.returns().size());
+    f.replace_top(f.begin, std::move(rets));
+  } else {
+    f.op.callBoxed(f.stack);
   }
+}
+
+// Stage 8: the written DTensor follows what the local op did to its local tensor.
+void update_written_dtensor(FallbackCall& f) {
+  const at::Tensor written = f.dtensor_arg(f.written_arg);
   // An in-place view changed the shape of the local tensor it was given (the written DTensor's
-  // own local: in-place ops never redistribute what they write): the DTensor follows.
-  if (sharding.inplace_view && written.defined()) {
+  // own local: in-place ops never redistribute what they write).
+  if (f.sharding.inplace_view && written.defined()) {
     auto* impl = unsafe_get_dtensor_impl(written);
-    impl->set_local_and_spec(impl->local(), DTensorSpec(*mesh, sharding.outputs[0], sharding.output_meta[0]));
+    impl->set_local_and_spec(impl->local(), DTensorSpec(*f.mesh, f.sharding.outputs[0], f.sharding.output_meta[0]));
   }
   // The op wrote into a redistributed copy of the written DTensor's shard: the DTensor takes it.
-  if (relaid_written_local.defined()) {
-    TORCH_INTERNAL_ASSERT(sharding.relayout_written && written.defined(), call.name,
+  if (f.relaid_written_local.defined()) {
+    TORCH_INTERNAL_ASSERT(f.sharding.relayout_written && written.defined(), f.call.name,
                           ": redistributed the tensor it writes without RuleOptions::relayout_written");
     unsafe_get_dtensor_impl(written)->set_local_and_spec(
-        relaid_written_local, DTensorSpec(*mesh, sharding.outputs[0], sharding.output_meta[0]));
+        f.relaid_written_local, DTensorSpec(*f.mesh, f.sharding.outputs[0], f.sharding.output_meta[0]));
   }
+}
 
-  // 5. Wrap outputs.
-  const size_t n_ret = schema.returns().size();
-  const size_t rbegin = stack->size() - n_ret;
+// A view (return `r` aliases an argument without writing it) of a redistributed input.
+bool returns_detached_view(const FallbackCall& f, size_t r) {
+  const auto& ai = f.schema.returns()[r].alias_info();
+  if (!ai || ai->isWrite()) return false;
+  for (size_t i = 0; i < f.n_args; ++i) {
+    const auto& arg_ai = f.schema.arguments()[i].alias_info();
+    if (arg_ai && arg_ai->beforeSets() == ai->beforeSets() && f.redistributed_arg[i]) return true;
+  }
+  return false;
+}
+
+// Local output `local` as the DTensor of output `k`.
+at::Tensor wrap_output(const FallbackCall& f, size_t k, const at::Tensor& local, bool detached_view) {
+  TORCH_INTERNAL_ASSERT(k < f.sharding.outputs.size(), f.call.name, ": rule gave ", f.sharding.outputs.size(),
+                        " outputs but the op returned more");
+  if (!local.defined()) return local;
+  const TensorMeta meta = f.sharding.output_shape_from_local  // Replicate outputs: the local is the global
+                              ? TensorMeta{local.sizes().vec(), local.strides().vec(), local.scalar_type()}
+                              : f.sharding.output_meta[k];
+  at::Tensor out = make_dtensor(local, DTensorSpec(*f.mesh, f.sharding.outputs[k], meta));
+  if (detached_view) unsafe_get_dtensor_impl(out)->set_detached_view(true);
+  return out;
+}
+
+// Stage 9: outputs wrapped as DTensors; in-place/out= returns give back the DTensor written.
+void wrap_outputs(FallbackCall& f) {
+  const size_t n_ret = f.schema.returns().size();
+  const size_t rbegin = f.stack->size() - n_ret;
   size_t out_idx = 0;
-  auto wrap = [&](const at::Tensor& local, bool detached_view) -> at::Tensor {
-    TORCH_INTERNAL_ASSERT(out_idx < sharding.outputs.size(), call.name, ": rule gave ", sharding.outputs.size(),
-                          " outputs but the op returned more");
-    const size_t k = out_idx++;
-    if (!local.defined()) return local;
-    at::Tensor out =
-        sharding.output_shape_from_local  // Replicate outputs: the local tensor is the global one
-            ? make_dtensor(local, DTensorSpec(*mesh, sharding.outputs[k],
-                                              TensorMeta{local.sizes().vec(), local.strides().vec(), local.scalar_type()}))
-            : make_dtensor(local, DTensorSpec(*mesh, sharding.outputs[k], sharding.output_meta[k]));
-    if (detached_view) unsafe_get_dtensor_impl(out)->set_detached_view(true);
-    return out;
-  };
   for (size_t r = 0; r < n_ret; ++r) {
-    c10::IValue& v = (*stack)[rbegin + r];
-    const auto& ai = schema.returns()[r].alias_info();
-    // A view (the return aliases an argument without writing it) of a redistributed input.
-    bool detached_view = false;
-    if (ai && !ai->isWrite())
-      for (size_t i = 0; i < n_args; ++i) {
-        const auto& arg_ai = schema.arguments()[i].alias_info();
-        if (arg_ai && arg_ai->beforeSets() == ai->beforeSets() && redistributed_arg[i]) detached_view = true;
-      }
-    const at::Tensor written_dt = dtensor_arg(written_args[r]);
-    if (v.isTensor()) {
-      if (written_dt.defined()) {
-        // An out= tensor of another shape was resized by the op: its spec follows (PyTorch sets
-        // the out= DTensor's spec to the output spec); in-place ops keep their shapes.
-        const size_t k = out_idx++;
-        auto* impl = unsafe_get_dtensor_impl(written_dt);
-        if (is_out_argument[static_cast<size_t>(written_args[r])] && !sharding.output_shape_from_local &&
-            k < sharding.output_meta.size() &&
-            impl->spec().tensor_meta.shape != sharding.output_meta[k].shape)
-          impl->set_local_and_spec(impl->local(), DTensorSpec(*mesh, sharding.outputs[k], sharding.output_meta[k]));
-        v = written_dt;
-      } else {
-        v = wrap(v.toTensor(), detached_view);
-      }
+    c10::IValue& v = (*f.stack)[rbegin + r];
+    const bool detached_view = returns_detached_view(f, r);
+    const at::Tensor written_dt = f.dtensor_arg(f.written_args[r]);
+    if (v.isTensor() && written_dt.defined()) {
+      // An out= tensor of another shape was resized by the op: its spec follows (PyTorch sets
+      // the out= DTensor's spec to the output spec); in-place ops keep their shapes.
+      const size_t k = out_idx++;
+      auto* impl = unsafe_get_dtensor_impl(written_dt);
+      const auto& metas = f.sharding.output_meta;
+      if (f.is_out_argument[static_cast<size_t>(f.written_args[r])] && !f.sharding.output_shape_from_local &&
+          k < metas.size() && impl->spec().tensor_meta.shape != metas[k].shape)
+        impl->set_local_and_spec(impl->local(), DTensorSpec(*f.mesh, f.sharding.outputs[k], metas[k]));
+      v = written_dt;
+    } else if (v.isTensor()) {
+      v = wrap_output(f, out_idx++, v.toTensor(), detached_view);
     } else if (v.isTensorList()) {
       std::vector<at::Tensor> l;
-      for (auto& t : v.toTensorVector()) l.push_back(wrap(t, detached_view));
+      for (auto& t : v.toTensorVector()) l.push_back(wrap_output(f, out_idx++, t, detached_view));
       v = l;
     }
   }
+}
+
+// NOTE: [DTensor fallback] gives the stages.
+void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t begin = stack->size() - schema.arguments().size();
+  if (schema.name() == "aten::set_" && schema.overload_name() == "source_Tensor" && load_whole_tensor(stack, begin))
+    return;
+  FallbackCall f(op, stack);
+  collect_arguments(f);
+  replicate_plain_tensors(f);
+  find_written_arguments(f);
+  propagate(f);
+  check_writes_reach_their_tensor(f);
+  if (!f.mesh->get_coordinate().has_value()) {
+    return_outside_the_mesh(f);
+    return;
+  }
+  redistribute_inputs(f);
+  run_locally(f);
+  update_written_dtensor(f);
+  wrap_outputs(f);
 }
 
 }  // namespace
