@@ -32,7 +32,6 @@
 //
 //   build/benchmarks/fsdp_benchmark --benchmark_repetitions=5 --benchmark_report_aggregates_only
 #include "benchmarks/process_bench.h"
-#include "benchmarks/tracking_allocator.h"
 #include "dtensor/comm/comm.h"
 #include "dtensor/fsdp/fsdp.h"
 #include "dtensor/nn/nn.h"
@@ -40,6 +39,7 @@
 #include "dtensor/tensor/dtensor.h"
 #include "models/models.h"
 #include "suites/testing/counting_group.h"
+#include "suites/testing/tracking_allocator.h"
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -54,7 +54,7 @@ namespace {
 
 constexpr int kWorld = 4;
 constexpr int64_t kGlobalBatch = 8;
-using bench::TrackingAllocator;
+using testing::TrackingAllocator;
 
 enum Mode { kOneRank = 0, kFsdp = 1, kDdp = 2, kFsdpTp = 3, kTp = 4, kFsdpNoPrefetch = 5, kFsdpPrefetch = 6 };
 

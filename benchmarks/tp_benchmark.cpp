@@ -15,7 +15,6 @@
 //
 //   build/benchmarks/tp_benchmark --benchmark_repetitions=5 --benchmark_report_aggregates_only
 #include "benchmarks/process_bench.h"
-#include "benchmarks/tracking_allocator.h"
 #include "dtensor/comm/comm.h"
 #include "dtensor/nn/nn.h"
 #include "dtensor/parallel/parallel.h"
@@ -23,6 +22,7 @@
 #include "models/models.h"
 #include "suites/testing/counting_group.h"
 #include "suites/testing/tp_collectives.h"
+#include "suites/testing/tracking_allocator.h"
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -40,7 +40,7 @@ namespace {
 constexpr int kWorld = 4;
 constexpr int64_t kBatch = 8;
 
-using bench::TrackingAllocator;  // NOTE: [Per-rank memory accounting]
+using testing::TrackingAllocator;  // NOTE: [Per-rank memory accounting]
 
 // ---- one rank's training step -------------------------------------------------------------------
 

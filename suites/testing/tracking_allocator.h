@@ -1,5 +1,5 @@
-// benchmarks/tracking_allocator.h: per-rank CPU memory accounting for benchmarks with ranks as
-// threads (tp_benchmark, fsdp_benchmark).
+// suites/testing/tracking_allocator.h: per-rank CPU memory accounting with ranks as threads
+// (tp_benchmark, fsdp_benchmark, the output-metadata tests).
 #pragma once
 
 #include "dtensor/compat.h"
@@ -11,7 +11,7 @@
 #include <cstdint>
 
 namespace dtensor {
-namespace bench {
+namespace testing {
 
 // ---- memory accounting -----------------------------------------------------------------------
 // NOTE: [Per-rank memory accounting]
@@ -81,5 +81,5 @@ class TrackingAllocator final : public compat::Allocator {
   mutable std::array<std::atomic<int64_t>, kSlots> peak_{};
 };
 
-}  // namespace bench
+}  // namespace testing
 }  // namespace dtensor
