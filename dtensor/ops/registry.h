@@ -189,6 +189,14 @@ void clear_propagation_cache();
 // one. For tests; the default is kPropagationCacheCapacity.
 size_t set_propagation_cache_capacity(size_t capacity);
 
+// An op without a meta kernel in this libtorch computes its outputs' global metadata on CPU
+// stand-ins of its global inputs (NOTE: [Output metadata without the data]), once per op and
+// input metadata. Those stand-ins may take at most this many bytes on each rank; beyond, the op
+// raises, naming itself, instead of allocating the unsharded tensors a sharded op avoids.
+constexpr int64_t kStandInLimitBytes = int64_t{256} << 20;
+// Sets that limit (at least 0) and returns the previous one.
+int64_t set_stand_in_limit_bytes(int64_t bytes);
+
 // ---- helpers for rules -----------------------------------------------------------------------
 // Shard(d) maps for a broadcasting input: the input dim that lines up with output dim d, or
 // -1 when the input has no such dim or broadcasts it (size 1 vs > 1).

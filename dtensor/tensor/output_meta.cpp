@@ -8,7 +8,11 @@
 // zero-filled CPU stand-ins instead, else on CPU stand-ins holding identity matrices (ones on
 // the diagonal of the last two dims, ones for fewer dims): zero matrices are singular, and the
 // ops without a meta kernel that refuse them (cholesky, cholesky_inverse in libtorch 1.13) take
-// the identity. Random ops without a Generator argument are inferred through their
+// the identity. Those CPU stand-ins are the inputs' unsharded tensors, which sharding exists to
+// avoid: they may take at most ops::kStandInLimitBytes on each rank (set_stand_in_limit_bytes),
+// and beyond that the op raises, naming itself, instead of allocating them. With a meta kernel
+// nothing of global size is allocated, so an op on a tensor no rank could hold (2^40
+// elements, each rank's piece small) runs. Random ops without a Generator argument are inferred through their
 // re-expression, which takes one (native_dropout has no meta kernel either); no inference
 // draws from the caller's generator or the default one.
 #include "dtensor/tensor/output_meta_internal.h"
@@ -21,7 +25,10 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
+#include <iomanip>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <unordered_set>
 
@@ -31,20 +38,54 @@ namespace {
 
 enum class StandIn { kMeta, kZeros, kIdentity };
 
+// Storage elements a tensor of metadata `m` reaches.
+int64_t storage_elements(const TensorMeta& m) {
+  int64_t extent = 1;
+  for (size_t d = 0; d < m.shape.size(); ++d) {
+    if (m.shape[d] == 0) extent = 0;
+    if (extent > 0) extent += (m.shape[d] - 1) * m.stride[d];
+  }
+  return m.storage_offset + extent;
+}
+
 // A stand-in with the DTensor's global shape, strides and storage offset.
 at::Tensor stand_in_for(const DTensorSpec& s, StandIn kind) {
   const bool meta = kind == StandIn::kMeta;
   const TensorMeta& m = s.tensor_meta;
   const auto options = at::TensorOptions().dtype(m.dtype).device(meta ? at::kMeta : at::kCPU);
-  int64_t extent = 1;  // storage elements the strides reach
-  for (size_t d = 0; d < m.shape.size(); ++d) {
-    if (m.shape[d] == 0) extent = 0;
-    if (extent > 0) extent += (m.shape[d] - 1) * m.stride[d];
-  }
-  const int64_t storage = m.storage_offset + extent;
+  const int64_t storage = storage_elements(m);
   at::Tensor t = (meta ? at::empty({storage}, options) : at::zeros({storage}, options)).as_strided(m.shape, m.stride, m.storage_offset);
   if (kind == StandIn::kIdentity) (t.dim() >= 2 ? t.diagonal(0, -2, -1) : t).fill_(1);
   return t;
+}
+
+std::atomic<int64_t>& stand_in_limit() {
+  static std::atomic<int64_t> limit{ops::kStandInLimitBytes};
+  return limit;
+}
+
+// Bytes of the CPU stand-ins of the call's DTensor arguments.
+int64_t stand_in_bytes(const ops::OpCall& call) {
+  int64_t bytes = 0;
+  for (const DTensorSpec* s : call.inputs)
+    bytes += storage_elements(s->tensor_meta) * static_cast<int64_t>(c10::elementSize(s->tensor_meta.dtype));
+  return bytes;
+}
+
+std::string mib(int64_t bytes) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1 << 20) << " MiB";
+  return o.str();
+}
+
+// Raises, naming the op, when its CPU stand-ins would exceed the limit.
+void check_stand_in_size(const ops::OpCall& call) {
+  const int64_t bytes = stand_in_bytes(call), limit = stand_in_limit().load();
+  TORCH_CHECK(bytes <= limit, "DTensor: ", call.name,
+              " has no meta kernel in this libtorch, so its output shape can only be computed by running it on "
+              "zero-filled tensors of its inputs' global shapes: ", mib(bytes), " on every rank, over the limit of ",
+              mib(limit), " (a sharded op must not allocate its unsharded inputs). Run it on the local tensors "
+              "(to_local, then from_local), or raise the limit with dtensor::ops::set_stand_in_limit_bytes");
 }
 
 bool is_generator_argument(const c10::IValue& v, const c10::Argument& a) {
@@ -114,6 +155,15 @@ bool returns_tensors(const c10::FunctionSchema& schema) {
 
 }  // namespace
 
+}  // namespace detail
+
+int64_t ops::set_stand_in_limit_bytes(int64_t bytes) {
+  TORCH_CHECK(bytes >= 0, "set_stand_in_limit_bytes: the limit must be at least 0 bytes, got ", bytes);
+  return detail::stand_in_limit().exchange(bytes);
+}
+
+namespace detail {
+
 c10::IValue with_list_element(const c10::IValue& v, size_t pos, const at::Tensor& t) {
   c10::List<c10::IValue> in = v.toList();
   c10::impl::GenericList out(in.elementType());
@@ -138,6 +188,7 @@ std::vector<TensorMeta> infer_output_meta(const c10::OperatorHandle& op, const t
     }
   }
   if (!have) {
+    check_stand_in_size(call);
     try {
       ms = run_on_stand_ins(op, args, call, StandIn::kZeros);
     } catch (const c10::Error& e) {
