@@ -30,7 +30,7 @@ void install_stack_trace_policy() {
 
 int main_with_harness(int argc, char** argv, const std::function<int(int&, char**)>& body, bool fork_server) {
   install_stack_trace_policy();
-  // NOTE: [No SIGPIPE from a peer that is gone] (internal/launcher.cpp).
+  // NOTE: [No SIGPIPE from a peer that is gone] (internal/launch_io.cpp).
   std::signal(SIGPIPE, SIG_IGN);
   // NOTE: [Call check] (dtensor/comm/c10d_guard.cpp): on in test programs.
   comm::set_check_collectives_default(true);

@@ -7,7 +7,7 @@
 // (PyTorch replicates _linalg_svd / linalg_qr / _linalg_eigh altogether). The deprecated
 // cholesky and cholesky_inverse have no meta kernel in libtorch 1.13 and refuse the zero-filled
 // stand-ins their output shapes are inferred from: the dispatcher then infers them on identity
-// matrices (StandIn::kIdentity in dispatch.cpp). The solves are
+// matrices (StandIn::kIdentity in output_meta.cpp). The solves are
 // linear in their right-hand side: a Partial(sum|avg) right-hand side against a replicated
 // matrix gives a Partial solution. _linalg_check_errors (the composites' check of `info`)
 // replicates `info`, so that a singular matrix raises on every rank.

@@ -301,7 +301,7 @@ void run_closing_barrier(const std::string& test_id, const comm::GroupPtr& group
 
 // ---- reporting -------------------------------------------------------------------------------
 namespace {
-// NOTE: [Symbolised user frames] (launcher.cpp): the frames of the last "[dtensor] frames:"
+// NOTE: [Symbolised user frames] (rank_process.cpp): the frames of the last "[dtensor] frames:"
 // line of a rank's output, symbolised with addr2line -i: a return address inside code that
 // was inlined becomes one frame per inlined function, innermost first (the user's function
 // around an inlined std::future::wait is a frame of its own). With line tables (-g, -g1:
