@@ -306,7 +306,7 @@ at::Tensor DTensorConverter::to_dist_tensor(const at::Tensor& t,
     if (is_partial(placements[d]) && (*coordinate)[d] != 0) keeps_values = false;
   }
   at::Tensor mine = keeps_values ? local.clone() : at::zeros_like(local);
-  at::Tensor result = from_local(mine, mesh_, placements, /*run_check=*/false, t.sizes().vec());
+  at::Tensor result = from_local(mine, mesh_, placements, FromLocalOptions::contiguous(t.sizes().vec()));
   if (t.requires_grad()) result.requires_grad_(true);
   return result;
 }

@@ -261,7 +261,7 @@ at::Tensor _chunk_dtensor(const at::Tensor& tensor, int /*rank*/, const DeviceMe
   shard[n - 2] = Shard{0};
   shard.back() = tp_placement;
   at::Tensor local = local_tensor(tensor).detach().clone();
-  return redistribute(from_local(local, parent, replicate, /*run_check=*/false, tensor.sizes().vec()), parent, shard);
+  return redistribute(from_local(local, parent, replicate, FromLocalOptions::contiguous(tensor.sizes().vec())), parent, shard);
 }
 
 std::pair<sharded::ShardedTensor, std::vector<sharded::Shard>> _pre_load_state_dict(const sharded::ShardedTensor& tensor) {

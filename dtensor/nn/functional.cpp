@@ -68,7 +68,7 @@ at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tenso
   at::Tensor out = local_attention(to_local(q), to_local(k), to_local(v), attn_mask, dropout_p, is_causal);
   std::vector<int64_t> global = query.sizes().vec();
   global.back() = value.size(-1);
-  return from_local(out, qs.mesh, layout, /*run_check=*/false, global);
+  return from_local(out, qs.mesh, layout, FromLocalOptions::contiguous(global));
 }
 
 }  // namespace functional

@@ -102,8 +102,8 @@ struct ToLocalBackward : Node {
   std::string name() const override { return "dtensor::ToLocalBackward"; }
   variable_list apply(variable_list&& grads) override {
     if (!grads[0].defined()) return {at::Tensor()};
-    return {from_local(grads[0], spec->mesh, grad_placements ? *grad_placements : spec->placements, false,
-                       spec->tensor_meta.shape)};
+    return {from_local(grads[0], spec->mesh, grad_placements ? *grad_placements : spec->placements,
+                       FromLocalOptions::contiguous(spec->tensor_meta.shape))};
   }
 };
 
@@ -234,15 +234,19 @@ at::Tensor _shard_tensor(const at::Tensor& full, std::vector<Placement> placemen
   return distribute_tensor(full, mesh, std::move(placements), std::nullopt);
 }
 
-at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, std::vector<Placement> placements,
-                      bool run_check, std::optional<std::vector<int64_t>> shape) {
+FromLocalOptions FromLocalOptions::contiguous(std::vector<int64_t> shape, bool run_check) {
   FromLocalOptions o;
   o.run_check = run_check;
+  const auto st = c10::contiguous_strides(shape);
+  o.stride = std::vector<int64_t>(st.begin(), st.end());
   o.shape = std::move(shape);
-  if (o.shape) {
-    auto st = c10::contiguous_strides(*o.shape);
-    o.stride = std::vector<int64_t>(st.begin(), st.end());
-  }
+  return o;
+}
+
+at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, std::vector<Placement> placements,
+                      bool run_check) {
+  FromLocalOptions o;
+  o.run_check = run_check;
   return from_local(local, mesh, std::move(placements), o);
 }
 
@@ -471,8 +475,8 @@ DTensor::DTensor(const at::Tensor& local_tensor, const DTensorSpec& spec, bool r
   TORCH_CHECK(!spec.mesh.get_coordinate().has_value() || expected == local_tensor.sizes().vec(),
               "DTensor: a local tensor of shape ", local_tensor.sizes(), " is not this rank's shard of ",
               spec.to_string(), " (expected ", c10::IntArrayRef(expected), ")");
-  tensor = make_dtensor(local_tensor.is_contiguous() ? local_tensor : local_tensor.contiguous(), spec);
-  if (requires_grad) tensor.set_requires_grad(true);
+  tensor_ = make_dtensor(local_tensor.is_contiguous() ? local_tensor : local_tensor.contiguous(), spec);
+  if (requires_grad) tensor_.set_requires_grad(true);
 }
 
 DeviceMeshGuard::DeviceMeshGuard(const DeviceMesh& mesh) { t_mesh_stack.push_back(mesh); }

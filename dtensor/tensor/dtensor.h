@@ -59,17 +59,19 @@ struct FromLocalOptions {
   // local strides rescaled (PyTorch's compute_global_tensor_info).
   std::optional<std::vector<int64_t>> shape;
   std::optional<std::vector<int64_t>> stride;
+
+  // Global `shape` with contiguous strides (the layout of a tensor made with that shape).
+  static FromLocalOptions contiguous(std::vector<int64_t> shape, bool run_check = false);
 };
 
 // Wraps this rank's `local` shard. Differentiable: the gradient of the DTensor flows back to
 // `local` (a Partial gradient of a Partial DTensor stays Partial: the local gradient is this
 // rank's partial value, no collective, as PyTorch).
 at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh,
-                      std::vector<Placement> placements, const FromLocalOptions& options);
-// Older spelling: `shape` alone is accepted here (the stride is then contiguous).
+                      std::vector<Placement> placements, const FromLocalOptions& options = {});
+// from_local(local, mesh, placements, run_check): PyTorch's run_check keyword, positionally.
 at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh,
-                      std::vector<Placement> placements, bool run_check = false,
-                      std::optional<std::vector<int64_t>> shape = std::nullopt);
+                      std::vector<Placement> placements, bool run_check);
 // The same on the current mesh (DeviceMeshGuard); no placements: Replicate on every mesh dim.
 at::Tensor from_local(const at::Tensor& local, std::vector<Placement> placements = {},
                       const FromLocalOptions& options = {});
@@ -191,20 +193,22 @@ at::Tensor arange(const at::Scalar& start, const at::Scalar& end, const at::Scal
 // without autograd history (a leaf; PyTorch: DTensor(local_tensor, spec, requires_grad=...),
 // which its docs reserve for internals: prefer from_local, which is differentiable). `local`
 // must have this rank's local shape for the spec and the spec's dtype.
-struct DTensor {
+class DTensor {
+ public:
   DTensor(const at::Tensor& local_tensor, const DTensorSpec& spec, bool requires_grad);
-  operator at::Tensor() const { return tensor; }
-  at::Tensor tensor;
+  operator at::Tensor() const { return tensor_; }
 
   static at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh,
-                               std::vector<Placement> placements, bool run_check = false,
-                               std::optional<std::vector<int64_t>> shape = std::nullopt) {
-    return dtensor::from_local(local, mesh, std::move(placements), run_check, std::move(shape));
-  }
-  static at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh,
-                               std::vector<Placement> placements, const FromLocalOptions& options) {
+                               std::vector<Placement> placements, const FromLocalOptions& options = {}) {
     return dtensor::from_local(local, mesh, std::move(placements), options);
   }
+  static at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh,
+                               std::vector<Placement> placements, bool run_check) {
+    return dtensor::from_local(local, mesh, std::move(placements), run_check);
+  }
+
+ private:
+  at::Tensor tensor_;
 };
 
 // The current mesh (PyTorch's `with mesh:`): while a guard is alive on this thread,

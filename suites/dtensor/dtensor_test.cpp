@@ -111,7 +111,7 @@ DTENSOR_TEST_F(DTensorThreads, FromLocalAndToLocalAreDifferentiable) {
   // Uneven global shape given explicitly: 2n - 1 rows are 2 per rank, 1 on the last.
   const int64_t rows = 2 * ranks() - 1;
   at::Tensor piece = at::ones({rank() < ranks() - 1 ? 2 : 1, 2});
-  at::Tensor uneven = from_local(piece, mesh, {Shard{0}}, false, std::vector<int64_t>{rows, 2});
+  at::Tensor uneven = from_local(piece, mesh, {Shard{0}}, FromLocalOptions::contiguous({rows, 2}));
   EXPECT_EQ(full_tensor(uneven).sum().item<float>(), 2.0f * rows);
 }
 
@@ -127,7 +127,7 @@ DTENSOR_TEST_F(DTensorThreads, FromLocalRunCheckFailsOnEveryRank) {
   at::Tensor typed = at::ones({2, 4}, rank() == 1 ? at::kDouble : at::kFloat);
   err = error_of([&] { from_local(typed, mesh, {Replicate{}}, true); });
   EXPECT_NE(err.find("rank 1 passed a local tensor of dtype Double"), std::string::npos) << err;
-  err = error_of([&] { from_local(at::ones({3}), mesh, {Shard{0}}, false, std::vector<int64_t>{8}); });
+  err = error_of([&] { from_local(at::ones({3}), mesh, {Shard{0}}, FromLocalOptions::contiguous({8})); });
   EXPECT_NE(err.find("is not this rank's shard of [8]"), std::string::npos) << err;
 }
 

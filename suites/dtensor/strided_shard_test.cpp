@@ -232,7 +232,7 @@ void check_strided_redistribution(const testing::MultiRankTest& t, const Shape& 
       ASSERT_TRUE(at::equal(local_tensor(x).cpu(), box_of(g, mesh, s)));
       EXPECT_TRUE(at::equal(full_tensor(x).cpu(), g));
       // from_local with the global shape gives the same DTensor.
-      at::Tensor y = from_local(box_of(g, mesh, s).clone(), mesh, s, /*run_check=*/true, shape);
+      at::Tensor y = from_local(box_of(g, mesh, s).clone(), mesh, s, FromLocalOptions::contiguous(shape, /*run_check=*/true));
       EXPECT_TRUE(at::equal(full_tensor(y).cpu(), g));
       for (const Placements& o : others) {
         SCOPED_TRACE(to_string(s) + " <-> " + to_string(o));
@@ -286,7 +286,7 @@ DTENSOR_TEST_F(StridedShardThreads, PartialAndStridedMeshDims) {
   const Placements partial = {Partial{}, Shard{0}};
   at::Tensor piece = box_of(g, mesh, {Replicate{}, Shard{0}});
   if (mesh.get_local_rank(0) != 0) piece = at::zeros_like(piece);
-  at::Tensor p = from_local(piece, mesh, partial, /*run_check=*/false, Shape{7, 3});
+  at::Tensor p = from_local(piece, mesh, partial, FromLocalOptions::contiguous({7, 3}));
   at::Tensor s = redistribute(p, mesh, strided);
   EXPECT_TRUE(at::equal(local_tensor(s), box_of(g, mesh, strided)));
   // And back to a Partial through the engine's own transitions.

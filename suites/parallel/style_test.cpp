@@ -48,7 +48,7 @@ void check_style(const DeviceMesh& mesh, Holder ref, Holder tp, const at::Tensor
   const auto want = normalize_placements({out_layout}, y_ref.dim());
   if (use_local) {
     EXPECT_EQ(y.sizes().vec(), compute_local_shape(y_ref.sizes(), mesh, want));
-    y = from_local(y, mesh, want, false, y_ref.sizes().vec());
+    y = from_local(y, mesh, want, FromLocalOptions::contiguous(y_ref.sizes().vec()));
   } else {
     EXPECT_EQ(get_spec(y).placements, want);
   }
