@@ -9,6 +9,7 @@
 #include "harness/internal/external.h"
 #include "harness/internal/launcher.h"
 #include "harness/internal/rank_run.h"
+#include "harness/internal/timing.h"
 
 #include <c10/util/Exception.h>
 
@@ -348,7 +349,7 @@ void MultiThreadedTest::RunRanks(const std::string& test_id) {
       lk.unlock();
       world->abort("the test timed out");
       lk.lock();
-      all_done = shared->cv.wait_for(lk, std::chrono::seconds(2), [&] { return shared->finished == n; });
+      all_done = shared->cv.wait_for(lk, internal::kThreadAbortWait, [&] { return shared->finished == n; });
     }
   }
   capture.reset();

@@ -33,6 +33,7 @@
 #include "dtensor/compat.h"
 #include "harness/internal/launcher.h"
 #include "harness/internal/rank_run.h"
+#include "harness/internal/timing.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -67,18 +68,6 @@ namespace internal {
 namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-constexpr milliseconds kPoll{20};
-constexpr milliseconds kHeartbeat{100};
-constexpr milliseconds kDeadAfter{3000};
-constexpr milliseconds kStuckGrace{2000};
-constexpr milliseconds kReportWait{10000};
-// How often the watchdog reads its peers' heartbeats while a body runs.
-constexpr milliseconds kPeerCheck{250};
-// The watchdog's store requests: one unanswered this long means the store's host (rank 0) is
-// gone or unreachable (NOTE: [A peer lost without a word]).
-constexpr milliseconds kStoreLostAfter{5000};
-// The group's and the store's own timeout beyond DTENSOR_TEST_TIMEOUT, when that is set.
-constexpr milliseconds kGroupTimeoutMargin{30000};
 const std::string kPrefix = "dtensor_ext/";
 
 std::optional<comm::RendezvousInfo> g_info;
@@ -319,7 +308,7 @@ class Watchdog {
     auto last_peer_check = Clock::now();
     std::unique_lock<std::mutex> lk(mu_);
     while (!stop_) {
-      cv_.wait_for(lk, kPoll);
+      cv_.wait_for(lk, kExternalPoll);
       if (stop_) break;
       if (!store_lost_.empty()) continue;
       const int test = test_;
@@ -359,7 +348,7 @@ class Watchdog {
   void monitor() {
     std::unique_lock<std::mutex> lk(mu_);
     while (!stop_) {
-      cv_.wait_for(lk, kPoll);
+      cv_.wait_for(lk, kExternalPoll);
       if (stop_ || !store_lost_.empty() || !asking_since_) continue;
       if (Clock::now() - *asking_since_ > kStoreLostAfter)
         lose_store("no answer for " + std::to_string(kStoreLostAfter.count() / 1000) + " s");
@@ -440,7 +429,7 @@ class Watchdog {
       store.set(pre + "result/" + std::to_string(rank_), str_bytes(j.dump()));
       const auto until = Clock::now() + kReportWait;
       while (Clock::now() < until && !store.check({pre + "reported"}))
-        std::this_thread::sleep_for(kPoll);  // waiting for the reporter (rank 0 hosts the store)
+        std::this_thread::sleep_for(kExternalPoll);  // waiting for the reporter (rank 0 hosts the store)
     } catch (const std::exception&) {
       // the store is gone: nothing left to wait for
     }
@@ -500,7 +489,7 @@ void make_group() {
 // trip; a failed join is then reported as rank 0 being gone, like a failure in a test).
 bool rank_zero_answers() {
   try {
-    auto s = connect_store(g_info->master_addr, g_info->master_port, std::chrono::seconds(2));
+    auto s = connect_store(g_info->master_addr, g_info->master_port, kStoreProbeTimeout);
     s->add(kPrefix + "probe", 1);
     return true;
   } catch (const std::exception&) {
@@ -545,7 +534,7 @@ bool i_report_for_rank_zero() {
   if (g_info->rank == 1) return true;
   if (g_backup_port <= 0) return true;
   try {
-    auto s = connect_store(g_backup_host, g_backup_port, std::chrono::seconds(2));
+    auto s = connect_store(g_backup_host, g_backup_port, kStoreProbeTimeout);
     s->add(kPrefix + "alive", 1);
     return false;  // rank 1 is alive and reports
   } catch (const std::exception&) {
@@ -594,7 +583,7 @@ void init_external_launcher() {
         o.port = 0;
         o.isServer = true;
         o.waitWorkers = false;
-        o.timeout = std::chrono::seconds(30);
+        o.timeout = kBackupStoreTimeout;
         compat::disable_libuv(o);
         // The address the peers reach this host at: the one it reaches the master from (the
         // hostname may resolve to another interface, or to nothing the peers can reach).
@@ -724,7 +713,7 @@ void run_external(const std::string& test_id, std::chrono::milliseconds timeout)
         all = false;
       }
       if (all) break;
-      std::this_thread::sleep_for(kPoll);  // polling the store (the group may be unusable)
+      std::this_thread::sleep_for(kExternalPoll);  // polling the store (the group may be unusable)
     }
   } catch (const std::exception& e) {
     // The store is gone: rank 0, which hosts it, died (NOTE above).
@@ -807,7 +796,7 @@ void wait_for_join_reports(int me, int n) {
     for (int r = 1; r < n; ++r) arrived += g_store->check({kPrefix + "arrived/" + std::to_string(r)}) ? 1 : 0;
     const auto until = Clock::now() + kReportWait;
     while (Clock::now() < until && g_store->add(key, 0) < arrived)
-      std::this_thread::sleep_for(kPoll);  // polling the store rank 0 itself hosts
+      std::this_thread::sleep_for(kExternalPoll);  // polling the store rank 0 itself hosts
   } catch (const std::exception&) {
     // the store is gone: nothing to wait for
   }
@@ -824,7 +813,7 @@ void shutdown_external() {
       // The others ask whether rank 1 lives (i_report_for_rank_zero): stay until they did.
       const auto until = Clock::now() + kDeadAfter;
       while (Clock::now() < until && g_backup->add(kPrefix + "alive", 0) < n - 2)
-        std::this_thread::sleep_for(kPoll);
+        std::this_thread::sleep_for(kExternalPoll);
     }
   } catch (const std::exception&) {
   }
@@ -837,7 +826,7 @@ void shutdown_external() {
       if (me == 0) {
         const auto until = Clock::now() + kReportWait;
         while (Clock::now() < until && g_store->add(kPrefix + "done", 0) < g_live)
-          std::this_thread::sleep_for(kPoll);
+          std::this_thread::sleep_for(kExternalPoll);
       }
     }
   } catch (const std::exception&) {

@@ -1,6 +1,7 @@
 // harness/internal/fork_server.cpp: the fork server (zygote) that forks the rank processes,
 // with its spare ranks (NOTE: [Spare ranks]).
 #include "harness/internal/launch_io.h"
+#include "harness/internal/timing.h"
 
 #include "dtensor/comm/trace.h"
 
@@ -34,9 +35,6 @@ namespace testing {
 namespace internal {
 
 namespace {
-
-// How long a rank set waits for the fork server to answer a launch.
-constexpr std::chrono::milliseconds kSpawnReplyWait{10000};
 
 int g_zygote_fd = -1;
 pid_t g_zygote_pid = -1;

@@ -6,6 +6,7 @@
 #include "harness/internal/launcher.h"
 
 #include "harness/internal/launch_io.h"
+#include "harness/internal/timing.h"
 
 #include "dtensor/comm/c10d_group.h"
 #include "dtensor/comm/device.h"
@@ -79,20 +80,6 @@ namespace dtensor {
 namespace testing {
 namespace internal {
 
-// How long the other ranks may go on after one rank failed, crashed or skipped, before the
-// harness kills them (they are usually blocked in a collective with the failed rank).
-constexpr std::chrono::milliseconds kAbortGrace{1000};
-// How long a rank may take to exit after it reported its result.
-constexpr std::chrono::milliseconds kExitGrace{5000};
-// How long ranks killed at a timeout get to print their stacks.
-constexpr std::chrono::milliseconds kStackDumpWait{500};
-// Extra time a rank's process group waits in a collective beyond the test's timeout.
-constexpr std::chrono::milliseconds kGroupTimeoutMargin{30000};
-// Poll period of the orchestrator's wait loop.
-constexpr int kPollMs = 5;
-// How long after a pool rank finished its body the others may take to finish theirs before the
-// closing barrier is run (NOTE: [Closing barrier on demand]).
-constexpr std::chrono::milliseconds kCloseDelay{50};
 
 // ---- RankSet -----------------------------------------------------------------------------------
 struct RankSet::Impl {
@@ -164,13 +151,13 @@ struct RankSet::Impl {
   }
   void kill_all() {
     for (int r = 0; r < n; ++r) kill_rank(r, SIGKILL);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    const auto deadline = std::chrono::steady_clock::now() + kKillWait;
     while (std::chrono::steady_clock::now() < deadline) {
       poll_exits();
       bool all = true;
       for (auto& p : procs) all = all && !awaited(p);
       if (all) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(kPollMs));  // waiting for SIGKILL to land
+      std::this_thread::sleep_for(kRankSetPoll);  // waiting for SIGKILL to land
     }
     for (auto& p : procs)
       if (p.pid > 0 && !p.exited && !awaited(p)) {
@@ -416,7 +403,7 @@ void RankSet::Impl::stop_at_timeout(Run& run) {
   for (int r = 0; r < n; ++r)
     if (!run.done[r]) kill_rank(r, SIGUSR1);
   const auto until = std::chrono::steady_clock::now() + kStackDumpWait;
-  while (std::chrono::steady_clock::now() < until) pump(kPollMs);
+  while (std::chrono::steady_clock::now() < until) pump(static_cast<int>(kRankSetPoll.count()));
   for (int r = 0; r < n; ++r)
     if (!run.done[r] && !procs[r].result) {
       run.out[r].end = RankOutcome::End::kTimedOut;
@@ -431,7 +418,7 @@ void RankSet::Impl::wait_for_one_shot_exits() {
     bool all = true;
     for (auto& p : procs) all = all && !awaited(p);
     if (all) break;
-    pump(kPollMs);
+    pump(static_cast<int>(kRankSetPoll.count()));
   }
   kill_all();
 }
@@ -488,7 +475,7 @@ std::vector<RankOutcome> RankSet::run(const std::string& test_id, std::chrono::m
       auto& p = I.procs[r];
       if (I.pool && !sent[r] && p.fd >= 0) sent[r] = write_line(p.fd, {{"run", test_id}});
     }
-    I.pump(kPollMs);
+    I.pump(static_cast<int>(kRankSetPoll.count()));
     const auto now = std::chrono::steady_clock::now();
     I.mark_finished_ranks(run, now);
     if (std::all_of(run.done.begin(), run.done.end(), [](bool d) { return d; })) break;
