@@ -388,8 +388,8 @@ OutputSharding propagate(OpCall& call, const std::function<std::vector<TensorMet
 }
 
 namespace {
-OutputSharding propagate_plain(OpCall& call, const std::function<std::vector<TensorMeta>()>& infer_meta) {
-  // 1. Cache lookup.
+// The propagation cache's key of a call (NOTE: [Propagation cache keys are exact]).
+std::string cache_key(const OpCall& call, const Entry* entry) {
   CacheKey k;
   k.put_str(call.name);
   k.put(static_cast<int64_t>(call.inputs.size()));
@@ -403,52 +403,37 @@ OutputSharding propagate_plain(OpCall& call, const std::function<std::vector<Ten
       k.put_ints(a.list_index);
     }
   }
-  const Entry* entry = find_rule(call.name);
   if (entry == nullptr) k.put(int64_t{t_replicate_fallback ? 1 : 0});
-  std::string key = std::move(k.bytes);
-  {
-    std::lock_guard<std::mutex> lk(g_cache_mu);
-    if (const OutputSharding* hit = g_cache.find(key)) return *hit;
+  return std::move(k.bytes);
+}
+
+// NOTE: [Replicate fallback]: every input and output Replicate.
+OutputSharding replicate_fallback_sharding(const OpCall& call) {
+  OutputSharding fb;
+  const std::vector<Placement> rep(static_cast<size_t>(call.mesh->ndim()), Replicate{});
+  fb.inputs.assign(call.inputs.size(), rep);
+  fb.outputs.assign(call.output_meta.size(), rep);
+  fb.output_meta = call.output_meta;
+  fb.replicate_fallback = true;
+  std::vector<size_t> written = out_inputs(call);
+  if (call.written_input >= 0) written.push_back(static_cast<size_t>(call.written_input));
+  for (size_t j : written) {
+    const DTensorSpec& w = *call.inputs[j];
+    TORCH_CHECK(w.placements == rep, "DTensor: operator ", call.name,
+                " has no sharding rule, and the replicate fallback cannot write into a DTensor with placements ",
+                to_string(w.placements), "; redistribute it to Replicate first");
   }
-  // 2. The rule's single-dim options (or NOTE: [Replicate fallback]).
-  TORCH_CHECK(entry != nullptr || t_replicate_fallback, "DTensor: operator ", call.name,
-              " has no sharding rule (inputs: ", describe_inputs(call), " on ",
-              call.mesh->to_string(),
-              "). Call full_tensor() and run it on plain tensors, add a rule in dtensor/ops, or run it "
-              "inside a dtensor::ops::ReplicateFallbackGuard");
-  call.output_meta = infer_meta();
-  if (entry == nullptr) {
-    OutputSharding fb;
-    const std::vector<Placement> rep(static_cast<size_t>(call.mesh->ndim()), Replicate{});
-    fb.inputs.assign(call.inputs.size(), rep);
-    fb.outputs.assign(call.output_meta.size(), rep);
-    fb.output_meta = call.output_meta;
-    fb.replicate_fallback = true;
-    std::vector<size_t> written = out_inputs(call);
-    if (call.written_input >= 0) written.push_back(static_cast<size_t>(call.written_input));
-    for (size_t j : written) {
-      const DTensorSpec& w = *call.inputs[j];
-      TORCH_CHECK(w.placements == rep, "DTensor: operator ", call.name,
-                  " has no sharding rule, and the replicate fallback cannot write into a DTensor with placements ",
-                  to_string(w.placements), "; redistribute it to Replicate first");
-    }
-    for (size_t j = 0; j < call.inputs.size(); ++j) fb.cost += redistribute_cost(*call.inputs[j], rep);
-    std::lock_guard<std::mutex> lk(g_cache_mu);
-    g_cache.insert(std::move(key), fb);
-    return fb;
-  }
-  std::vector<DimOption> options = entry->rule(call);
-  TORCH_CHECK(!options.empty(), "DTensor: the rule of ", call.name, " gave no strategy for inputs ",
-              describe_inputs(call));
-  // 3. Expand over mesh dims, price, choose.
-  const int64_t m = call.mesh->ndim();
+  for (size_t j = 0; j < call.inputs.size(); ++j) fb.cost += redistribute_cost(*call.inputs[j], rep);
+  return fb;
+}
+
+// NOTE: [Rules of functional ops serve their out= overloads]
+// A rule registered as "aten::x" also serves "aten::x.out" and the like, whose out= tensors
+// are extra DTensor inputs its options do not list: each takes the placement of the output
+// it receives (the k-th out= argument is the k-th output).
+void fit_options_to_call(const OpCall& call, const std::vector<size_t>& outs, std::vector<DimOption>& options) {
   const size_t n_in = call.inputs.size();
   const size_t n_out = options[0].outputs.size();
-  // NOTE: [Rules of functional ops serve their out= overloads]
-  // A rule registered as "aten::x" also serves "aten::x.out" and the like, whose out= tensors
-  // are extra DTensor inputs its options do not list: each takes the placement of the output
-  // it receives (the k-th out= argument is the k-th output).
-  const std::vector<size_t> outs = out_inputs(call);
   for (auto& o : options) {
     if (outs.empty() || o.inputs.size() + outs.size() != n_in) continue;
     std::vector<Placement> full;
@@ -471,9 +456,41 @@ OutputSharding propagate_plain(OpCall& call, const std::function<std::vector<Ten
                 " gave an option for ", o.inputs.size(), " DTensor inputs and ", o.outputs.size(),
                 " outputs, but the call has ", n_in, " and ", n_out,
                 " (a rule registered for the functional op does not fit this overload; register one for it)");
+}
+
+// Whether `cand` may run: what an op writes keeps its layout, and the rule's own check.
+bool valid_strategy(const OpCall& call, const Entry& entry, const std::vector<size_t>& outs,
+                    const OutputSharding& cand) {
+  bool valid = true;
+  const size_t n_out = cand.outputs.size();
+  if (!outs.empty()) {
+    // An out= op writes each out= tensor in place: every one keeps its placements and
+    // receives the output of its position (several for max.dim_max, sort.values, ...).
+    for (size_t k = 0; k < outs.size() && valid; ++k)
+      valid = k < n_out && cand.inputs[outs[k]] == call.inputs[outs[k]]->placements &&
+              cand.outputs[k] == cand.inputs[outs[k]];
+  } else if (call.written_input >= 0) {
+    // An in-place or out= op cannot change the layout of the tensor it writes.
+    const size_t w = static_cast<size_t>(call.written_input);
+    // (An in-place view changes the shape, so its placements may move to other dims.)
+    // NOTE: [In-place indexing may re-lay out what it writes]
+    valid = (entry.options.relayout_written || cand.inputs[w] == call.inputs[w]->placements) && n_out > 0 &&
+            (entry.options.inplace_view || cand.outputs[0] == cand.inputs[w]);
+  }
+  if (valid && entry.options.valid) valid = entry.options.valid(call, cand.inputs, cand.outputs);
+  return valid;
+}
+
+// Every combination of the single-dim options over the mesh dims; the valid one that moves the
+// fewest bytes (cost infinity when none is valid).
+OutputSharding cheapest_strategy(const OpCall& call, const Entry& entry, const std::vector<DimOption>& options,
+                                 const std::vector<size_t>& outs) {
+  const int64_t m = call.mesh->ndim();
+  const size_t n_in = call.inputs.size();
+  const size_t n_out = options[0].outputs.size();
   std::vector<size_t> idx(static_cast<size_t>(m), 0);
   OutputSharding best;
-  double best_cost = std::numeric_limits<double>::infinity();
+  best.cost = std::numeric_limits<double>::infinity();
   for (;;) {
     OutputSharding cand;
     cand.inputs.assign(n_in, std::vector<Placement>(static_cast<size_t>(m)));
@@ -483,40 +500,54 @@ OutputSharding propagate_plain(OpCall& call, const std::function<std::vector<Ten
       for (size_t j = 0; j < n_in; ++j) cand.inputs[j][d] = o.inputs[j];
       for (size_t j = 0; j < n_out; ++j) cand.outputs[j][d] = o.outputs[j];
     }
-    bool valid = true;
-    if (!outs.empty()) {
-      // An out= op writes each out= tensor in place: every one keeps its placements and
-      // receives the output of its position (several for max.dim_max, sort.values, ...).
-      for (size_t k = 0; k < outs.size() && valid; ++k)
-        valid = k < n_out && cand.inputs[outs[k]] == call.inputs[outs[k]]->placements &&
-                cand.outputs[k] == cand.inputs[outs[k]];
-    } else if (call.written_input >= 0) {
-      // An in-place or out= op cannot change the layout of the tensor it writes.
-      const size_t w = static_cast<size_t>(call.written_input);
-      // (An in-place view changes the shape, so its placements may move to other dims.)
-      // NOTE: [In-place indexing may re-lay out what it writes]
-      valid = (entry->options.relayout_written || cand.inputs[w] == call.inputs[w]->placements) && n_out > 0 &&
-              (entry->options.inplace_view || cand.outputs[0] == cand.inputs[w]);
-    }
-    if (valid && entry->options.valid) valid = entry->options.valid(call, cand.inputs, cand.outputs);
-    if (valid) {
+    if (valid_strategy(call, entry, outs, cand)) {
       double cost = 0;
       for (size_t j = 0; j < n_in; ++j) cost += redistribute_cost(*call.inputs[j], cand.inputs[j]);
-      if (cost < best_cost) {
-        best_cost = cost;
+      if (cost < best.cost) {
         best = std::move(cand);
+        best.cost = cost;
       }
     }
     int64_t d = m - 1;
     while (d >= 0 && ++idx[d] == options.size()) idx[d--] = 0;
     if (d < 0) break;
   }
-  TORCH_CHECK(best_cost < std::numeric_limits<double>::infinity(), "DTensor: no valid sharding for ",
+  return best;
+}
+
+OutputSharding propagate_plain(OpCall& call, const std::function<std::vector<TensorMeta>()>& infer_meta) {
+  // 1. Cache lookup.
+  const Entry* entry = find_rule(call.name);
+  std::string key = cache_key(call, entry);
+  {
+    std::lock_guard<std::mutex> lk(g_cache_mu);
+    if (const OutputSharding* hit = g_cache.find(key)) return *hit;
+  }
+  // 2. The rule's single-dim options (or NOTE: [Replicate fallback]).
+  TORCH_CHECK(entry != nullptr || t_replicate_fallback, "DTensor: operator ", call.name,
+              " has no sharding rule (inputs: ", describe_inputs(call), " on ",
+              call.mesh->to_string(),
+              "). Call full_tensor() and run it on plain tensors, add a rule in dtensor/ops, or run it "
+              "inside a dtensor::ops::ReplicateFallbackGuard");
+  call.output_meta = infer_meta();
+  if (entry == nullptr) {
+    OutputSharding fb = replicate_fallback_sharding(call);
+    std::lock_guard<std::mutex> lk(g_cache_mu);
+    g_cache.insert(std::move(key), fb);
+    return fb;
+  }
+  std::vector<DimOption> options = entry->rule(call);
+  TORCH_CHECK(!options.empty(), "DTensor: the rule of ", call.name, " gave no strategy for inputs ",
+              describe_inputs(call));
+  // 3. Expand over mesh dims, price, choose.
+  const std::vector<size_t> outs = out_inputs(call);
+  fit_options_to_call(call, outs, options);
+  OutputSharding best = cheapest_strategy(call, *entry, options, outs);
+  TORCH_CHECK(best.cost < std::numeric_limits<double>::infinity(), "DTensor: no valid sharding for ",
               call.name, " with inputs ", describe_inputs(call),
               call.written_input >= 0 || !outs.empty() ? " (an in-place op keeps the placements of the tensor it writes; "
                              "redistribute that tensor first)"
                            : "");
-  best.cost = best_cost;
   best.rewrite = entry->rewrite;
   best.output_shape_from_local =
       entry->options.output_shape_from_local ||
