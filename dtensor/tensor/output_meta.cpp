@@ -26,6 +26,7 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <algorithm>
 #include <iomanip>
 #include <mutex>
 #include <sstream>
@@ -78,13 +79,23 @@ std::string mib(int64_t bytes) {
   return o.str();
 }
 
-// Raises, naming the op, when its CPU stand-ins would exceed the limit.
-void check_stand_in_size(const ops::OpCall& call) {
+// The first sentence of an error (libtorch's "Could not run 'aten::x' with arguments from the
+// 'Meta' backend. This could be because ..." goes on for a page).
+std::string first_sentence(const std::string& what) {
+  size_t end = what.find_first_of(".\n");
+  if (end == std::string::npos || end > 300) end = std::min<size_t>(what.size(), 300);
+  return what.substr(0, end);
+}
+
+// Raises, naming the op and why the meta run failed, when its CPU stand-ins would exceed the
+// limit.
+void check_stand_in_size(const ops::OpCall& call, const std::string& meta_error) {
   const int64_t bytes = stand_in_bytes(call), limit = stand_in_limit().load();
-  TORCH_CHECK(bytes <= limit, "DTensor: ", call.name,
-              " has no meta kernel in this libtorch, so its output shape can only be computed by running it on "
-              "zero-filled tensors of its inputs' global shapes: ", mib(bytes), " on every rank, over the limit of ",
-              mib(limit), " (a sharded op must not allocate its unsharded inputs). Run it on the local tensors "
+  TORCH_CHECK(bytes <= limit, "DTensor: the output shape of ", call.name, " could not be computed on meta tensors (",
+              meta_error.empty() ? std::string("it has no meta kernel in this libtorch") : first_sentence(meta_error),
+              "), and computing it on zero-filled tensors of its inputs' global shapes would take ", mib(bytes),
+              " on every rank, over the limit of ", mib(limit),
+              " (a sharded op must not allocate its unsharded inputs). Run it on the local tensors "
               "(to_local, then from_local), or raise the limit with dtensor::ops::set_stand_in_limit_bytes");
 }
 
@@ -124,7 +135,7 @@ torch::jit::Stack run_on_stand_ins(const c10::OperatorHandle& op, const torch::j
   return ms;
 }
 
-// The ops whose meta run failed once. A c10::Error records a symbolised backtrace (~1 ms with
+// The ops whose meta run failed and whose CPU run then succeeded. A c10::Error records a symbolised backtrace (~1 ms with
 // libtorch's ~285 shared libraries), so such an op goes straight to the CPU run after that.
 // Bounded by the number of operators.
 class OpsWithoutMetaKernel {
@@ -179,16 +190,18 @@ std::vector<TensorMeta> infer_output_meta(const c10::OperatorHandle& op, const t
   auto& without_meta = OpsWithoutMetaKernel::get();
   torch::jit::Stack ms;
   bool have = false;
-  if (!without_meta.contains(call.name)) {
+  const bool known_without_meta = without_meta.contains(call.name);
+  std::string meta_error;  // empty when the op is known to have no meta kernel
+  if (!known_without_meta) {
     try {
       ms = run_on_stand_ins(op, args, call, StandIn::kMeta);
       have = true;
-    } catch (const c10::Error&) {
-      without_meta.add(call.name);
+    } catch (const c10::Error& e) {
+      meta_error = e.what_without_backtrace();
     }
   }
   if (!have) {
-    check_stand_in_size(call);
+    check_stand_in_size(call, meta_error);
     try {
       ms = run_on_stand_ins(op, args, call, StandIn::kZeros);
     } catch (const c10::Error& e) {
@@ -198,6 +211,9 @@ std::vector<TensorMeta> infer_output_meta(const c10::OperatorHandle& op, const t
         TORCH_CHECK(false, "DTensor: computing the output shape of ", call.name, " failed: ", e.what_without_backtrace());
       }
     }
+    // Only an op that ran where its meta run failed lacks a meta kernel: a meta run that raised
+    // for a genuine error (shapes that do not multiply) raised on CPU too, and is not recorded.
+    if (!known_without_meta) without_meta.add(call.name);
   }
   std::vector<at::Tensor> outs;
   for (auto& v : ms) {

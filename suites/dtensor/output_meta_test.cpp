@@ -109,7 +109,7 @@ DTENSOR_TEST_F(OutputMetaThreads, OpsLearnOutputShapesWithoutAllocatingTheGlobal
     } else {
       ++without_meta;
       const std::string what = testing::error_of([&] { (void)c.run(x, w); });
-      EXPECT_PRED2(testing::contains, what, "has no meta kernel in this libtorch");
+      EXPECT_PRED2(testing::contains, what, "could not be computed on meta tensors");
       EXPECT_PRED2(testing::contains, what, "dtensor::ops::set_stand_in_limit_bytes");
     }
   }
@@ -146,11 +146,28 @@ DTENSOR_TEST_F(OutputMetaThreads, OpsOnATensorNoRankCouldHoldRun) {
       EXPECT_TRUE(to_local(y).is_meta());
     } else {
       EXPECT_PRED2(testing::contains, testing::error_of([&] { (void)c.run(x, w); }),
-                   "has no meta kernel in this libtorch");
+                   "could not be computed on meta tensors");
     }
     const int64_t extra = mem.peak(rank() + 1) - before;
     EXPECT_LT(extra, int64_t{1} << 20) << "rank " << rank() << " allocated " << extra << " bytes of CPU memory";
   }
+}
+
+// A meta run that raises for a genuine error (shapes that do not multiply) does not mark the op
+// as lacking a meta kernel: the same op on the 2^40-element tensor still infers its shape on
+// meta tensors. Before: mm was then taken for an op without a meta kernel, and refused there.
+DTENSOR_TEST_F(OutputMetaThreads, AShapeErrorDoesNotMarkTheOpAsWithoutAMetaKernel) {
+  const int64_t rows = int64_t{1} << 20, cols = int64_t{1} << 20;
+  DeviceMesh mesh = init_device_mesh(device_type(), {ranks()});
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  at::Tensor x = from_local(at::empty({rows / ranks(), cols}, meta), mesh, {Shard{0}});
+  at::Tensor bad = from_local(at::empty({cols + 1, 16}, meta), mesh, {Replicate{}});
+  at::Tensor w = from_local(at::empty({cols, 16}, meta), mesh, {Replicate{}});
+  const std::string shape_error = testing::error_of([&] { (void)x.mm(bad); });
+  EXPECT_PRED2(testing::contains, shape_error, "could not be computed on meta tensors (");
+  EXPECT_PRED2(testing::contains, shape_error, "cannot be multiplied");
+  at::Tensor y = x.mm(w);
+  EXPECT_EQ(y.sizes(), c10::IntArrayRef({rows, 16}));
 }
 
 TEST(OutputMeta, StandInLimitBelowZeroIsRefused) {
