@@ -276,7 +276,8 @@ void validate_metadata(const Metadata& m) {
       TORCH_CHECK(c.offset >= 0 && c.length >= 0 && c.offset <= std::numeric_limits<int64_t>::max() - c.length,
                   "checkpoint metadata: key '", fqn, "' has an invalid byte range (offset ", c.offset, ", length ",
                   c.length, ")");
-      const int64_t blocks = c.length / m.checksum_block_bytes + (c.length % m.checksum_block_bytes != 0);
+      const int64_t blocks =
+          m.checksummed ? c.length / m.checksum_block_bytes + (c.length % m.checksum_block_bytes != 0) : 0;
       TORCH_CHECK(int64_t(c.crc32.size()) == blocks, "checkpoint metadata: key '", fqn, "' chunk ", c.chunk.to_string(),
                   " has ", c.crc32.size(), " checksums for ", blocks, " blocks");
     }

@@ -113,6 +113,9 @@ struct Metadata {
   int world_size = 1;
   int64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
   std::map<std::string, Entry> entries;
+  // false: the stored chunks have no checksums (their crc32 lists are empty): a checkpoint
+  // PyTorch's DCP wrote. Not part of the JSON: our format always has them.
+  bool checksummed = true;
 
   // The data files the entries refer to, sorted.
   std::vector<std::string> files() const;
@@ -121,7 +124,7 @@ struct Metadata {
 };
 
 // Throws, naming the key, when an entry's chunks are out of bounds, overlap or leave
-// elements uncovered, a chunk's length or checksum count does not match its box, its byte
+// elements uncovered, a chunk's length or (when checksummed) checksum count does not match its box, its byte
 // range overflows, or its file is not a plain file name (no '/', not "." or ".."). The sizes
 // and ranges may come from a file: nothing in here overflows.
 void validate_metadata(const Metadata& metadata);

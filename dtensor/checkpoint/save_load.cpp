@@ -1,6 +1,7 @@
 // dtensor/checkpoint/save_load.cpp: save, load and async_save (see save_load.h).
 #include "dtensor/checkpoint/save_load.h"
 
+#include "dtensor/checkpoint/dcp_internal.h"
 #include "dtensor/checkpoint/dist_wrapper.h"
 #include "dtensor/checkpoint/load_internal.h"
 #include "dtensor/checkpoint/pickle_internal.h"
@@ -318,8 +319,17 @@ std::vector<WriteResult> write_items(const std::vector<LocalItem>& local, const 
   const std::string name = data_file_name(rank, save_id);
   const std::string path = (fs::path(dir) / name).string();
   detail::save_fault_point(detail::SaveFaultPoint::kBeforeData, rank);
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  TORCH_CHECK(fd >= 0, "cannot create data file '", path, "': ", errno_str());
+  // O_EXCL: a new file, never one already there (a committed checkpoint's data file, or a link
+  // leading out of the directory: O_EXCL does not follow it). next_save_id chose a name no
+  // entry of the directory has.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    std::error_code ec;
+    const std::string why = errno != EEXIST ? errno_str()
+                            : fs::is_directory(fs::symlink_status(path, ec)) ? "a directory is in its way"
+                                                                              : "a file of that name appeared meanwhile";
+    TORCH_CHECK(false, "cannot create data file '", path, "': ", why);
+  }
   struct Closer {
     int fd;
     ~Closer() {
@@ -485,10 +495,17 @@ int64_t next_save_id(const std::string& dir) {
   } catch (const std::exception&) {
     // No committed checkpoint (or none readable): the data files present decide.
   }
+  // Every file and link counts, a link whatever it leads to: the id is above their names, so
+  // the new data files replace nothing. (A directory with a data file's name is not skipped:
+  // creating the file fails, naming it.)
   std::error_code ec;
-  for (const auto& de : fs::directory_iterator(dir, ec)) {
-    if (de.is_regular_file(ec)) last = std::max(last, save_id_of_file(de.path().filename().string()));
+  fs::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    std::error_code type_ec;
+    if (it->symlink_status(type_ec).type() == fs::file_type::directory) continue;
+    last = std::max(last, save_id_of_file(it->path().filename().string()));
   }
+  TORCH_CHECK(!ec, "cannot list checkpoint directory '", dir, "': ", ec.message());
   return last + 1;
 }
 
@@ -921,9 +938,11 @@ Metadata read_metadata(const std::string& checkpoint_dir) {
   TORCH_CHECK(in, "no checkpoint in '", checkpoint_dir, "': cannot open its metadata file '", path, "'");
   std::stringstream ss;
   ss << in.rdbuf();
+  const std::string text = ss.str();
   Metadata m;
   try {
-    m = metadata_from_json_text(ss.str());
+    m = detail::is_dcp_metadata(text) ? detail::read_dcp_metadata(checkpoint_dir, text)
+                                      : metadata_from_json_text(text);
     validate_metadata(m);
   } catch (const nlohmann::json::exception& e) {
     TORCH_CHECK(false, "checkpoint metadata file '", path, "' is not valid: ", e.what());
@@ -1027,6 +1046,7 @@ LoadResult load(StateDict& state_dict, const std::string& checkpoint_dir, const 
     detail::ReadSource src;
     src.metadata = &m;
     src.dir = checkpoint_dir;
+    src.verify_checksums = m.checksummed;
     src.what = "the checkpoint '" + checkpoint_dir + "'";
     return detail::load_local(state_dict, src, options);
   });

@@ -14,6 +14,7 @@
 #include "suites/testing/errors.h"
 #include "suites/testing/rank_modes.h"
 #include "suites/testing/shared_dir.h"
+#include "suites/testing/state_dict_checks.h"
 
 #include <ATen/ATen.h>
 
@@ -36,6 +37,7 @@ using sharded::ChunkShardingSpec;
 using sharded::RemoteDevice;
 using sharded::ShardedTensor;
 using testing::contains;
+using testing::expect_holds;
 
 DTENSOR_RANK_FIXTURES(CheckpointGloo, CheckpointThreads);
 
@@ -61,31 +63,6 @@ std::vector<int> all_ranks(int n) {
 
 // How many non-empty pieces Shard splits `size` into over `n` ranks (torch.chunk's count).
 int64_t pieces(int64_t size, int64_t n) { return static_cast<int64_t>(at::arange(size).chunk(n).size()); }
-
-// Every element of a DTensor's, ShardedTensor's or plain tensor's local data equals `full`'s.
-void expect_holds(const checkpoint::StateDictValue& v, const at::Tensor& full, const std::string& what) {
-  if (const auto* t = std::get_if<at::Tensor>(&v)) {
-    if (is_dtensor(*t)) {
-      const auto& spec = get_spec(*t);
-      auto [shape, offset] = compute_local_shape_and_global_offset(full.sizes(), spec.mesh, spec.placements);
-      at::Tensor expected = full;
-      for (size_t d = 0; d < shape.size(); ++d) expected = expected.narrow(int64_t(d), offset[d], shape[d]);
-      EXPECT_TRUE(at::equal(local_tensor(*t), expected)) << what << ": " << local_tensor(*t) << " vs " << expected;
-    } else {
-      EXPECT_TRUE(at::equal(*t, full)) << what << ": " << *t << " vs " << full;
-    }
-    return;
-  }
-  const auto& st = std::get<ShardedTensor>(v);
-  for (const auto& shard : st.local_shards()) {
-    at::Tensor expected = full;
-    const auto& m = shard.metadata;
-    for (size_t d = 0; d < m.shard_sizes().size(); ++d) {
-      expected = expected.narrow(int64_t(d), m.shard_offsets()[d], m.shard_sizes()[d]);
-    }
-    EXPECT_TRUE(at::equal(shard.tensor, expected)) << what << ": " << shard.tensor << " vs " << expected;
-  }
-}
 
 // ---- every kind of value ------------------------------------------------------------------------
 
@@ -341,7 +318,7 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, ARankThatCannotWriteFailsEv
   EXPECT_EQ(e->step(), "write");
   EXPECT_EQ(failing_ranks(*e), std::vector<int>{2});
   EXPECT_PRED2(contains, e->what_without_backtrace(), "(RANK 2) c10::Error: cannot create data file '");
-  EXPECT_PRED2(contains, e->what_without_backtrace(), "__2_2.distcp': Is a directory");
+  EXPECT_PRED2(contains, e->what_without_backtrace(), "__2_2.distcp': a directory is in its way");
   // The previous checkpoint is intact.
   auto sd = fault_dest(mesh);
   checkpoint::load(sd, ckpt);
@@ -558,7 +535,7 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, AsyncSaveWritesTheStateAsIt
   auto e = checkpoint_error_of([&] { failing.get(); });
   ASSERT_TRUE(e);
   EXPECT_EQ(failing_ranks(*e), std::vector<int>{1});
-  EXPECT_PRED2(contains, e->what_without_backtrace(), "__1_2.distcp': Is a directory");
+  EXPECT_PRED2(contains, e->what_without_backtrace(), "__1_2.distcp': a directory is in its way");
 }
 
 // ---- a process killed in the middle of a save ---------------------------------------------------

@@ -226,6 +226,29 @@ TEST(CheckpointReaders, SafetensorsIndexNamesOnlyFilesBesideIt) {
                    "' maps key 'w' to '../model.safetensors', which is not a file name beside the index");
 }
 
+// A save into a directory that already holds things writes new files, never into what is there:
+// not into the data files of a checkpoint whose `.metadata` cannot be read, not through a link
+// that has a data file's name (whose target lies outside the directory).
+TEST(CheckpointDirectories, ASaveReplacesNothingTheDirectoryHolds) {
+  SaveOptions o;
+  o.no_dist = true;
+  const std::string dir = fresh_dir("occupied");
+  const std::string outside = (fs::path(fresh_dir("outside")) / "target").string();
+  fs::create_symlink(outside, fs::path(dir) / "__0_3.distcp");
+  write_file((fs::path(dir) / "__0_2.distcp").string(), "live data");
+  write_file((fs::path(dir) / ".metadata").string(), "{not json");
+  StateDict sd{{"w", at::arange(6, at::kFloat)}};
+  // (Once committed, the save removes the older data files: the commit replaced their checkpoint.)
+  const Metadata m = save(sd, dir, o);
+  EXPECT_EQ(m.files(), std::vector<std::string>{"__0_4.distcp"});
+  EXPECT_FALSE(fs::exists(outside)) << "the save wrote through the link";
+  StateDict back{{"w", at::zeros({6})}};
+  LoadOptions lo;
+  lo.no_dist = true;
+  load(back, dir, lo);
+  EXPECT_TRUE(at::equal(std::get<at::Tensor>(back.at("w")), at::arange(6, at::kFloat)));
+}
+
 }  // namespace
 }  // namespace checkpoint
 }  // namespace dtensor

@@ -1,0 +1,131 @@
+"""PyTorch's side of the DCP interop tests (suites/checkpoint/dcp_interop_test.cpp).
+
+    python dcp_interop.py save OUT_DIR WORLD
+
+saves, with torch.distributed.checkpoint on a Gloo world of WORLD processes, a state dict
+of DTensors in the layouts PyTorch's training stacks write into OUT_DIR/ckpt, and the full
+value of every entry into OUT_DIR/expected.json (the test's reference: PyTorch's own numbers).
+The entries (WORLD >= 2; the 2-D ones need WORLD == 4):
+  - "tp.w": Shard(0) of a float32 [9, 6] (uneven when WORLD does not divide 9);
+  - "tp.v": Shard(1) of a bfloat16 [4, 10];
+  - "rep": Replicate of a float64 [5]; "plain": a plain int64 [7] tensor;
+  - "step": an int, "name": a str;
+  - "model.*", "optim.*": an MLP under FSDP2 (fully_shard, Shard(0) on a 1-D mesh) after one
+    Adam step, through get_state_dict (parameters, exp_avg, exp_avg_sq, step, param_groups);
+  - "2d.*" (WORLD == 4): the same MLP under TP (colwise, rowwise) on a 2x2 mesh's "tp" dim and
+    FSDP2 on its "dp" dim, whose weights are _StridedShard on dp and Shard on tp.
+Prints one line, "saved N entries", and exits 0.
+"""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(6, 8)
+        self.net2 = nn.Linear(8, 6)
+
+    def forward(self, x):
+        return self.net2(torch.relu(self.net1(x)))
+
+
+def trained(model):
+    """One Adam step on a fixed batch; returns the (model, optimizer) state dicts."""
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(torch.arange(24, dtype=torch.float32).reshape(4, 6) / 24).sum().backward()
+    opt.step()
+    return get_state_dict(model, opt)
+
+
+def flat(prefix, value, out):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+    elif isinstance(value, list) and any(isinstance(v, (dict, list, torch.Tensor)) for v in value):
+        # As DCP's flatten_state_dict: a list is traversed when it holds containers or tensors.
+        for i, v in enumerate(value):
+            flat(f"{prefix}.{i}", v, out)
+    else:
+        out[prefix] = value
+
+
+def reference(value):
+    if isinstance(value, DTensor):
+        value = value.full_tensor()
+    if isinstance(value, torch.Tensor):
+        return {"dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape),
+                "values": value.detach().to(torch.float64).flatten().tolist()}
+    return {"object": value}
+
+
+def rank_main(rank, world, out_dir, port):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (world,))
+    sd = {
+        "tp.w": distribute_tensor(torch.arange(54, dtype=torch.float32).reshape(9, 6) * 0.5, mesh, [Shard(0)]),
+        "tp.v": distribute_tensor(torch.arange(40).reshape(4, 10).to(torch.bfloat16), mesh, [Shard(1)]),
+        "rep": distribute_tensor(torch.linspace(-1, 1, 5, dtype=torch.float64), mesh, [Replicate()]),
+        "plain": torch.arange(7) * 3,
+        "step": 42,
+        "name": "dtensor-cpp",
+    }
+    fsdp = MLP()
+    fully_shard(fsdp.net1, mesh=mesh)
+    fully_shard(fsdp, mesh=mesh)
+    model_sd, optim_sd = trained(fsdp)
+    sd["model"] = model_sd
+    sd["optim"] = optim_sd
+    if world == 4:
+        mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        tp = MLP()
+        parallelize_module(tp, mesh2["tp"], {"net1": ColwiseParallel(), "net2": RowwiseParallel()})
+        fully_shard(tp, mesh=mesh2["dp"])
+        model2, optim2 = trained(tp)
+        sd["2d"] = {"model": model2, "optim": optim2}
+    dcp.save(sd, checkpoint_id=os.path.join(out_dir, "ckpt"))
+    entries = {}
+    flat("", sd, entries)
+    expected = {k: reference(v) for k, v in entries.items()}
+    if rank == 0:
+        with open(os.path.join(out_dir, "expected.json.partial"), "w") as f:
+            json.dump(expected, f)
+        os.rename(os.path.join(out_dir, "expected.json.partial"), os.path.join(out_dir, "expected.json"))
+        print(f"saved {len(expected)} entries", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    if len(sys.argv) != 4 or sys.argv[1] != "save":
+        sys.exit(__doc__)
+    out_dir, world = sys.argv[2], int(sys.argv[3])
+    os.makedirs(out_dir, exist_ok=True)
+    mp.start_processes(rank_main, args=(world, out_dir, free_port()), nprocs=world, start_method="fork")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+// Checkpoints PyTorch's distributed checkpoint (torch.distributed.checkpoint, "DCP") wrote,
+// read by dtensor-cpp's load: PyTorch saves (suites/checkpoint/dcp_interop.py: DTensors on a
+// Gloo world of 4 processes, Shard / Replicate / plain tensors, objects, an FSDP2 model and its
+// Adam state, and a 2-D FSDP2 x TP model whose weights are _StridedShard), and the ranks here
+// load every entry into other placements, at this suite's world size and in one process, and
+// compare each value with PyTorch's own (the script's expected.json). Also: the strict reader of
+// DCP's pickled `.metadata` refuses any global outside DCP's metadata classes.
+//
+// PyTorch's Python: DTENSOR_TORCH_PYTHON (environment, else the CMake setting of that name;
+// ci/test sets it to the wheel's environment, ci/torch-wheel). Without it the interop tests skip,
+// saying so.
+#include "dtensor/checkpoint/checkpoint.h"
+#include "dtensor/comm/comm.h"
+#include "dtensor/tensor/dtensor.h"
+#include "harness/harness.h"
+#include "suites/testing/checkpoint_errors.h"
+#include "suites/testing/child_process.h"
+#include "suites/testing/errors.h"
+#include "suites/testing/rank_modes.h"
+#include "suites/testing/shared_dir.h"
+#include "suites/testing/state_dict_checks.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <sstream>
+
+namespace dtensor {
+namespace {
+
+namespace fs = std::filesystem;
+using checkpoint::LoadOptions;
+using checkpoint::StateDict;
+using testing::contains;
+using testing::expect_holds;
+
+DTENSOR_RANK_FIXTURES(DcpInteropGloo, DcpInteropThreads);
+
+std::string torch_python() {
+  if (const char* p = std::getenv("DTENSOR_TORCH_PYTHON")) return p;
+  return DTENSOR_TORCH_PYTHON;
+}
+
+// PyTorch's checkpoint and its expected values, made once per build directory and script
+// version (PyTorch's side takes seconds): "<cache>/<hash>/{ckpt, expected.json}". Returns the
+// directory, or throws with the script's output.
+std::string pytorch_checkpoint(const std::string& python) {
+  std::ifstream in(DTENSOR_DCP_INTEROP_SCRIPT);
+  std::stringstream script;
+  script << in.rdbuf();
+  std::ostringstream key;
+  key << std::hex << std::hash<std::string>()(script.str() + "\n" + python);
+  const fs::path dir = fs::path(DTENSOR_DCP_INTEROP_CACHE) / key.str();
+  if (fs::exists(dir / "expected.json")) return dir.string();
+  fs::create_directories(dir.parent_path());
+  // Made under a private name, then renamed: a concurrent test program that made it first wins.
+  const fs::path partial = dir.string() + ".partial-" + std::to_string(::getpid());
+  fs::remove_all(partial);
+  auto run = testing::run_program(python, {DTENSOR_DCP_INTEROP_SCRIPT, "save", partial.string(), "4"},
+                                  {{"PYTHONWARNINGS", "ignore"}}, std::chrono::seconds(300));
+  if (run.exit_code != 0) {
+    fs::remove_all(partial);
+    TORCH_CHECK(false, "PyTorch's side (", python, " ", DTENSOR_DCP_INTEROP_SCRIPT, ") exited with ", run.exit_code,
+                ":\n", run.output);
+  }
+  std::error_code ec;
+  fs::rename(partial, dir, ec);
+  if (ec) fs::remove_all(partial);
+  TORCH_CHECK(fs::exists(dir / "expected.json"), "PyTorch's side wrote no ", (dir / "expected.json").string());
+  return dir.string();
+}
+
+// Rank 0 makes (or finds) PyTorch's checkpoint; every rank gets its directory, or the same
+// failure. Skips on every rank when PyTorch's Python is not configured.
+#define PYTORCH_CHECKPOINT_OR_SKIP(dir)                                                                         \
+  const std::string python_ = torch_python();                                                                  \
+  if (python_.empty()) GTEST_SKIP() << "PyTorch's Python is not configured: set DTENSOR_TORCH_PYTHON (ci/test " \
+                                       "sets it to ci/torch-wheel's environment)";                              \
+  std::string dir;                                                                                              \
+  {                                                                                                             \
+    std::string made, error;                                                                                    \
+    if (t.rank() == 0) {                                                                                        \
+      try {                                                                                                     \
+        made = pytorch_checkpoint(python_);                                                                     \
+      } catch (const std::exception& e) {                                                                       \
+        error = e.what();                                                                                       \
+      }                                                                                                         \
+    }                                                                                                           \
+    auto all = comm::all_gather_object(t.group(), made + '\n' + error);                                        \
+    const std::string& r0 = all[0];                                                                             \
+    dir = r0.substr(0, r0.find('\n'));                                                                          \
+    ASSERT_TRUE(!dir.empty()) << r0.substr(r0.find('\n') + 1);                                                  \
+  }
+
+nlohmann::json expected_values(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "expected.json");
+  return nlohmann::json::parse(in);
+}
+
+at::Tensor full_tensor(const nlohmann::json& e) {
+  const auto values = e.at("values").get<std::vector<double>>();
+  const auto shape = e.at("shape").get<std::vector<int64_t>>();
+  at::Tensor t = at::tensor(values, at::kDouble).view(shape);
+  return t.to(checkpoint::dtype_from_name(e.at("dtype").get<std::string>()));
+}
+
+// An object as Python's json module wrote it (tuples as lists).
+nlohmann::json as_json(const c10::IValue& v) {
+  if (v.isNone()) return nullptr;
+  if (v.isBool()) return v.toBool();
+  if (v.isInt()) return v.toInt();
+  if (v.isDouble()) return v.toDouble();
+  if (v.isString()) return v.toStringRef();
+  nlohmann::json out = nlohmann::json::array();
+  if (v.isTuple()) {
+    for (const auto& x : v.toTupleRef().elements()) out.push_back(as_json(x));
+    return out;
+  }
+  if (v.isList()) {
+    for (const auto& x : v.toListRef()) out.push_back(as_json(x));
+    return out;
+  }
+  return "<" + v.tagKind() + ">";
+}
+
+// The destination of key number `i` (a tensor of `full`'s shape and dtype): placements that
+// differ from PyTorch's, in turn.
+checkpoint::StateDictValue destination(size_t i, const at::Tensor& full, const DeviceMesh& mesh1,
+                                       const std::optional<DeviceMesh>& mesh2) {
+  const int64_t dims = full.dim();
+  const at::ScalarType dtype = full.scalar_type();
+  if (dims == 0) return dtensor::zeros({}, mesh1, {Replicate{}}, dtype);
+  switch (i % 4) {
+    case 0: return dtensor::zeros(full.sizes(), mesh1, {Shard{0}}, dtype);
+    case 1: return dtensor::zeros(full.sizes(), mesh1, {Shard{dims - 1}}, dtype);
+    case 2: return dtensor::zeros(full.sizes(), mesh1, {Replicate{}}, dtype);
+    default:
+      if (mesh2) return dtensor::zeros(full.sizes(), *mesh2, {Shard{dims - 1}, Shard{0}}, dtype);
+      return at::zeros_like(full);
+  }
+}
+
+void expect_loaded(const StateDict& sd, const nlohmann::json& expected, const std::string& how) {
+  for (const auto& [key, e] : expected.items()) {
+    if (e.contains("values")) {
+      expect_holds(sd.at(key), full_tensor(e), how + ": " + key);
+    } else {
+      EXPECT_EQ(as_json(std::get<c10::IValue>(sd.at(key))), e.at("object")) << how << ": " << key;
+    }
+  }
+}
+
+DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, LoadsPyTorchsCheckpointIntoOtherPlacementsAndWorldSizes) {
+  PYTORCH_CHECKPOINT_OR_SKIP(dir);
+  const nlohmann::json expected = expected_values(dir);
+  const std::string ckpt = (fs::path(dir) / "ckpt").string();
+  ASSERT_GE(expected.size(), 60u);  // every kind the script saves (see dcp_interop.py)
+
+  // At this world size, each key in placements other than PyTorch's.
+  auto mesh1 = init_device_mesh(t.device_type(), {t.ranks()});
+  std::optional<DeviceMesh> mesh2;
+  if (t.ranks() % 2 == 0) mesh2 = init_device_mesh(t.device_type(), t.mesh_shape_2d());
+  StateDict sd;
+  size_t i = 0;
+  for (const auto& [key, e] : expected.items()) {
+    if (e.contains("values")) {
+      sd[key] = destination(i++, full_tensor(e), mesh1, mesh2);
+    } else {
+      sd[key] = c10::IValue();
+    }
+  }
+  auto result = checkpoint::load(sd, ckpt);
+  EXPECT_TRUE(result.missing_keys.empty() && result.unexpected_keys.empty());
+  expect_loaded(sd, expected, std::to_string(t.ranks()) + " ranks");
+
+  // In one process, into plain tensors (None placeholders: allocated by load).
+  if (t.rank() == 0) {
+    StateDict one;
+    for (const auto& [key, e] : expected.items()) one[key] = c10::IValue();
+    LoadOptions o;
+    o.no_dist = true;
+    checkpoint::load(one, ckpt, o);
+    expect_loaded(one, expected, "one process");
+  }
+  t.group().barrier();
+}
+
+DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, AWrongDestinationFailsEveryRankNamingTheKey) {
+  PYTORCH_CHECKPOINT_OR_SKIP(dir);
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
+  StateDict sd{{"tp.w", dtensor::zeros({9, 5}, mesh, {Shard{0}})}};
+  LoadOptions o;
+  o.strict = false;
+  auto e = testing::checkpoint_error_of([&] { checkpoint::load(sd, (fs::path(dir) / "ckpt").string(), o); });
+  ASSERT_TRUE(e) << "a destination of the wrong shape loaded";
+  EXPECT_PRED2(contains, e->what_without_backtrace(), "key 'tp.w' has shape [9, 5] in the state dict but [9, 6]");
+}
+
+// ---- the strict reader of `.metadata` ---------------------------------------------------------
+
+// A `.metadata` holding `pickle` in a fresh directory; read_metadata's error.
+std::string metadata_error(const std::string& pickle) {
+  testing::TempDir dir;
+  std::ofstream(fs::path(dir.path()) / ".metadata", std::ios::binary) << pickle;
+  return testing::error_of([&] { checkpoint::read_metadata(dir.path()); });
+}
+
+TEST(DcpMetadata, AGlobalOutsideDcpsClassesIsRefusedNotCalled) {
+  // os.system('touch <marker>') as pickle.dumps of an object whose __reduce__ returns it, with
+  // STACK_GLOBAL (protocol 4) and with GLOBAL (protocols 0 to 3).
+  testing::TempDir dir;
+  const std::string marker = (fs::path(dir.path()) / "ran").string();
+  const std::string cmd = "touch " + marker;
+  const std::string arg = std::string(1, char(0x8c)) + char(cmd.size()) + cmd;
+  const std::string stack_global = std::string("\x80\x04\x8c\x02os\x8c\x06system\x93", 15) + arg + "\x85R.";
+  const std::string global = std::string("\x80\x02") + "cos\nsystem\n" + arg + "\x85R.";
+  for (const auto& p : {stack_global, global}) {
+    const std::string err = metadata_error(p);
+    EXPECT_PRED2(contains, err, "names the global 'os.system', which this file never holds; it is refused");
+    EXPECT_FALSE(fs::exists(marker)) << "the pickle ran";
+  }
+  // A global of torch that DCP's metadata does not use either.
+  EXPECT_PRED2(contains, metadata_error(std::string("\x80\x02") + "ctorch\nload\n)R."), "the global 'torch.load'");
+}
+
+TEST(DcpMetadata, MalformedPicklesAreErrorsNamingWhatIsWrong) {
+  const std::string proto = "\x80\x04";
+  // Truncated inside a string; a memo read before any store; an unknown opcode; no Metadata.
+  EXPECT_PRED2(contains, metadata_error(proto + "\x8c\x10" + "abc"), "ends inside a string: 16 bytes needed, 3 left");
+  EXPECT_PRED2(contains, metadata_error(proto + "h\x05."), "reads memo id 5, which was never stored");
+  EXPECT_PRED2(contains, metadata_error(proto + "\xff"), "has opcode 0xff, which this reader does not take");
+  EXPECT_PRED2(contains, metadata_error(proto + "K\x07."), "holds the int 7, not a Metadata");
+  EXPECT_PRED2(contains, metadata_error(proto + "}"), "ends inside an opcode");
+  // A string length of 2^64 - 1 (BINUNICODE8) is refused before anything is allocated.
+  EXPECT_PRED2(contains, metadata_error(proto + "\x8d" + std::string(8, '\xff')),
+               "ends inside a string: 18446744073709551615 bytes needed");
+}
+
+}  // namespace
+}  // namespace dtensor
