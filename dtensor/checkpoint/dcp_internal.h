@@ -13,7 +13,9 @@
 
 #include "dtensor/checkpoint/planner.h"
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dtensor {
 namespace checkpoint {
@@ -26,6 +28,14 @@ bool is_dcp_metadata(const std::string& bytes);
 // naming the key, file or global that is wrong; refuses a pickle naming any global outside
 // DCP's metadata classes, torch.Size, dtypes, layouts and paths.
 Metadata read_dcp_metadata(const std::string& dir, const std::string& bytes);
+
+// Writing (SaveOptions::format = CheckpointFormat::kPyTorchDcp): where the storage bytes of a
+// tensor start inside `stream`, the torch.save stream of one tensor that libtorch's pickle_save
+// wrote (its record "data/0").
+uint64_t tensor_bytes_offset(const std::vector<char>& stream);
+// The `.metadata` pickle PyTorch's dcp.load reads, for `m`: its entries, each tensor chunk with
+// the range of its torch.save stream (StoredChunk::stream_offset, stream_length).
+std::string dcp_metadata_pickle(const Metadata& m);
 
 }  // namespace detail
 }  // namespace checkpoint

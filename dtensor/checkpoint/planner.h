@@ -98,6 +98,10 @@ struct StoredChunk {
   // CRC-32 (IEEE) of each checksum block of the chunk's bytes: block i covers bytes
   // [i * block, min((i + 1) * block, length)).
   std::vector<uint32_t> crc32;
+  // PyTorch's DCP format: the byte range of the torch.save stream that holds a tensor chunk's
+  // bytes ([offset, offset + length) lies inside it); -1 otherwise. Not part of the JSON.
+  int64_t stream_offset = -1;
+  int64_t stream_length = 0;
 };
 
 struct Entry {

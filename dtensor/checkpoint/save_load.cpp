@@ -302,10 +302,17 @@ struct WriteResult {
   WriteItem item;
   StoredChunk stored;
 };
-void to_json(nlohmann::json& j, const WriteResult& r) { j = {{"item", r.item}, {"stored", r.stored}}; }
+void to_json(nlohmann::json& j, const WriteResult& r) {
+  j = {{"item", r.item}, {"stored", r.stored}};
+  if (r.stored.stream_offset >= 0) j["stream"] = {r.stored.stream_offset, r.stored.stream_length};
+}
 void from_json(const nlohmann::json& j, WriteResult& r) {
   j.at("item").get_to(r.item);
   j.at("stored").get_to(r.stored);
+  if (j.contains("stream")) {
+    r.stored.stream_offset = j.at("stream").at(0).get<int64_t>();
+    r.stored.stream_length = j.at("stream").at(1).get<int64_t>();
+  }
 }
 
 // Writes this rank's share (`plan`) of `local` to its data file.
@@ -338,6 +345,7 @@ std::vector<WriteResult> write_items(const std::vector<LocalItem>& local, const 
   } closer{fd};
 
   const int64_t block = opts.checksum_block_bytes;
+  const bool dcp = opts.format == CheckpointFormat::kPyTorchDcp;
   int64_t offset = 0;
   bool first_block = true;
   for (const auto& w : plan.items) {
@@ -349,24 +357,38 @@ std::vector<WriteResult> write_items(const std::vector<LocalItem>& local, const 
     at::Tensor contiguous;
     const char* bytes = nullptr;
     int64_t n = 0;
-    if (w.kind == ItemKind::Object) {
-      pickled = torch::jit::pickle_save(li.object);
-      bytes = pickled.data();
-      n = int64_t(pickled.size());
-    } else {
-      contiguous = li.data.detach().to(at::kCPU).contiguous();
-      bytes = static_cast<const char*>(contiguous.data_ptr());
-      n = int64_t(contiguous.nbytes());
-    }
     StoredChunk sc;
     sc.chunk = w.kind == ItemKind::Tensor ? w.chunk : ChunkMeta{};
     sc.file = name;
     sc.offset = offset;
-    sc.length = n;
+    if (w.kind == ItemKind::Object) {
+      pickled = torch::jit::pickle_save(li.object);
+      bytes = pickled.data();
+      n = int64_t(pickled.size());
+      sc.length = n;
+    } else {
+      contiguous = li.data.detach().to(at::kCPU).contiguous();
+      if (dcp) {
+        // A torch.save stream of the chunk alone (a view would bring its whole storage).
+        if (contiguous.storage_offset() != 0 || int64_t(contiguous.storage().nbytes()) != int64_t(contiguous.nbytes()))
+          contiguous = contiguous.clone();
+        pickled = torch::jit::pickle_save(contiguous);
+        bytes = pickled.data();
+        n = int64_t(pickled.size());
+        sc.offset = offset + (contiguous.nbytes() > 0 ? int64_t(detail::tensor_bytes_offset(pickled)) : 0);
+        sc.length = int64_t(contiguous.nbytes());
+        sc.stream_offset = offset;
+        sc.stream_length = n;
+      } else {
+        bytes = static_cast<const char*>(contiguous.data_ptr());
+        n = int64_t(contiguous.nbytes());
+        sc.length = n;
+      }
+    }
     // Checksum and write one block at a time (the block is still in the cache when written).
     for (int64_t b = 0; b < n; b += block) {
       const int64_t len = std::min(block, n - b);
-      sc.crc32.push_back(crc32(bytes + b, size_t(len)));
+      if (!dcp) sc.crc32.push_back(crc32(bytes + b, size_t(len)));
       write_all(fd, bytes + b, len, path);
       if (first_block) detail::save_fault_point(detail::SaveFaultPoint::kMidData, rank);
       first_block = false;
@@ -388,6 +410,7 @@ Metadata build_metadata(const std::vector<std::vector<WriteResult>>& all, int64_
   m.save_id = save_id;
   m.world_size = int(all.size());
   m.checksum_block_bytes = opts.checksum_block_bytes;
+  m.checksummed = opts.format == CheckpointFormat::kDtensorCpp;
   for (const auto& rank_results : all) {
     for (const auto& r : rank_results) {
       Entry& e = m.entries[r.item.fqn];
@@ -436,7 +459,8 @@ std::string commit(const Metadata& m, const std::string& dir, const SaveOptions&
   const std::string tmp = (fs::path(dir) / (std::string(kMetadataFile) + ".tmp")).string();
   const std::string final_path = (fs::path(dir) / kMetadataFile).string();
   try {
-    std::string text = nlohmann::json(m).dump();  // compact: parsed on every rank of every load
+    // Compact JSON: parsed on every rank of every load.
+    std::string text = opts.format == CheckpointFormat::kPyTorchDcp ? detail::dcp_metadata_pickle(m) : nlohmann::json(m).dump();
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     TORCH_CHECK(fd >= 0, "cannot create '", tmp, "': ", errno_str());
     try {

@@ -47,6 +47,13 @@ namespace checkpoint {
 
 class StagingBuffers;
 
+// What save writes. kDtensorCpp: our format (JSON `.metadata`, every chunk's raw bytes with
+// CRC-32 checksums; docs/checkpoint.md, "On-disk format"). kPyTorchDcp: PyTorch's distributed
+// checkpoint as its FileSystemWriter writes it (a pickled `.metadata`, each chunk and object a
+// torch.save stream in `__<rank>_<id>.distcp`), which PyTorch's dcp.load reads into its own
+// DTensors, FSDP2 and TP models; no checksums (DCP has none). load reads both.
+enum class CheckpointFormat { kDtensorCpp, kPyTorchDcp };
+
 struct SaveOptions {
   // The group the ranks save over; nullptr: the default group. Without a process group
   // initialised (or with no_dist) the save is a single process's.
@@ -56,6 +63,7 @@ struct SaveOptions {
   // fsync data files, the metadata file and the directory before the commit counts as done.
   bool sync_files = true;
   int64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
+  CheckpointFormat format = CheckpointFormat::kDtensorCpp;
   // Called on the writing rank after each chunk or object is written (progress reporting).
   std::function<void(const std::string& fqn, int64_t bytes)> on_item_written;
   // async_save only: the CPU buffers to stage into, kept for the next async_save given the same

@@ -15,6 +15,15 @@ The entries (WORLD >= 2; the 2-D ones need WORLD == 4):
   - "2d.*" (WORLD == 4): the same MLP under TP (colwise, rowwise) on a 2x2 mesh's "tp" dim and
     FSDP2 on its "dp" dim, whose weights are _StridedShard on dp and Shard on tp.
 Prints one line, "saved N entries", and exits 0.
+
+    python dcp_interop.py load CKPT_DIR EXPECTED_JSON WORLD
+
+loads, with dcp.load on a Gloo world of WORLD processes, the checkpoint dtensor-cpp saved in
+PyTorch's format (SaveOptions::format = kPyTorchDcp) into DTensors of other placements (entry i
+of the expected values: Shard(0), Shard(last dim), Replicate, in turn; 0-dim tensors plain) and
+None placeholders for objects, and compares every value with EXPECTED_JSON (the same form as
+above, written by the C++ side). Prints "checked N entries" and exits 0, or names every
+mismatch and exits 1.
 """
 
 import json
@@ -112,6 +121,41 @@ def rank_main(rank, world, out_dir, port):
     dist.destroy_process_group()
 
 
+def load_main(rank, world, ckpt, expected_path, port):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    with open(expected_path) as f:
+        expected = json.load(f)
+    sd = {}
+    for i, (key, e) in enumerate(expected.items()):
+        if "values" not in e:
+            sd[key] = None
+            continue
+        zeros = torch.zeros(e["shape"], dtype=getattr(torch, e["dtype"]))
+        if zeros.dim() == 0:
+            sd[key] = zeros
+        else:
+            sd[key] = distribute_tensor(zeros, mesh, [[Shard(0)], [Shard(zeros.dim() - 1)], [Replicate()]][i % 3])
+    dcp.load(sd, checkpoint_id=ckpt)
+    bad = []
+    for key, e in expected.items():
+        # Through JSON, as the expected values came: tuples are lists there.
+        got = json.loads(json.dumps(reference(sd[key])))
+        want = dict(e)
+        if got != want:
+            bad.append(f"{key}: loaded {got}, expected {want}")
+    if rank == 0:
+        for b in bad:
+            print("MISMATCH", b, flush=True)
+        print(f"checked {len(expected)} entries", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    if bad:
+        sys.exit(1)
+
+
 def free_port():
     import socket
     with socket.socket() as s:
@@ -120,11 +164,15 @@ def free_port():
 
 
 def main():
-    if len(sys.argv) != 4 or sys.argv[1] != "save":
+    if len(sys.argv) == 4 and sys.argv[1] == "save":
+        out_dir, world = sys.argv[2], int(sys.argv[3])
+        os.makedirs(out_dir, exist_ok=True)
+        mp.start_processes(rank_main, args=(world, out_dir, free_port()), nprocs=world, start_method="fork")
+    elif len(sys.argv) == 5 and sys.argv[1] == "load":
+        ckpt, expected, world = sys.argv[2], sys.argv[3], int(sys.argv[4])
+        mp.start_processes(load_main, args=(world, ckpt, expected, free_port()), nprocs=world, start_method="fork")
+    else:
         sys.exit(__doc__)
-    out_dir, world = sys.argv[2], int(sys.argv[3])
-    os.makedirs(out_dir, exist_ok=True)
-    mp.start_processes(rank_main, args=(world, out_dir, free_port()), nprocs=world, start_method="fork")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -39,6 +40,7 @@ using checkpoint::LoadOptions;
 using checkpoint::StateDict;
 using testing::contains;
 using testing::expect_holds;
+using testing::SharedDir;
 
 DTENSOR_RANK_FIXTURES(DcpInteropGloo, DcpInteropThreads);
 
@@ -200,6 +202,84 @@ DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, AWrongDestinationFailsEvery
   auto e = testing::checkpoint_error_of([&] { checkpoint::load(sd, (fs::path(dir) / "ckpt").string(), o); });
   ASSERT_TRUE(e) << "a destination of the wrong shape loaded";
   EXPECT_PRED2(contains, e->what_without_backtrace(), "key 'tp.w' has shape [9, 5] in the state dict but [9, 6]");
+}
+
+// ---- dtensor-cpp saves, PyTorch loads --------------------------------------------------------
+
+// {"dtype", "shape", "values"} of a full tensor, as the script's reference() writes it.
+nlohmann::json reference_of(const at::Tensor& full) {
+  at::Tensor d = full.to(at::kDouble).contiguous();
+  return {{"dtype", checkpoint::dtype_name(full.scalar_type())},
+          {"shape", full.sizes().vec()},
+          {"values", std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel())}};
+}
+
+DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, SavesInPyTorchsFormatThatPyTorchLoadsAtAnotherWorldSize) {
+  const std::string python = torch_python();
+  SharedDir dir(t.group());
+  const std::string ckpt = dir.sub("dcp");
+  auto mesh1 = init_device_mesh(t.device_type(), {t.ranks()});
+  std::map<std::string, at::Tensor> full{
+      {"w", at::arange(54, at::kFloat).view({9, 6}) * 0.5},
+      {"v", at::arange(40, at::kFloat).view({4, 10}).to(at::kBFloat16)},
+      {"r", at::linspace(-1, 1, 5, at::kDouble)},
+      {"p", at::arange(7, at::kLong) * 3},
+      {"s", at::scalar_tensor(2.5)},
+      {"m2", at::arange(48, at::kFloat).view({8, 6}) - 7}};
+  StateDict sd{{"w", distribute_tensor(full["w"], mesh1, {Shard{0}})},
+               {"v", distribute_tensor(full["v"], mesh1, {Shard{1}})},
+               {"r", distribute_tensor(full["r"], mesh1, {Replicate{}})},
+               {"p", full["p"]},
+               {"s", full["s"]},
+               {"step", c10::IValue(int64_t(42))},
+               {"name", c10::IValue(std::string("dtensor-cpp"))},
+               {"lr", c10::IValue(0.01)},
+               {"betas", c10::ivalue::Tuple::create({c10::IValue(0.9), c10::IValue(0.999)})}};
+  if (t.ranks() % 2 == 0) {
+    sd["m2"] = distribute_tensor(full["m2"], init_device_mesh(t.device_type(), t.mesh_shape_2d()), {Shard{0}, Shard{1}});
+  } else {
+    sd["m2"] = distribute_tensor(full["m2"], mesh1, {Shard{1}});
+  }
+  checkpoint::SaveOptions so;
+  so.format = checkpoint::CheckpointFormat::kPyTorchDcp;
+  checkpoint::save(sd, ckpt, so);
+
+  // Our load reads it back, into other placements.
+  StateDict back{{"w", dtensor::zeros({9, 6}, mesh1, {Shard{1}})},
+                 {"v", dtensor::zeros({4, 10}, mesh1, {Shard{0}}, at::kBFloat16)},
+                 {"r", dtensor::zeros({5}, mesh1, {Shard{0}}, at::kDouble)},
+                 {"p", c10::IValue()},
+                 {"s", c10::IValue()},
+                 {"m2", dtensor::zeros({8, 6}, mesh1, {Replicate{}})},
+                 {"step", c10::IValue()},
+                 {"name", c10::IValue()},
+                 {"lr", c10::IValue()},
+                 {"betas", c10::IValue()}};
+  checkpoint::load(back, ckpt);
+  for (const auto& [key, f] : full) expect_holds(back.at(key), f, "ours: " + key);
+  EXPECT_EQ(as_json(std::get<c10::IValue>(back.at("betas"))), nlohmann::json({0.9, 0.999}));
+
+  // PyTorch's dcp.load reads it, on 3 Gloo processes, into its own placements.
+  if (python.empty()) GTEST_SKIP() << "PyTorch's Python is not configured: set DTENSOR_TORCH_PYTHON (ci/test "
+                                      "sets it to ci/torch-wheel's environment)";
+  std::string report;
+  if (t.rank() == 0) {
+    nlohmann::json expected;
+    for (const auto& [key, f] : full) expected[key] = reference_of(f);
+    expected["step"] = {{"object", 42}};
+    expected["name"] = {{"object", "dtensor-cpp"}};
+    expected["lr"] = {{"object", 0.01}};
+    expected["betas"] = {{"object", {0.9, 0.999}}};
+    const std::string expected_path = dir.sub("expected.json");
+    std::ofstream(expected_path) << expected.dump();
+    auto run = testing::run_program(python, {DTENSOR_DCP_INTEROP_SCRIPT, "load", ckpt, expected_path, "3"},
+                                    {{"PYTHONWARNINGS", "ignore"}}, std::chrono::seconds(300));
+    report = "exit " + std::to_string(run.exit_code) + "\n" + run.output;
+  }
+  report = comm::all_gather_object(t.group(), report)[0];
+  EXPECT_PRED2(contains, report, "exit 0\n");
+  EXPECT_PRED2(contains, report, "checked " + std::to_string(sd.size()) + " entries");
+  EXPECT_FALSE(contains(report, "MISMATCH")) << report;
 }
 
 // ---- the strict reader of `.metadata` ---------------------------------------------------------
