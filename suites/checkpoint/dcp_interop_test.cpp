@@ -282,6 +282,44 @@ DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, SavesInPyTorchsFormatThatPy
   EXPECT_FALSE(contains(report, "MISMATCH")) << report;
 }
 
+// ---- tools/dcp ---------------------------------------------------------------------------------
+
+// PyTorch's checkpoint -> ours -> PyTorch's again, with the tool; each read by our load, and the
+// last by PyTorch's dcp.load on 2 processes: every value PyTorch saved comes back.
+TEST(DcpTool, ConvertsPyTorchsCheckpointToOursAndBack) {
+  const std::string python = torch_python();
+  if (python.empty()) GTEST_SKIP() << "PyTorch's Python is not configured: set DTENSOR_TORCH_PYTHON";
+  const std::string dir = pytorch_checkpoint(python);
+  const nlohmann::json expected = expected_values(dir);
+  const std::string ckpt = (fs::path(dir) / "ckpt").string();
+  testing::TempDir tmp;
+  const std::string ours = (fs::path(tmp.path()) / "ours").string();
+  const std::string back = (fs::path(tmp.path()) / "back").string();
+  auto tool = [](std::vector<std::string> args) {
+    auto run = testing::run_program(DTENSOR_DCP_TOOL_PATH, args);
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return run.output;
+  };
+  EXPECT_PRED2(contains, tool({"list", ckpt}), "PyTorch DCP format");
+  EXPECT_PRED2(contains, tool({"verify", ckpt}), "verified " + ckpt + ": " + std::to_string(expected.size()) + " keys read");
+  tool({"convert", ckpt, "--to", "dtensor-cpp", ours});
+  EXPECT_PRED2(contains, tool({"list", ours}), "dtensor-cpp format version 1");
+  tool({"convert", ours, "--to", "pytorch-dcp", back});
+  for (const auto& d : {ours, back}) {
+    StateDict sd;
+    for (const auto& [key, e] : expected.items()) sd[key] = c10::IValue();
+    LoadOptions o;
+    o.no_dist = true;
+    checkpoint::load(sd, d, o);
+    expect_loaded(sd, expected, d);
+  }
+  auto run = testing::run_program(python, {DTENSOR_DCP_INTEROP_SCRIPT, "load", back,
+                                           (fs::path(dir) / "expected.json").string(), "2"},
+                                  {{"PYTHONWARNINGS", "ignore"}}, std::chrono::seconds(300));
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_PRED2(contains, run.output, "checked " + std::to_string(expected.size()) + " entries");
+}
+
 // ---- the strict reader of `.metadata` ---------------------------------------------------------
 
 // A `.metadata` holding `pickle` in a fresh directory; read_metadata's error.

@@ -1,6 +1,9 @@
-// tools/dcp: look at and convert dtensor-cpp distributed checkpoints (one process, no group).
+// tools/dcp: look at, verify and convert distributed checkpoints, ours and PyTorch's DCP (one
+// process, no group).
 //
-//   dcp list <checkpoint_dir>                         keys, dtypes, global shapes, chunks, bytes, files
+//   dcp list <checkpoint_dir>                         format, keys, dtypes, global shapes, chunks, bytes, files
+//   dcp verify <checkpoint_dir>                       reads every value (checksums where the format has them)
+//   dcp convert <checkpoint_dir> --to dtensor-cpp|pytorch-dcp <out_dir>   the other checkpoint format
 //   dcp convert <checkpoint_dir> --to torch <file.pt>          a file Python's torch.load reads
 //   dcp convert <checkpoint_dir> --to safetensors <file.safetensors> [--max-shard-bytes N]
 //                                   (split: <stem>-0000i-of-0000N.safetensors + <file>.index.json)
@@ -20,6 +23,8 @@ namespace {
 
 int usage() {
   std::cerr << "usage: dcp list <checkpoint_dir>\n"
+               "       dcp verify <checkpoint_dir>\n"
+               "       dcp convert <checkpoint_dir> --to dtensor-cpp|pytorch-dcp <out_dir>\n"
                "       dcp convert <checkpoint_dir> --to torch|safetensors <out_file> [--max-shard-bytes N]\n";
   return 2;
 }
@@ -33,8 +38,12 @@ std::string shape_str(const std::vector<int64_t>& v) {
 int list(const std::string& dir) {
   namespace dcp = dtensor::checkpoint;
   dcp::Metadata m = dcp::read_metadata(dir);
-  std::printf("checkpoint %s: format version %d, save %lld, written by %d ranks, %lld bytes\n", dir.c_str(),
-              m.version, (long long)m.save_id, m.world_size, (long long)m.total_bytes());
+  if (m.checksummed) {
+    std::printf("checkpoint %s: dtensor-cpp format version %d, save %lld, written by %d ranks, %lld bytes\n",
+                dir.c_str(), m.version, (long long)m.save_id, m.world_size, (long long)m.total_bytes());
+  } else {
+    std::printf("checkpoint %s: PyTorch DCP format, %lld bytes of values\n", dir.c_str(), (long long)m.total_bytes());
+  }
   std::printf("%-40s %-8s %-10s %-18s %7s %12s\n", "key", "kind", "dtype", "shape", "chunks", "bytes");
   for (const auto& [k, e] : m.entries) {
     int64_t bytes = 0;
@@ -52,11 +61,37 @@ int list(const std::string& dir) {
   return 0;
 }
 
+// Reads every value into memory (a checksum mismatch, a truncated file or a bad value is an
+// error naming the key and file).
+int verify(const std::string& dir) {
+  const auto sd = dtensor::checkpoint::load_full(dir);
+  std::printf("verified %s: %zu keys read\n", dir.c_str(), sd.size());
+  return 0;
+}
+
+// The checkpoint in the other format, through memory (one process).
+int convert_format(const std::string& dir, const std::string& to, const std::string& out) {
+  namespace dcp = dtensor::checkpoint;
+  const dcp::StateDict sd = dcp::load_full(dir);
+  dcp::SaveOptions o;
+  o.no_dist = true;
+  o.format = to == "pytorch-dcp" ? dcp::CheckpointFormat::kPyTorchDcp : dcp::CheckpointFormat::kDtensorCpp;
+  const dcp::Metadata m = dcp::save(sd, out, o);
+  std::printf("wrote %s (%s format): %zu keys, %lld bytes of values\n", out.c_str(), to.c_str(), m.entries.size(),
+              (long long)m.total_bytes());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     if (argc == 3 && std::string(argv[1]) == "list") return list(argv[2]);
+    if (argc == 3 && std::string(argv[1]) == "verify") return verify(argv[2]);
+    if (argc == 6 && std::string(argv[1]) == "convert" && std::string(argv[3]) == "--to" &&
+        (std::string(argv[4]) == "dtensor-cpp" || std::string(argv[4]) == "pytorch-dcp")) {
+      return convert_format(argv[2], argv[4], argv[5]);
+    }
     if ((argc == 6 || argc == 8) && std::string(argv[1]) == "convert" && std::string(argv[3]) == "--to") {
       const std::string to = argv[4];
       dtensor::checkpoint::SafetensorsExportOptions opts;
