@@ -17,7 +17,10 @@
 //  6. load without checking the checksums (load_unverified), and read_metadata alone (every
 //     rank parses `.metadata`, the first step of each load);
 //  7. a second, literal baseline for load: ONE process (rank 0) preads all 256 MiB, the four
-//     ranks' files one after the other, while the other ranks wait (raw_read_one_process).
+//     ranks' files one after the other, while the other ranks wait (raw_read_one_process);
+//  8. save and load in PyTorch's DCP format (SaveOptions::format = kPyTorchDcp: save_dcp,
+//     load_dcp); PyTorch's own dcp.save / dcp.load of the same state on 4 Gloo processes is
+//     benchmarks/dcp_pytorch_bench.py.
 //
 //   build/benchmarks/checkpoint_benchmark --benchmark_repetitions=3 --benchmark_report_aggregates_only
 #include "benchmarks/process_bench.h"
@@ -56,12 +59,15 @@ enum Case {
   kLoadUnverified,
   kReadMetadata,
   kRawReadOneProcess,
+  kSaveDcp,
+  kLoadDcp,
   kNumCases
 };
 const char* kCaseNames[] = {"save",          "raw_write",    "load",
                             "raw_read",      "torch_save_rank0", "async_blocked",
                             "load_reshard",  "async_blocked_reused", "async_blocked_fresh",
-                            "load_unverified", "read_metadata", "raw_read_one_process"};
+                            "load_unverified", "read_metadata", "raw_read_one_process",
+                            "save_dcp",      "load_dcp"};
 
 // A directory all ranks share, removed at the end.
 std::string shared_dir(comm::Group& g) {
@@ -137,6 +143,17 @@ void run_case(testing::MultiRankTest& t, Case c) {
     case kSave:
       bench::report_median_ms(t, kIters, [&] { dcp::save(sd, ckpt, so); });
       break;
+    case kSaveDcp:
+      so.format = dcp::CheckpointFormat::kPyTorchDcp;
+      bench::report_median_ms(t, kIters, [&] { dcp::save(sd, ckpt, so); });
+      break;
+    case kLoadDcp: {
+      so.format = dcp::CheckpointFormat::kPyTorchDcp;
+      dcp::save(sd, ckpt, so);
+      dcp::StateDict dest = make_state(mesh, {Shard{0}});
+      bench::report_median_ms(t, kIters, [&] { dcp::load(dest, ckpt); });
+      break;
+    }
     case kRawWrite: {
       auto ts = locals(sd);
       bench::report_median_ms(t, kIters, [&] { raw_write(ts, raw); });
@@ -250,12 +267,15 @@ CASE_TEST(kAsyncBlockedFresh)
 CASE_TEST(kLoadUnverified)
 CASE_TEST(kReadMetadata)
 CASE_TEST(kRawReadOneProcess)
+CASE_TEST(kSaveDcp)
+CASE_TEST(kLoadDcp)
 
 const char* kTestIds[] = {"CheckpointBench.kSave",      "CheckpointBench.kRawWrite",     "CheckpointBench.kLoad",
                           "CheckpointBench.kRawRead",   "CheckpointBench.kTorchSave",    "CheckpointBench.kAsyncBlocked",
                           "CheckpointBench.kLoadResharded", "CheckpointBench.kAsyncBlockedReused",
                           "CheckpointBench.kAsyncBlockedFresh", "CheckpointBench.kLoadUnverified",
-                          "CheckpointBench.kReadMetadata", "CheckpointBench.kRawReadOneProcess"};
+                          "CheckpointBench.kReadMetadata", "CheckpointBench.kRawReadOneProcess",
+                          "CheckpointBench.kSaveDcp",   "CheckpointBench.kLoadDcp"};
 
 void BM_Checkpoint(benchmark::State& state) {
   const int c = int(state.range(0));

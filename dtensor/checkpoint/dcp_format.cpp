@@ -305,13 +305,20 @@ class Translator {
     const std::string where = "the torch.save stream of key '" + fqn + "' in '" + info.file + "'";
     const uint64_t len = uint64_t(info.length);
     TORCH_CHECK(len >= 22, where, " has ", len, " bytes: not a zip archive (torch.save format)");
-    const uint64_t tail_n = std::min<uint64_t>(len, 22 + 65535);
-    const std::string tail = read(f, info, fqn, len - tail_n, tail_n);
-    size_t eocd = tail.size() - 22;
-    while (le(tail, eocd, 4) != 0x06054b50) {
-      TORCH_CHECK(eocd > 0, where, " is not a zip archive (torch.save format): no end of central directory");
-      --eocd;
+    // The end of central directory record ends the stream (torch.save writes no comment): the
+    // last 4 KiB hold it and, for a tensor, the whole directory. Only a stream whose record is
+    // not there is searched further, as far as a comment can reach.
+    std::string tail;
+    size_t eocd = 0;
+    for (uint64_t want : {uint64_t(4096), uint64_t(22 + 65535)}) {
+      const uint64_t tail_n = std::min<uint64_t>(len, want);
+      tail = read(f, info, fqn, len - tail_n, tail_n);
+      eocd = tail.size() - 22;
+      while (eocd > 0 && le(tail, eocd, 4) != 0x06054b50) --eocd;
+      if (le(tail, eocd, 4) == 0x06054b50 || tail_n == len) break;
     }
+    TORCH_CHECK(le(tail, eocd, 4) == 0x06054b50, where,
+                " is not a zip archive (torch.save format): no end of central directory");
     const uint64_t count = le(tail, eocd + 10, 2), cd_size = le(tail, eocd + 12, 4), cd_offset = le(tail, eocd + 16, 4);
     TORCH_CHECK(count != 0xffff && cd_size != 0xffffffff && cd_offset != 0xffffffff, where,
                 " is a zip64 archive (a chunk of 4 GiB or more), which this reader does not take yet");
