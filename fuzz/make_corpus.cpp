@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   fs::rename(dir / files[0], dir / "__0_0.distcp");
   write(dir, ".metadata", metadata);
 
-  // 2. metadata: as save writes it, pretty-printed, with a key the direct reader leaves to
+  // 2. metadata: as save writes it, pretty-printed, with a key the SAX reader leaves to
   // nlohmann::json; invalid: another version, cut short, overlapping chunks, a huge size.
   const fs::path md = root / "metadata";
   write(md, "saved.json", metadata);

@@ -1,7 +1,7 @@
 // fuzz/metadata_fuzzer.cpp: the `.metadata` file of a checkpoint directory.
 //
-// Input: the file's bytes. Calls read_metadata (the direct reader, the nlohmann::json fallback,
-// validate_metadata). Also checks the direct reader's promise (planner.h): where it reads the
+// Input: the file's bytes. Calls read_metadata (the SAX reader, the json-tree fallback,
+// validate_metadata). Also checks the SAX reader's promise (planner.h): where it reads the
 // text itself, it gives what nlohmann::json + from_json give.
 #include "fuzz/fuzz_util.h"
 
@@ -30,10 +30,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     slow = nlohmann::json::parse(text).get<ckpt::Metadata>();
   } catch (const std::exception& e) {
-    fuzz::finding(std::string("the direct reader accepts a text that nlohmann::json + from_json reject: ") + e.what());
+    fuzz::finding(std::string("the SAX reader accepts a text that nlohmann::json + from_json reject: ") + e.what());
   }
   if (nlohmann::json(*fast) != slow)
-    fuzz::finding("the direct reader and nlohmann::json disagree:\n" + nlohmann::json(*fast).dump() + "\n" +
+    fuzz::finding("the SAX reader and nlohmann::json disagree:\n" + nlohmann::json(*fast).dump() + "\n" +
                   slow.dump());
   return 0;
 }

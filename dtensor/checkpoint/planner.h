@@ -148,13 +148,13 @@ void to_json(nlohmann::json& j, const Metadata& m);
 void from_json(const nlohmann::json& j, Metadata& m);
 
 // The Metadata in the text of a `.metadata` file: what from_json gives for the parsed text
-// (and its errors: nlohmann::json's or from_json's), read directly, without a json tree, when
-// the text is as to_json writes it (any spacing and field order; strings of plain ASCII
-// without escapes): several times faster. Does not validate (validate_metadata does).
+// (and its errors: nlohmann::json's or from_json's), read from nlohmann::json's SAX events
+// without a json tree when the text is as to_json writes it (any spacing and field order):
+// several times faster. Does not validate (validate_metadata does).
 Metadata metadata_from_json_text(std::string_view text);
 
 namespace detail {
-// The direct reader alone: nullopt where metadata_from_json_text falls back to nlohmann::json.
+// The SAX reader alone: nullopt where metadata_from_json_text falls back to a json tree.
 std::optional<Metadata> parse_metadata_fast(std::string_view text);
 }  // namespace detail
 

@@ -4,6 +4,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -25,7 +26,12 @@ std::string PyValue::describe() const {
     case Kind::Bool: return i ? "True" : "False";
     case Kind::Int: return "the int " + std::to_string(i);
     case Kind::Float: return "a float";
-    case Kind::Str: return "the str '" + (s.size() > 40 ? s.substr(0, 40) + "..." : s) + "'";
+    case Kind::Str: {
+      std::string out = "the str '";
+      out.append(s, 0, std::min<size_t>(s.size(), 40));
+      if (s.size() > 40) out += "...";
+      return out + "'";
+    }
     case Kind::Bytes: return "bytes";
     case Kind::Tuple: return "a tuple of " + std::to_string(items.size());
     case Kind::List: return "a list of " + std::to_string(items.size());
