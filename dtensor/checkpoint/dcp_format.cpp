@@ -72,13 +72,7 @@ const std::set<std::string>& tensor_globals() {
   return s;
 }
 
-std::string join(const std::vector<int64_t>& v) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-  os << "]";
-  return os.str();
-}
+std::string join(const std::vector<int64_t>& v) { return int_list_string(v); }
 
 // The fields of a dataclass instance (NEWOBJ, then BUILD with its __dict__, or with
 // (__dict__, slots) for classes with __slots__); nullptr when it has no field `name`.

@@ -19,15 +19,17 @@
 namespace dtensor {
 namespace checkpoint {
 
-namespace {
-
-std::string join(const std::vector<int64_t>& v) {
+std::string detail::int_list_string(const std::vector<int64_t>& v) {
   std::ostringstream os;
   os << "[";
   for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
   os << "]";
   return os.str();
 }
+
+namespace {
+
+std::string join(const std::vector<int64_t>& v) { return detail::int_list_string(v); }
 
 std::string join_ranks(const std::vector<int>& v) {
   std::ostringstream os;

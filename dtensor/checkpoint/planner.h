@@ -154,6 +154,8 @@ void from_json(const nlohmann::json& j, Metadata& m);
 Metadata metadata_from_json_text(std::string_view text);
 
 namespace detail {
+// "[1, 2, 3]": sizes and offsets in messages.
+std::string int_list_string(const std::vector<int64_t>& v);
 // The SAX reader alone: nullopt where metadata_from_json_text falls back to a json tree.
 std::optional<Metadata> parse_metadata_fast(std::string_view text);
 }  // namespace detail

@@ -50,13 +50,7 @@ using detail::join_keys;
 
 const char* kMetadataFile = ".metadata";
 
-std::string sizes_str(const std::vector<int64_t>& v) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-  os << "]";
-  return os.str();
-}
+std::string sizes_str(const std::vector<int64_t>& v) { return detail::int_list_string(v); }
 
 std::string errno_str() { return std::strerror(errno); }
 
