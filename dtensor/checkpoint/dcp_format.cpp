@@ -144,9 +144,9 @@ class Translator {
     }
     return out;
   }
-  static std::string storage_key(const std::string& fqn, const std::optional<std::vector<int64_t>>& offsets) {
-    return offsets ? fqn + "@" + join(*offsets) : fqn;
-  }
+  // (key, chunk offsets; none for an object): what storage_data is keyed by (MetadataIndex's
+  // identity: its index is a hint).
+  using StorageKey = std::pair<std::string, std::optional<std::vector<int64_t>>>;
 
   struct Info {
     std::string file;
@@ -176,15 +176,15 @@ class Translator {
       check(!transforms || transforms->is(K::None) || transforms->items.empty(),
             "key '" + fqn->s + "' is stored through transforms (transform_descriptors, such as compression), "
             "which this reader does not apply");
-      const std::string key = storage_key(fqn->s, offsets);
+      StorageKey key{fqn->s, offsets};
       check(!storage_.count(key), "storage_data names key '" + fqn->s + "' (offset " +
                                       (offsets ? join(*offsets) : std::string("None")) + ") twice");
-      storage_[key] = Info{rel->s, o->i, n->i};
+      storage_[std::move(key)] = Info{rel->s, o->i, n->i};
     }
   }
 
   const Info& info_of(const std::string& fqn, const std::optional<std::vector<int64_t>>& offsets) const {
-    auto it = storage_.find(storage_key(fqn, offsets));
+    auto it = storage_.find(StorageKey{fqn, offsets});
     check(it != storage_.end(), "storage_data has no entry for key '" + fqn + "'" +
                                     (offsets ? " chunk at offsets " + join(*offsets) : std::string()));
     return it->second;
@@ -418,7 +418,7 @@ class Translator {
   }
 
   std::string dir_;
-  std::map<std::string, Info> storage_;
+  std::map<StorageKey, Info> storage_;
   std::map<std::string, OpenFile> files_;
 };
 

@@ -347,6 +347,25 @@ TEST(DcpMetadata, AGlobalOutsideDcpsClassesIsRefusedNotCalled) {
   EXPECT_PRED2(contains, metadata_error(std::string("\x80\x02") + "ctorch\nload\n)R."), "the global 'torch.load'");
 }
 
+// storage_data is keyed by (key, chunk offsets): an object whose name looks like a tensor
+// key and a chunk offset is its own entry.
+TEST(DcpMetadata, AKeyNamedLikeAChunkIsItsOwnEntry) {
+  const std::string python = torch_python();
+  if (python.empty()) GTEST_SKIP() << "PyTorch's Python is not configured: set DTENSOR_TORCH_PYTHON";
+  testing::TempDir dir;
+  const std::string code =
+      "import torch, torch.distributed.checkpoint as dcp, sys\n"
+      "dcp.save({'a@[0]': 5, 'a': torch.arange(3.0)}, checkpoint_id=sys.argv[1], no_dist=True)\n";
+  auto run = testing::run_program(python, {"-c", code, dir.path()}, {{"PYTHONWARNINGS", "ignore"}});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  StateDict sd{{"a@[0]", c10::IValue()}, {"a", at::zeros({3})}};
+  LoadOptions o;
+  o.no_dist = true;
+  checkpoint::load(sd, dir.path(), o);
+  EXPECT_EQ(std::get<c10::IValue>(sd.at("a@[0]")).toInt(), 5);
+  EXPECT_TRUE(at::equal(std::get<at::Tensor>(sd.at("a")), at::arange(3.0)));
+}
+
 TEST(DcpMetadata, MalformedPicklesAreErrorsNamingWhatIsWrong) {
   const std::string proto = "\x80\x04";
   // Truncated inside a string; a memo read before any store; an unknown opcode; no Metadata.
