@@ -56,6 +56,20 @@ class DistWrapper {
   // nullptr without use_dist.
   const comm::GroupPtr& group() const { return group_; }
 
+  // Not collective: runs `fn`, the same deterministic computation on every rank from values
+  // every rank has. Its error is raised as the coordinator's failure of `step`: a
+  // CheckpointException, the same on every rank.
+  template <class Fn>
+  auto on_every_rank(const std::string& step, Fn&& fn) const {
+    try {
+      return fn();
+    } catch (const CheckpointException&) {
+      throw;
+    } catch (...) {
+      throw CheckpointException(step, {{coordinator_rank_, wrap_exception(std::current_exception())}});
+    }
+  }
+
   // Collective when use_dist(): every rank of the group waits until all have called it
   // (PyTorch: _DistWrapper.barrier()). Without use_dist, nothing.
   void barrier() const;

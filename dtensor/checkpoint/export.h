@@ -39,6 +39,7 @@
 #include "dtensor/checkpoint/utils.h"
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,20 @@ std::vector<std::string> export_safetensors(const std::string& checkpoint_dir, c
 
 // Collective (see above). Fills `state_dict` in place.
 LoadResult load_safetensors(StateDict& state_dict, const std::string& path, const LoadOptions& options = {});
+
+// PyTorch's consolidate_safetensors_files: the sharded safetensors in `input_dir` (a save
+// with CheckpointFormat::kHuggingFace, or PyTorch's HuggingFaceStorageWriter with
+// save_distributed=True) as full tensors in `output_dir`: model-<i>-of-<N>.safetensors
+// (fqn_to_index_mapping gives each key's file; empty: one file) and
+// model.safetensors.index.json. Collective over the group of `options` (or one process): the
+// chunks are split among the ranks, and each reads its chunks' bytes and writes them in place.
+// The files are written under temporary names and renamed once every rank has written;
+// output files of an earlier consolidation that this one does not write are removed. Only
+// `process_group`, `no_dist`, `coordinator_rank` and `sync_files` of `options` are used.
+// Returns the files written, the index last.
+std::vector<std::string> consolidate_safetensors_files(const std::string& input_dir, const std::string& output_dir,
+                                                       const std::map<std::string, int>& fqn_to_index_mapping = {},
+                                                       const SaveOptions& options = {});
 
 // The safetensors dtype name of one of ours ("F32" for "float32", ...); throws for complex.
 std::string safetensors_dtype(const std::string& dtype);

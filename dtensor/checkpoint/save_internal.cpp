@@ -2,6 +2,7 @@
 // save_internal.h).
 #include "dtensor/checkpoint/save_internal.h"
 
+
 #include <c10/util/Exception.h>
 
 #include <fcntl.h>
@@ -22,6 +23,52 @@
 namespace dtensor {
 namespace checkpoint {
 namespace detail {
+
+std::string errno_str() { return std::strerror(errno); }
+
+bool resolve_use_dist(bool no_dist, const comm::GroupPtr& group) {
+  if (no_dist) return false;
+  return group != nullptr || comm::is_initialized();
+}
+
+comm::GroupPtr resolve_group(bool use_dist, const comm::GroupPtr& group) {
+  if (!use_dist) return nullptr;
+  return group ? group : comm::default_group();
+}
+
+void write_all(int fd, const char* p, int64_t n, const std::string& path) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, size_t(std::min<int64_t>(n, int64_t(1) << 30)));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      TORCH_CHECK(false, "cannot write '", path, "': ", errno_str());
+    }
+    p += w;
+    n -= w;
+  }
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  TORCH_CHECK(fd >= 0, "cannot open '", path, "' to sync it: ", errno_str());
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  TORCH_CHECK(rc == 0, "cannot sync '", path, "': ", std::strerror(err));
+}
+
+void to_json(nlohmann::json& j, const WriteResult& r) {
+  j = {{"item", r.item}, {"stored", r.stored}};
+  if (r.stored.stream_offset >= 0) j["stream"] = {r.stored.stream_offset, r.stored.stream_length};
+}
+void from_json(const nlohmann::json& j, WriteResult& r) {
+  j.at("item").get_to(r.item);
+  j.at("stored").get_to(r.stored);
+  if (j.contains("stream")) {
+    r.stored.stream_offset = j.at("stream").at(0).get<int64_t>();
+    r.stored.stream_length = j.at("stream").at(1).get<int64_t>();
+  }
+}
 
 namespace {
 

@@ -1,8 +1,15 @@
 // dtensor/checkpoint/save_internal.h: the machinery of save's commit that is not part of the
 // API: the directory lock that keeps two jobs from saving into one directory at once, and the
 // fault points at which tests stop a save (NOTE: [Crash consistency of save] in
-// save_load.cpp). Internal: tests and save_load.cpp only.
+// save_load.cpp), and what a rank holds to save. Internal: tests and the checkpoint sources
+// only.
 #pragma once
+
+#include "dtensor/checkpoint/planner.h"
+#include "dtensor/comm/group.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 
 #include <functional>
 #include <string>
@@ -10,6 +17,33 @@
 namespace dtensor {
 namespace checkpoint {
 namespace detail {
+
+// One chunk or object of this rank's state dict, with its data.
+struct LocalItem {
+  WriteItem item;
+  at::Tensor data;    // tensors: this chunk's values (any device, any strides)
+  c10::IValue object;  // objects
+};
+
+// Where save put one item: the item and its stored chunk (the "write" step's result).
+struct WriteResult {
+  WriteItem item;
+  StoredChunk stored;
+};
+void to_json(nlohmann::json& j, const WriteResult& r);
+void from_json(const nlohmann::json& j, WriteResult& r);
+
+// Whether a save or load with these options runs over a group (else in one process), and
+// which group.
+bool resolve_use_dist(bool no_dist, const comm::GroupPtr& group);
+comm::GroupPtr resolve_group(bool use_dist, const comm::GroupPtr& group);
+
+// strerror(errno).
+std::string errno_str();
+// All `n` bytes at `p` to `fd` (retrying short writes); throws naming `path`.
+void write_all(int fd, const char* p, int64_t n, const std::string& path);
+// fsync of a file or directory by its path; throws naming it.
+void fsync_path(const std::string& path, bool directory);
 
 // The points of a save at which the fault hook is called, in the order a save reaches them.
 enum class SaveFaultPoint {

@@ -2,7 +2,9 @@
 #include "dtensor/checkpoint/save_load.h"
 
 #include "dtensor/checkpoint/dcp_internal.h"
+#include "dtensor/checkpoint/export.h"
 #include "dtensor/checkpoint/dist_wrapper.h"
+#include "dtensor/checkpoint/hf_internal.h"
 #include "dtensor/checkpoint/load_internal.h"
 #include "dtensor/checkpoint/pickle_internal.h"
 #include "dtensor/checkpoint/save_internal.h"
@@ -52,16 +54,16 @@ const char* kMetadataFile = ".metadata";
 
 std::string sizes_str(const std::vector<int64_t>& v) { return detail::int_list_string(v); }
 
-std::string errno_str() { return std::strerror(errno); }
 
 // ---- what this rank holds -------------------------------------------------------------------
 
-// One chunk or object of this rank's state dict, with its data.
-struct LocalItem {
-  WriteItem item;
-  at::Tensor data;    // tensors: this chunk's values (any device, any strides)
-  c10::IValue object;  // objects
-};
+using detail::errno_str;
+using detail::fsync_path;
+using detail::LocalItem;
+using detail::resolve_group;
+using detail::resolve_use_dist;
+using detail::write_all;
+using detail::WriteResult;
 
 // A DTensor's chunk on this rank: {box, local tensor}; nullopt when this rank is not in its
 // mesh. Partial placements must have been reduced.
@@ -255,59 +257,14 @@ std::shared_ptr<StagingBuffers> take_cached_staging(const std::string& layout) {
   return any_free;
 }
 
-bool resolve_use_dist(bool no_dist, const comm::GroupPtr& group) {
-  if (no_dist) return false;
-  return group != nullptr || comm::is_initialized();
-}
-
-comm::GroupPtr resolve_group(bool use_dist, const comm::GroupPtr& group) {
-  if (!use_dist) return nullptr;
-  return group ? group : comm::default_group();
-}
 
 // ---- files ------------------------------------------------------------------------------------
 
-void write_all(int fd, const char* p, int64_t n, const std::string& path) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, size_t(std::min<int64_t>(n, int64_t(1) << 30)));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      TORCH_CHECK(false, "cannot write '", path, "': ", errno_str());
-    }
-    p += w;
-    n -= w;
-  }
-}
-
-void fsync_path(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  TORCH_CHECK(fd >= 0, "cannot open '", path, "' to sync it: ", errno_str());
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  TORCH_CHECK(rc == 0, "cannot sync '", path, "': ", std::strerror(err));
-}
 
 std::string data_file_name(int rank, int64_t save_id) {
   return "__" + std::to_string(rank) + "_" + std::to_string(save_id) + ".distcp";
 }
 
-struct WriteResult {
-  WriteItem item;
-  StoredChunk stored;
-};
-void to_json(nlohmann::json& j, const WriteResult& r) {
-  j = {{"item", r.item}, {"stored", r.stored}};
-  if (r.stored.stream_offset >= 0) j["stream"] = {r.stored.stream_offset, r.stored.stream_length};
-}
-void from_json(const nlohmann::json& j, WriteResult& r) {
-  j.at("item").get_to(r.item);
-  j.at("stored").get_to(r.stored);
-  if (j.contains("stream")) {
-    r.stored.stream_offset = j.at("stream").at(0).get<int64_t>();
-    r.stored.stream_length = j.at("stream").at(1).get<int64_t>();
-  }
-}
 
 // Writes this rank's share (`plan`) of `local` to its data file.
 std::vector<WriteResult> write_items(const std::vector<LocalItem>& local, const SavePlan& plan,
@@ -527,19 +484,6 @@ int64_t next_save_id(const std::string& dir) {
   return last + 1;
 }
 
-// Runs `fn` (the same deterministic computation on every rank, from values every rank has);
-// its error is the coordinator's failure of `step`, raised as a CheckpointException on every rank.
-template <class Fn>
-auto on_every_rank(const DistWrapper& dist, const std::string& step, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const CheckpointException&) {
-    throw;
-  } catch (...) {
-    throw CheckpointException(step, {{dist.coordinator_rank(), wrap_exception(std::current_exception())}});
-  }
-}
-
 // `local_error`: this rank failed to collect its items; it fails the plan step on every rank.
 //
 // Three rounds of object collectives (each costs a few messages between every rank; on small
@@ -555,6 +499,9 @@ auto on_every_rank(const DistWrapper& dist, const std::string& step, Fn&& fn) {
 // save]).
 Metadata save_items(const std::vector<LocalItem>& local, std::exception_ptr local_error, const std::string& dir,
                     const SaveOptions& opts, bool use_dist, const comm::GroupPtr& group) {
+  if (opts.format == CheckpointFormat::kHuggingFace) {
+    return detail::save_huggingface(local, local_error, dir, opts, DistWrapper(group, use_dist, opts.coordinator_rank));
+  }
   TORCH_CHECK(opts.checksum_block_bytes > 0 && opts.checksum_block_bytes % 16 == 0 &&
                   opts.checksum_block_bytes <= kMaxChecksumBlockBytes,
               "SaveOptions.checksum_block_bytes must be a positive multiple of 16 of at most ", kMaxChecksumBlockBytes,
@@ -581,7 +528,7 @@ Metadata save_items(const std::vector<LocalItem>& local, std::exception_ptr loca
     return offer;
   });
   const int64_t save_id = offers.at(size_t(dist.coordinator_rank())).at("save_id").get<int64_t>();
-  const SavePlan plan = on_every_rank(dist, "plan", [&] {
+  const SavePlan plan = dist.on_every_rank("plan", [&] {
     std::vector<SavePlan> all;
     all.reserve(offers.size());
     for (const auto& o : offers) all.push_back(o.at("plan").get<SavePlan>());
@@ -599,7 +546,7 @@ Metadata save_items(const std::vector<LocalItem>& local, std::exception_ptr loca
   try {
     std::vector<std::vector<WriteResult>> written =
         dist.all_gather("write", [&] { return write_items(local, plan, dir, rank, save_id, opts); });
-    m = on_every_rank(dist, "commit", [&] { return build_metadata(written, save_id, opts); });
+    m = dist.on_every_rank("commit", [&] { return build_metadata(written, save_id, opts); });
     after_commit_error = dist.broadcast("commit", [&] { return commit(m, dir, opts, rank); });
   } catch (const CheckpointException&) {
     if (!plan.items.empty()) ::unlink(own_file.c_str());
@@ -951,6 +898,11 @@ void from_json(const nlohmann::json& j, LoadResult& r) {
 }
 
 Metadata read_metadata(const std::string& checkpoint_dir) {
+  if (detail::is_huggingface_checkpoint(checkpoint_dir)) {
+    detail::SafetensorsSource s;
+    detail::read_safetensors_source(checkpoint_dir, nullptr, s);
+    return std::move(s.metadata);
+  }
   const std::string path = (fs::path(checkpoint_dir) / kMetadataFile).string();
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in, "no checkpoint in '", checkpoint_dir, "': cannot open its metadata file '", path, "'");
@@ -1059,6 +1011,7 @@ LoadResult detail::load_collective(const LoadOptions& options, const std::functi
 LoadResult load(StateDict& state_dict, const std::string& checkpoint_dir, const LoadOptions& options) {
   // One round of collectives: every rank reads the metadata itself (as PyTorch's readers do)
   // and its shards.
+  if (detail::is_huggingface_checkpoint(checkpoint_dir)) return load_safetensors(state_dict, checkpoint_dir, options);
   return detail::load_collective(options, [&] {
     const Metadata m = read_metadata(checkpoint_dir);
     detail::ReadSource src;

@@ -38,6 +38,7 @@
 
 #include <functional>
 #include <future>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,8 +52,15 @@ class StagingBuffers;
 // CRC-32 checksums; docs/checkpoint.md, "On-disk format"). kPyTorchDcp: PyTorch's distributed
 // checkpoint as its FileSystemWriter writes it (a pickled `.metadata`, each chunk and object a
 // torch.save stream in `__<rank>_<id>.distcp`), which PyTorch's dcp.load reads into its own
-// DTensors, FSDP2 and TP models; no checksums (DCP has none). load reads both.
-enum class CheckpointFormat { kDtensorCpp, kPyTorchDcp };
+// DTensors, FSDP2 and TP models; no checksums (DCP has none). kHuggingFace: safetensors in
+// Hugging Face's layout, as PyTorch's HuggingFaceStorageWriter with save_distributed=True
+// writes it: every rank writes its own chunks to `shard-<n>-model-<i>-of-<N>.safetensors`
+// (each header's "__metadata__" says where its chunks lie in the full tensors, as
+// "DCP_SHARDING_INFO"); with SaveOptions::enable_consolidation the full tensors are also
+// written, in parallel, to `model-<i>-of-<N>.safetensors` beside a `model.safetensors.index.json`
+// (the shards then go to the `sharded/` subdirectory). Tensors only, besides objects kept as
+// their pickles' hex in "__metadata__"; no checksums. load reads all three.
+enum class CheckpointFormat { kDtensorCpp, kPyTorchDcp, kHuggingFace };
 
 struct SaveOptions {
   // The group the ranks save over; nullptr: the default group. Without a process group
@@ -64,6 +72,11 @@ struct SaveOptions {
   bool sync_files = true;
   int64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
   CheckpointFormat format = CheckpointFormat::kDtensorCpp;
+  // kHuggingFace only (PyTorch's HuggingFaceStorageWriter arguments of the same names):
+  //   fqn_to_index_mapping: the output file (1..N) of every tensor key; empty: one file.
+  //   enable_consolidation: also write the full tensors and the index (see CheckpointFormat).
+  std::map<std::string, int> fqn_to_index_mapping;
+  bool enable_consolidation = false;
   // Called on the writing rank after each chunk or object is written (progress reporting).
   std::function<void(const std::string& fqn, int64_t bytes)> on_item_written;
   // async_save only: the CPU buffers to stage into, kept for the next async_save given the same

@@ -14,6 +14,9 @@ The entries (WORLD >= 2; the 2-D ones need WORLD == 4):
     Adam step, through get_state_dict (parameters, exp_avg, exp_avg_sq, step, param_groups);
   - "2d.*" (WORLD == 4): the same MLP under TP (colwise, rowwise) on a 2x2 mesh's "tp" dim and
     FSDP2 on its "dp" dim, whose weights are _StridedShard on dp and Shard on tp.
+The floating-point tensor entries are also saved as Hugging Face safetensors, sharded by every rank and
+consolidated (HuggingFaceStorageWriter with save_distributed=True, enable_consolidation=True,
+the keys alternating between two files), into OUT_DIR/hf.
 Prints one line, "saved N entries", and exits 0.
 
     python dcp_interop.py load CKPT_DIR EXPECTED_JSON WORLD
@@ -24,6 +27,13 @@ of the expected values: Shard(0), Shard(last dim), Replicate, in turn; 0-dim ten
 None placeholders for objects, and compares every value with EXPECTED_JSON (the same form as
 above, written by the C++ side). Prints "checked N entries" and exits 0, or names every
 mismatch and exits 1.
+
+    python dcp_interop.py load-hf HF_DIR EXPECTED_JSON WORLD
+
+checks a Hugging Face save of dtensor-cpp (SaveOptions::format = kHuggingFace with
+enable_consolidation) the same way: dcp.load with HuggingFaceStorageReader reads its shards
+(HF_DIR/sharded) into other placements, and safetensors' load_file reads the consolidated
+files its index names; both must hold EXPECTED_JSON's tensors.
 """
 
 import json
@@ -35,6 +45,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 import torch.nn as nn
+from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -111,6 +122,12 @@ def rank_main(rank, world, out_dir, port):
     dcp.save(sd, checkpoint_id=os.path.join(out_dir, "ckpt"))
     entries = {}
     flat("", sd, entries)
+    # Floating-point ones: PyTorch's consolidation sizes elements with torch.finfo, which
+    # raises for integer dtypes.
+    tensors = {k: v for k, v in entries.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    mapping = {k: 1 + i % 2 for i, k in enumerate(sorted(tensors))}
+    dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(
+        os.path.join(out_dir, "hf"), fqn_to_index_mapping=mapping, save_distributed=True, enable_consolidation=True))
     expected = {k: reference(v) for k, v in entries.items()}
     if rank == 0:
         with open(os.path.join(out_dir, "expected.json.partial"), "w") as f:
@@ -121,13 +138,8 @@ def rank_main(rank, world, out_dir, port):
     dist.destroy_process_group()
 
 
-def load_main(rank, world, ckpt, expected_path, port):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    mesh = init_device_mesh("cpu", (world,))
-    with open(expected_path) as f:
-        expected = json.load(f)
+def destinations(expected, mesh):
+    """Zeros for each entry of `expected`, in placements other than the saver's, in turn."""
     sd = {}
     for i, (key, e) in enumerate(expected.items()):
         if "values" not in e:
@@ -138,14 +150,41 @@ def load_main(rank, world, ckpt, expected_path, port):
             sd[key] = zeros
         else:
             sd[key] = distribute_tensor(zeros, mesh, [[Shard(0)], [Shard(zeros.dim() - 1)], [Replicate()]][i % 3])
-    dcp.load(sd, checkpoint_id=ckpt)
+    return sd
+
+
+def mismatches(sd, expected, how):
     bad = []
     for key, e in expected.items():
         # Through JSON, as the expected values came: tuples are lists there.
         got = json.loads(json.dumps(reference(sd[key])))
         want = dict(e)
         if got != want:
-            bad.append(f"{key}: loaded {got}, expected {want}")
+            bad.append(f"{how}: {key}: loaded {got}, expected {want}")
+    return bad
+
+
+def load_main(rank, world, ckpt, expected_path, port, hf):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    with open(expected_path) as f:
+        expected = json.load(f)
+    sd = destinations(expected, mesh)
+    if hf:
+        dcp.load(sd, storage_reader=HuggingFaceStorageReader(os.path.join(ckpt, "sharded")))
+        bad = mismatches(sd, expected, "shards")
+        from safetensors.torch import load_file
+        with open(os.path.join(ckpt, "model.safetensors.index.json")) as f:
+            index = json.load(f)
+        full = {}
+        for name in sorted(set(index["weight_map"].values())):
+            full.update(load_file(os.path.join(ckpt, name)))
+        bad += mismatches(full, expected, "consolidated")
+    else:
+        dcp.load(sd, checkpoint_id=ckpt)
+        bad = mismatches(sd, expected, "dcp")
     if rank == 0:
         for b in bad:
             print("MISMATCH", b, flush=True)
@@ -168,9 +207,10 @@ def main():
         out_dir, world = sys.argv[2], int(sys.argv[3])
         os.makedirs(out_dir, exist_ok=True)
         mp.start_processes(rank_main, args=(world, out_dir, free_port()), nprocs=world, start_method="fork")
-    elif len(sys.argv) == 5 and sys.argv[1] == "load":
+    elif len(sys.argv) == 5 and sys.argv[1] in ("load", "load-hf"):
         ckpt, expected, world = sys.argv[2], sys.argv[3], int(sys.argv[4])
-        mp.start_processes(load_main, args=(world, ckpt, expected, free_port()), nprocs=world, start_method="fork")
+        mp.start_processes(load_main, args=(world, ckpt, expected, free_port(), sys.argv[1] == "load-hf"), nprocs=world,
+                           start_method="fork")
     else:
         sys.exit(__doc__)
 

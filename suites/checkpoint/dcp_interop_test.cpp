@@ -1,4 +1,6 @@
-// Checkpoints PyTorch's distributed checkpoint (torch.distributed.checkpoint, "DCP") wrote,
+// Checkpoints that cross the language line, both ways. PyTorch's distributed checkpoint
+// (torch.distributed.checkpoint, "DCP") and its Hugging Face safetensors (sharded by every rank
+// and consolidated): PyTorch saves, dtensor-cpp loads, and the reverse. Checkpoints PyTorch wrote,
 // read by dtensor-cpp's load: PyTorch saves (suites/checkpoint/dcp_interop.py: DTensors on a
 // Gloo world of 4 processes, Shard / Replicate / plain tensors, objects, an FSDP2 model and its
 // Adam state, and a 2-D FSDP2 x TP model whose weights are _StridedShard), and the ranks here
@@ -377,6 +379,229 @@ TEST(DcpMetadata, MalformedPicklesAreErrorsNamingWhatIsWrong) {
   // A string length of 2^64 - 1 (BINUNICODE8) is refused before anything is allocated.
   EXPECT_PRED2(contains, metadata_error(proto + "\x8d" + std::string(8, '\xff')),
                "ends inside a string: 18446744073709551615 bytes needed");
+}
+
+// ---- Hugging Face safetensors, both ways ----------------------------------------------------
+
+// The entries PyTorch also saved as Hugging Face safetensors (its floating-point tensors: see
+// dcp_interop.py).
+nlohmann::json hf_expected(const nlohmann::json& expected) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, e] : expected.items()) {
+    if (e.contains("values") && at::isFloatingType(checkpoint::dtype_from_name(e.at("dtype").get<std::string>()))) {
+      out[key] = e;
+    }
+  }
+  return out;
+}
+
+// The file index of each key of a consolidated checkpoint's index ("model-00002-of-00002...": 2).
+std::map<std::string, int> file_indices(const std::string& index_path) {
+  std::ifstream in(index_path);
+  const nlohmann::json index = nlohmann::json::parse(in);
+  std::map<std::string, int> out;
+  for (const auto& [key, file] : index.at("weight_map").items()) {
+    out[key] = std::stoi(file.get<std::string>().substr(6, 5));
+  }
+  return out;
+}
+
+DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, LoadsPyTorchsHuggingFaceShardsAndConsolidatedFiles) {
+  PYTORCH_CHECKPOINT_OR_SKIP(dir);
+  const nlohmann::json expected = hf_expected(expected_values(dir));
+  ASSERT_GE(expected.size(), 30u);
+  const fs::path hf = fs::path(dir) / "hf";
+  auto mesh1 = init_device_mesh(t.device_type(), {t.ranks()});
+  std::optional<DeviceMesh> mesh2;
+  if (t.ranks() % 2 == 0) mesh2 = init_device_mesh(t.device_type(), t.mesh_shape_2d());
+  auto destinations = [&] {
+    StateDict sd;
+    size_t i = 0;
+    for (const auto& [key, e] : expected.items()) sd[key] = destination(i++, full_tensor(e), mesh1, mesh2);
+    return sd;
+  };
+  // PyTorch's shards (every rank's chunks, placed by DCP_SHARDING_INFO).
+  StateDict sd = destinations();
+  auto result = checkpoint::load(sd, (hf / "sharded").string());
+  EXPECT_TRUE(result.missing_keys.empty() && result.unexpected_keys.empty());
+  expect_loaded(sd, expected, "PyTorch's shards");
+  // PyTorch's consolidated files, through its directory and its index. Its consolidation
+  // writes no bytes for 0-dim tensors (Adam's "step" reads 0 from them with safetensors' own
+  // load_file too), so those are not compared.
+  nlohmann::json with_dims = nlohmann::json::object();
+  for (const auto& [key, e] : expected.items()) {
+    if (!e.at("shape").empty()) with_dims[key] = e;
+  }
+  for (const std::string& src : {hf.string(), (hf / "model.safetensors.index.json").string()}) {
+    StateDict full = destinations();
+    checkpoint::load_safetensors(full, src);
+    expect_loaded(full, with_dims, src);
+  }
+
+  // Our consolidation of PyTorch's shards, in parallel: the files and index PyTorch's
+  // consolidation names, holding every value (0-dim tensors too).
+  SharedDir out(t.group());
+  const auto mapping = file_indices((hf / "model.safetensors.index.json").string());
+  const auto written = checkpoint::consolidate_safetensors_files((hf / "sharded").string(), out.sub("full"), mapping);
+  ASSERT_EQ(written.size(), 3u);
+  EXPECT_EQ(fs::path(written[0]).filename(), "model-00001-of-00002.safetensors");
+  EXPECT_EQ(fs::path(written.back()).filename(), "model.safetensors.index.json");
+  EXPECT_EQ(file_indices(written.back()), mapping);
+  StateDict ours = destinations();
+  checkpoint::load_safetensors(ours, written.back());
+  expect_loaded(ours, expected, "our consolidation");
+}
+
+DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, SavesHuggingFaceShardsThatPyTorchLoadsAtAnotherWorldSize) {
+  const std::string python = torch_python();
+  SharedDir dir(t.group());
+  const std::string ckpt = dir.sub("hf");
+  auto mesh1 = init_device_mesh(t.device_type(), {t.ranks()});
+  std::map<std::string, at::Tensor> full{
+      {"w", at::arange(54, at::kFloat).view({9, 6}) * 0.5},
+      {"v", at::arange(40, at::kFloat).view({4, 10}).to(at::kBFloat16)},
+      {"r", at::linspace(-1, 1, 5, at::kDouble)},
+      {"p", at::arange(7, at::kLong) * 3},
+      {"s", at::scalar_tensor(2.5)},
+      {"m2", at::arange(48, at::kFloat).view({8, 6}) - 7}};
+  StateDict sd{{"w", distribute_tensor(full["w"], mesh1, {Shard{0}})},
+               {"v", distribute_tensor(full["v"], mesh1, {Shard{1}})},
+               {"r", distribute_tensor(full["r"], mesh1, {Replicate{}})},
+               {"p", full["p"]},
+               {"s", full["s"]},
+               {"step", c10::IValue(int64_t(42))}};
+  if (t.ranks() % 2 == 0) {
+    sd["m2"] = distribute_tensor(full["m2"], init_device_mesh(t.device_type(), t.mesh_shape_2d()), {Shard{0}, Shard{1}});
+  } else {
+    sd["m2"] = distribute_tensor(full["m2"], mesh1, {Shard{1}});
+  }
+  checkpoint::SaveOptions so;
+  so.format = checkpoint::CheckpointFormat::kHuggingFace;
+  so.enable_consolidation = true;
+  so.fqn_to_index_mapping = {{"w", 1}, {"v", 2}, {"r", 1}, {"p", 2}, {"s", 1}, {"m2", 2}};
+  const checkpoint::Metadata m = checkpoint::save(sd, ckpt, so);
+  EXPECT_EQ(m.files(), (std::vector<std::string>{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}));
+  EXPECT_TRUE(fs::exists(fs::path(ckpt) / "model.safetensors.index.json"));
+  EXPECT_TRUE(fs::exists(fs::path(ckpt) / "sharded" / "shard-00001-model-00001-of-00002.safetensors"));
+  EXPECT_EQ(file_indices((fs::path(ckpt) / "model.safetensors.index.json").string()), so.fqn_to_index_mapping);
+
+  // Our load reads the consolidated files and the shards, into other placements.
+  for (const std::string& src : {ckpt, (fs::path(ckpt) / "sharded").string()}) {
+    StateDict back{{"w", dtensor::zeros({9, 6}, mesh1, {Shard{1}})},
+                   {"v", dtensor::zeros({4, 10}, mesh1, {Shard{0}}, at::kBFloat16)},
+                   {"r", dtensor::zeros({5}, mesh1, {Shard{0}}, at::kDouble)},
+                   {"p", c10::IValue()},
+                   {"s", c10::IValue()},
+                   {"m2", dtensor::zeros({8, 6}, mesh1, {Replicate{}})},
+                   {"step", c10::IValue()}};
+    checkpoint::load(back, src);
+    for (const auto& [key, f] : full) expect_holds(back.at(key), f, src + ": " + key);
+    EXPECT_EQ(std::get<c10::IValue>(back.at("step")).toInt(), 42) << src;
+  }
+
+  // PyTorch reads the shards with dcp.load on 3 Gloo processes, and the consolidated files
+  // with safetensors' load_file.
+  if (python.empty()) GTEST_SKIP() << "PyTorch's Python is not configured: set DTENSOR_TORCH_PYTHON (ci/test "
+                                      "sets it to ci/torch-wheel's environment)";
+  std::string report;
+  if (t.rank() == 0) {
+    nlohmann::json expected;
+    for (const auto& [key, f] : full) expected[key] = reference_of(f);
+    const std::string expected_path = dir.sub("expected.json");
+    std::ofstream(expected_path) << expected.dump();
+    auto run = testing::run_program(python, {DTENSOR_DCP_INTEROP_SCRIPT, "load-hf", ckpt, expected_path, "3"},
+                                    {{"PYTHONWARNINGS", "ignore"}}, std::chrono::seconds(300));
+    report = "exit " + std::to_string(run.exit_code) + "\n" + run.output;
+  }
+  report = comm::all_gather_object(t.group(), report)[0];
+  EXPECT_PRED2(contains, report, "exit 0\n");
+  EXPECT_PRED2(contains, report, "checked " + std::to_string(full.size()) + " entries");
+  EXPECT_FALSE(contains(report, "MISMATCH")) << report;
+}
+
+// Files of an earlier save that this one does not write are removed at its commit: a loader
+// reads every shard in the directory, and prefers an index to the shards.
+DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, AHuggingFaceSaveLeavesNoStaleFileALoadWouldRead) {
+  SharedDir dir(t.group());
+  const fs::path ckpt = dir.sub("hf");
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
+  const at::Tensor w = at::arange(24, at::kFloat).view({8, 3});
+  checkpoint::SaveOptions so;
+  so.format = checkpoint::CheckpointFormat::kHuggingFace;
+  auto load_w = [&] {
+    StateDict back{{"w", dtensor::zeros({8, 3}, mesh, {Replicate{}})}};
+    checkpoint::load(back, ckpt.string());
+    expect_holds(back.at("w"), w, "w");
+  };
+  // A consolidated save of other values, then a sharded one into the same directory: the
+  // consolidated files and their index go.
+  so.enable_consolidation = true;
+  checkpoint::save({{"w", distribute_tensor(w - 100, mesh, {Shard{0}})}}, ckpt.string(), so);
+  so.enable_consolidation = false;
+  checkpoint::save({{"w", distribute_tensor(w, mesh, {Shard{1}})}}, ckpt.string(), so);
+  EXPECT_FALSE(fs::exists(ckpt / "model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(ckpt / "model-00001-of-00001.safetensors"));
+  load_w();
+  // A shard of a rank that no longer exists (an earlier save by more ranks), overlapping.
+  const fs::path stale = ckpt / "shard-00099-model-00001-of-00001.safetensors";
+  if (t.rank() == 0) fs::copy_file(ckpt / "shard-00001-model-00001-of-00001.safetensors", stale);
+  t.group().barrier();
+  checkpoint::save({{"w", distribute_tensor(w, mesh, {Shard{0}})}}, ckpt.string(), so);
+  EXPECT_FALSE(fs::exists(stale));
+  load_w();
+}
+
+DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, AHuggingFaceSaveOfWhatItCannotHoldFailsEveryRankNamingTheKey) {
+  SharedDir dir(t.group());
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
+  auto error = [&](const StateDict& sd, const std::map<std::string, int>& mapping) {
+    checkpoint::SaveOptions so;
+    so.format = checkpoint::CheckpointFormat::kHuggingFace;
+    so.fqn_to_index_mapping = mapping;
+    auto e = testing::checkpoint_error_of([&] { checkpoint::save(sd, dir.sub("hf"), so); });
+    return e ? std::string(e->what_without_backtrace()) : std::string("(saved)");
+  };
+  const at::Tensor a = distribute_tensor(at::ones({4, 2}), mesh, {Shard{0}});
+  EXPECT_PRED2(contains, error({{"c", distribute_tensor(at::zeros({4, 2}, at::kComplexFloat), mesh, {Shard{0}})}}, {}),
+               "key 'c' is complex64, which safetensors has no dtype for");
+  EXPECT_PRED2(contains, error({{"a", a}, {"b", a}}, {{"a", 1}}),
+               "key 'b' is not in fqn_to_index_mapping, which must give every tensor its file");
+  EXPECT_PRED2(contains, error({{"a", a}}, {{"a", 0}}), "gives key 'a' file index 0: file indices count from 1");
+  EXPECT_PRED2(contains, error({{"a", a}, {"format", c10::IValue(std::string("x"))}}, {}),
+               "key 'format' cannot be saved in Hugging Face's format: safetensors headers use that name");
+}
+
+// A safetensors file of one float32 [2, 3] tensor "w" whose "__metadata__" holds
+// DCP_SHARDING_INFO `info`.
+void write_shard(const fs::path& path, const std::string& info) {
+  const nlohmann::json header = {{"w", {{"dtype", "F32"}, {"shape", {2, 3}}, {"data_offsets", {0, 24}}}},
+                                 {"__metadata__", {{"DCP_SHARDING_INFO", info}}}};
+  const std::string text = header.dump();
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[size_t(i)] = char((text.size() >> (8 * i)) & 0xff);
+  std::ofstream(path, std::ios::binary) << bytes << text << std::string(24, '\0');
+}
+
+TEST(HuggingFaceFiles, ShardingInfoThatDoesNotPlaceTheChunksIsAnErrorNamingTheFile) {
+  auto error = [](const std::vector<std::string>& infos) {
+    testing::TempDir dir;
+    for (size_t i = 0; i < infos.size(); ++i) {
+      write_shard(fs::path(dir.path()) / ("shard-0000" + std::to_string(i + 1) + "-model-00001-of-00001.safetensors"),
+                  infos[i]);
+    }
+    return testing::error_of([&] { checkpoint::read_metadata(dir.path()); });
+  };
+  EXPECT_PRED2(contains, error({R"({"w": {"saved_offsets": [0]}})"}),
+               "shard-00001-model-00001-of-00001.safetensors': key 'w': saved_offsets [0] do not match its shape [2, 3]");
+  EXPECT_PRED2(contains, error({R"({"w": {"saved_offsets": [-2, 0]}})"}), "has a negative offset");
+  EXPECT_PRED2(contains, error({R"({"v": {"saved_offsets": [0, 0]}})"}), "DCP_SHARDING_INFO does not place key 'w'");
+  EXPECT_PRED2(contains, error({"[0, 0"}), "has a malformed header");
+  EXPECT_PRED2(contains, error({R"({"w": {"saved_offsets": [9223372036854775807, 0]}})"}), "overflow");
+  // Two files holding the same chunk; chunks that leave a gap.
+  EXPECT_PRED2(contains, error({R"({"w": {"saved_offsets": [0, 0]}})", R"({"w": {"saved_offsets": [1, 0]}})"}),
+               "overlap");
+  EXPECT_PRED2(contains, error({R"({"w": {"saved_offsets": [0, 0]}})", R"({"w": {"saved_offsets": [0, 4]}})"}),
+               "the safetensors files in");
 }
 
 }  // namespace

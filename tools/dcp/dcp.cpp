@@ -1,9 +1,12 @@
-// tools/dcp: look at, verify and convert distributed checkpoints, ours and PyTorch's DCP (one
-// process, no group).
+// tools/dcp: look at, verify and convert distributed checkpoints: ours, PyTorch's DCP and
+// Hugging Face safetensors directories (one process, no group).
 //
 //   dcp list <checkpoint_dir>                         format, keys, dtypes, global shapes, chunks, bytes, files
 //   dcp verify <checkpoint_dir>                       reads every value (checksums where the format has them)
-//   dcp convert <checkpoint_dir> --to dtensor-cpp|pytorch-dcp <out_dir>   the other checkpoint format
+//   dcp convert <checkpoint_dir> --to dtensor-cpp|pytorch-dcp|huggingface <out_dir>   another checkpoint format
+//                                   (huggingface: sharded/ and the consolidated files with their index)
+//   dcp consolidate <sharded_dir> <out_dir> [--files N]   full tensors of a sharded Hugging Face save
+//                                   (N: files to spread the keys over, in key order; default 1)
 //   dcp convert <checkpoint_dir> --to torch <file.pt>          a file Python's torch.load reads
 //   dcp convert <checkpoint_dir> --to safetensors <file.safetensors> [--max-shard-bytes N]
 //                                   (split: <stem>-0000i-of-0000N.safetensors + <file>.index.json)
@@ -13,10 +16,12 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <string>
 
 namespace {
@@ -24,8 +29,9 @@ namespace {
 int usage() {
   std::cerr << "usage: dcp list <checkpoint_dir>\n"
                "       dcp verify <checkpoint_dir>\n"
-               "       dcp convert <checkpoint_dir> --to dtensor-cpp|pytorch-dcp <out_dir>\n"
-               "       dcp convert <checkpoint_dir> --to torch|safetensors <out_file> [--max-shard-bytes N]\n";
+               "       dcp convert <checkpoint_dir> --to dtensor-cpp|pytorch-dcp|huggingface <out_dir>\n"
+               "       dcp convert <checkpoint_dir> --to torch|safetensors <out_file> [--max-shard-bytes N]\n"
+               "       dcp consolidate <sharded_dir> <out_dir> [--files N]\n";
   return 2;
 }
 
@@ -41,6 +47,8 @@ int list(const std::string& dir) {
   if (m.checksummed) {
     std::printf("checkpoint %s: dtensor-cpp format version %d, save %lld, written by %d ranks, %lld bytes\n",
                 dir.c_str(), m.version, (long long)m.save_id, m.world_size, (long long)m.total_bytes());
+  } else if (!std::filesystem::exists(std::filesystem::path(dir) / ".metadata")) {
+    std::printf("checkpoint %s: Hugging Face safetensors, %lld bytes of tensors\n", dir.c_str(), (long long)m.total_bytes());
   } else {
     std::printf("checkpoint %s: PyTorch DCP format, %lld bytes of values\n", dir.c_str(), (long long)m.total_bytes());
   }
@@ -75,10 +83,27 @@ int convert_format(const std::string& dir, const std::string& to, const std::str
   const dcp::StateDict sd = dcp::load_full(dir);
   dcp::SaveOptions o;
   o.no_dist = true;
-  o.format = to == "pytorch-dcp" ? dcp::CheckpointFormat::kPyTorchDcp : dcp::CheckpointFormat::kDtensorCpp;
+  o.format = to == "pytorch-dcp"   ? dcp::CheckpointFormat::kPyTorchDcp
+             : to == "huggingface" ? dcp::CheckpointFormat::kHuggingFace
+                                   : dcp::CheckpointFormat::kDtensorCpp;
+  o.enable_consolidation = true;
   const dcp::Metadata m = dcp::save(sd, out, o);
   std::printf("wrote %s (%s format): %zu keys, %lld bytes of values\n", out.c_str(), to.c_str(), m.entries.size(),
               (long long)m.total_bytes());
+  return 0;
+}
+
+// The shards' keys spread over `files` consolidated files, in key order.
+int consolidate(const std::string& in, const std::string& out, int files) {
+  namespace dcp = dtensor::checkpoint;
+  const dcp::Metadata m = dcp::read_metadata(in);
+  std::map<std::string, int> mapping;
+  const size_t per_file = (m.entries.size() + size_t(files) - 1) / size_t(files);
+  size_t i = 0;
+  for (const auto& [k, e] : m.entries) mapping[k] = 1 + int(i++ / std::max<size_t>(per_file, 1));
+  dcp::SaveOptions o;
+  o.no_dist = true;
+  for (const auto& f : dcp::consolidate_safetensors_files(in, out, mapping, o)) std::printf("wrote %s\n", f.c_str());
   return 0;
 }
 
@@ -89,8 +114,23 @@ int main(int argc, char** argv) {
     if (argc == 3 && std::string(argv[1]) == "list") return list(argv[2]);
     if (argc == 3 && std::string(argv[1]) == "verify") return verify(argv[2]);
     if (argc == 6 && std::string(argv[1]) == "convert" && std::string(argv[3]) == "--to" &&
-        (std::string(argv[4]) == "dtensor-cpp" || std::string(argv[4]) == "pytorch-dcp")) {
+        (std::string(argv[4]) == "dtensor-cpp" || std::string(argv[4]) == "pytorch-dcp" ||
+         std::string(argv[4]) == "huggingface")) {
       return convert_format(argv[2], argv[4], argv[5]);
+    }
+    if ((argc == 4 || argc == 6) && std::string(argv[1]) == "consolidate") {
+      int files = 1;
+      if (argc == 6) {
+        char* end = nullptr;
+        const long n = std::strtol(argv[5], &end, 10);
+        if (std::string(argv[4]) != "--files" || !end || *end || n < 1 || n > 99999) {
+          std::cerr << "dcp: consolidate takes --files N with N from 1 to 99999, got '" << argv[4] << " " << argv[5]
+                    << "'\n";
+          return 2;
+        }
+        files = int(n);
+      }
+      return consolidate(argv[2], argv[3], files);
     }
     if ((argc == 6 || argc == 8) && std::string(argv[1]) == "convert" && std::string(argv[3]) == "--to") {
       const std::string to = argv[4];
