@@ -20,7 +20,11 @@
 //     ranks' files one after the other, while the other ranks wait (raw_read_one_process);
 //  8. save and load in PyTorch's DCP format (SaveOptions::format = kPyTorchDcp: save_dcp,
 //     load_dcp); PyTorch's own dcp.save / dcp.load of the same state on 4 Gloo processes is
-//     benchmarks/dcp_pytorch_bench.py.
+//     benchmarks/dcp_pytorch_bench.py;
+//  9. save as Hugging Face safetensors (kHuggingFace: every rank its shard file, save_hf; with
+//     the consolidated files written too, save_hf_consolidated) and load of those shards
+//     (load_hf); PyTorch's HuggingFaceStorageWriter / Reader on the same state are in
+//     benchmarks/dcp_pytorch_bench.py as well.
 //
 //   build/benchmarks/checkpoint_benchmark --benchmark_repetitions=3 --benchmark_report_aggregates_only
 #include "benchmarks/process_bench.h"
@@ -61,13 +65,17 @@ enum Case {
   kRawReadOneProcess,
   kSaveDcp,
   kLoadDcp,
+  kSaveHf,
+  kSaveHfConsolidated,
+  kLoadHf,
   kNumCases
 };
 const char* kCaseNames[] = {"save",          "raw_write",    "load",
                             "raw_read",      "torch_save_rank0", "async_blocked",
                             "load_reshard",  "async_blocked_reused", "async_blocked_fresh",
                             "load_unverified", "read_metadata", "raw_read_one_process",
-                            "save_dcp",      "load_dcp"};
+                            "save_dcp",      "load_dcp",     "save_hf",
+                            "save_hf_consolidated", "load_hf"};
 
 // A directory all ranks share, removed at the end.
 std::string shared_dir(comm::Group& g) {
@@ -149,6 +157,19 @@ void run_case(testing::MultiRankTest& t, Case c) {
       break;
     case kLoadDcp: {
       so.format = dcp::CheckpointFormat::kPyTorchDcp;
+      dcp::save(sd, ckpt, so);
+      dcp::StateDict dest = make_state(mesh, {Shard{0}});
+      bench::report_median_ms(t, kIters, [&] { dcp::load(dest, ckpt); });
+      break;
+    }
+    case kSaveHf:
+    case kSaveHfConsolidated:
+      so.format = dcp::CheckpointFormat::kHuggingFace;
+      so.enable_consolidation = c == kSaveHfConsolidated;
+      bench::report_median_ms(t, kIters, [&] { dcp::save(sd, ckpt, so); });
+      break;
+    case kLoadHf: {
+      so.format = dcp::CheckpointFormat::kHuggingFace;
       dcp::save(sd, ckpt, so);
       dcp::StateDict dest = make_state(mesh, {Shard{0}});
       bench::report_median_ms(t, kIters, [&] { dcp::load(dest, ckpt); });
@@ -269,13 +290,18 @@ CASE_TEST(kReadMetadata)
 CASE_TEST(kRawReadOneProcess)
 CASE_TEST(kSaveDcp)
 CASE_TEST(kLoadDcp)
+CASE_TEST(kSaveHf)
+CASE_TEST(kSaveHfConsolidated)
+CASE_TEST(kLoadHf)
 
 const char* kTestIds[] = {"CheckpointBench.kSave",      "CheckpointBench.kRawWrite",     "CheckpointBench.kLoad",
                           "CheckpointBench.kRawRead",   "CheckpointBench.kTorchSave",    "CheckpointBench.kAsyncBlocked",
                           "CheckpointBench.kLoadResharded", "CheckpointBench.kAsyncBlockedReused",
                           "CheckpointBench.kAsyncBlockedFresh", "CheckpointBench.kLoadUnverified",
                           "CheckpointBench.kReadMetadata", "CheckpointBench.kRawReadOneProcess",
-                          "CheckpointBench.kSaveDcp",   "CheckpointBench.kLoadDcp"};
+                          "CheckpointBench.kSaveDcp",   "CheckpointBench.kLoadDcp",
+                          "CheckpointBench.kSaveHf",    "CheckpointBench.kSaveHfConsolidated",
+                          "CheckpointBench.kLoadHf"};
 
 void BM_Checkpoint(benchmark::State& state) {
   const int c = int(state.range(0));
