@@ -15,6 +15,9 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <cmath>
+#include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <type_traits>
@@ -318,6 +321,89 @@ void set_group_option(OptimKind kind, torch::optim::OptimizerOptions& o, const s
   else adam_like(static_cast<torch::optim::AdamWOptions&>(o));
 }
 
+// ---- PyTorch's layout of optimizer state dicts (StateDictOptions::pytorch_layout) ----------------
+
+// PyTorch's group options that libtorch's optimizers lack, with the values libtorch's behave as.
+std::vector<std::pair<std::string, c10::IValue>> pytorch_only_options(OptimKind kind) {
+  std::vector<std::pair<std::string, c10::IValue>> out = {
+      {"maximize", false}, {"foreach", c10::IValue()}, {"differentiable", false}, {"fused", c10::IValue()}};
+  if (kind != OptimKind::SGD) {
+    out.emplace_back("capturable", false);
+    out.emplace_back("decoupled_weight_decay", kind == OptimKind::AdamW);
+  }
+  return out;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The tensor a state dict value holds, if it holds one.
+std::optional<at::Tensor> tensor_of(const StateDictValue& v) {
+  if (const auto* t = std::get_if<at::Tensor>(&v)) return *t;
+  if (const auto* iv = std::get_if<c10::IValue>(&v); iv && iv->isTensor()) return iv->toTensor();
+  return std::nullopt;
+}
+
+// A state dict in PyTorch's layout, in ours (see StateDictOptions::pytorch_layout).
+StateDict from_pytorch_layout(const StateDict& sd, OptimKind kind) {
+  StateDict out;
+  std::map<std::string, std::map<std::string, c10::IValue>> groups;  // group index -> option -> value
+  static const std::string kGroups = "param_groups.";
+  for (const auto& [k, v] : sd) {
+    if (k.compare(0, kGroups.size(), kGroups) != 0) {
+      std::optional<at::Tensor> t = k.compare(0, 6, "state.") == 0 && ends_with(k, ".step") ? tensor_of(v) : std::nullopt;
+      if (t) {
+        TORCH_CHECK(t->numel() == 1, "optimizer state dict: '", k, "' has ", t->numel(), " elements, not one step count");
+        const at::Tensor local = is_dtensor(*t) ? local_tensor(*t) : *t;  // a 0-dim DTensor is replicated
+        out[k] = c10::IValue(int64_t(std::llround(local.item<double>())));
+      } else {
+        out[k] = v;
+      }
+      continue;
+    }
+    const std::string rest = k.substr(kGroups.size());
+    const size_t dot = rest.find('.');
+    const auto* iv = std::get_if<c10::IValue>(&v);
+    TORCH_CHECK(dot != std::string::npos && iv, "optimizer state dict in PyTorch's layout: '", k,
+                "' is not a group option (param_groups.<group>.<option>)");
+    groups[rest.substr(0, dot)][rest.substr(dot + 1)] = *iv;
+  }
+  // The names group_options gives.
+  const std::set<std::string> ours = kind == OptimKind::SGD
+                                         ? std::set<std::string>{"lr", "momentum", "dampening", "weight_decay", "nesterov"}
+                                         : std::set<std::string>{"lr", "betas", "eps", "weight_decay", "amsgrad"};
+  for (const auto& [g, options] : groups) {
+    const std::string where = "group " + g + " of PyTorch's optimizer state dict";
+    auto params = options.find("params");
+    TORCH_CHECK(params != options.end() && params->second.isList(), where, " has no 'params' list of parameter names");
+    for (const auto& [name, value] : options) {
+      if ((name == "maximize" || name == "differentiable") && value.isBool()) {
+        TORCH_CHECK(!value.toBool(), where, " has ", name, "=True, which libtorch's optimizers do not do");
+      }
+      if (name == "decoupled_weight_decay" && value.isBool()) {
+        TORCH_CHECK(value.toBool() == (kind == OptimKind::AdamW), where, " has decoupled_weight_decay=",
+                    value.toBool() ? "True (AdamW's update)" : "False (Adam's update)", ", this optimizer is ",
+                    kind == OptimKind::AdamW ? "AdamW" : "Adam");
+      }
+    }
+    for (const auto& p : params->second.toListRef()) {
+      TORCH_CHECK(p.isString(), where, ": 'params' holds a ", p.tagKind(), ", not a parameter name");
+      for (const auto& [name, value] : options) {
+        if (!ours.count(name)) continue;  // PyTorch's own (checked above), a scheduler's initial_lr, ...
+        c10::IValue v = value;
+        if (v.isTuple()) {  // betas
+          c10::List<double> l;
+          for (const auto& e : v.toTupleRef().elements()) l.push_back(e.isInt() ? double(e.toInt()) : e.toDouble());
+          v = l;
+        }
+        out["param_groups." + p.toStringRef() + "." + name] = v;
+      }
+    }
+  }
+  return out;
+}
+
 bool rank0_only(const StateDictOptions& o) { return o.full_state_dict && o.cpu_offload && my_rank() != 0; }
 
 }  // namespace
@@ -337,14 +423,41 @@ StateDict get_optimizer_state_dict(const torch::nn::Module& model, torch::optim:
                                    const StateDictOptions& options) {
   OptimKind kind = kind_of(optim);
   StateDict sd;
+  std::map<const torch::optim::OptimizerParamGroup*, c10::List<std::string>> group_params;
   for (const auto& op : optimizer_params(model, optim)) {
     int64_t* step = nullptr;
     for (const auto& [name, t] : state_tensors(optim, kind, op, &step)) {
       sd["state." + op.fqn + "." + name] = export_tensor(*t, options);
     }
-    if (step) sd["state." + op.fqn + ".step"] = c10::IValue(*step);
+    if (step) {
+      if (options.pytorch_layout) {
+        sd["state." + op.fqn + ".step"] = at::scalar_tensor(double(*step), at::kFloat);
+      } else {
+        sd["state." + op.fqn + ".step"] = c10::IValue(*step);
+      }
+    }
+    if (options.pytorch_layout) {
+      group_params[op.group].push_back(op.fqn);
+      continue;
+    }
     for (const auto& [name, v] : group_options(kind, op.group->options())) {
       sd["param_groups." + op.fqn + "." + name] = v;
+    }
+  }
+  if (options.pytorch_layout) {
+    auto& groups = optim.param_groups();
+    for (size_t i = 0; i < groups.size(); ++i) {
+      const std::string prefix = "param_groups." + std::to_string(i) + ".";
+      auto options_of = group_options(kind, groups[i].options());
+      for (auto& o : pytorch_only_options(kind)) options_of.push_back(std::move(o));
+      for (const auto& [name, v] : options_of) {
+        // PyTorch's betas are a tuple.
+        sd[prefix + name] = name == "betas" ? c10::IValue(c10::ivalue::Tuple::create(
+                                                  {v.toDoubleVector().at(0), v.toDoubleVector().at(1)}))
+                                            : v;
+      }
+      auto it = group_params.find(&groups[i]);
+      sd[prefix + "params"] = it != group_params.end() ? it->second : c10::List<std::string>();
     }
   }
   if (rank0_only(options)) sd.clear();
@@ -354,6 +467,11 @@ StateDict get_optimizer_state_dict(const torch::nn::Module& model, torch::optim:
 LoadResult set_optimizer_state_dict(const torch::nn::Module& model, torch::optim::Optimizer& optim,
                                     const StateDict& state_dict, const StateDictOptions& options) {
   OptimKind kind = kind_of(optim);
+  if (options.pytorch_layout) {
+    StateDictOptions ours = options;
+    ours.pytorch_layout = false;
+    return set_optimizer_state_dict(model, optim, from_pytorch_layout(state_dict, kind), ours);
+  }
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   std::vector<std::string> objects;
   std::map<std::string, int64_t*> steps;

@@ -54,6 +54,18 @@ struct StateDictOptions {
   // set: keys of the model (or optimizer) missing from the dict, and keys of the dict the model
   // lacks, are errors; with false they are returned and skipped.
   bool strict = true;
+  // Optimizer state dicts in PyTorch's layout (what torch.distributed.checkpoint.state_dict's
+  // get_state_dict gives, flattened as DCP flattens it), for checkpoints shared with PyTorch
+  // jobs: "state.<param>.step" is a 0-dim float32 tensor (ours: an int), and the options are
+  // per group, "param_groups.<i>.<option>" with "param_groups.<i>.params" listing the group's
+  // parameter names (ours: "param_groups.<param>.<option>"). get also gives the options
+  // PyTorch's optimizers have and libtorch's do not, with the values libtorch's behave as
+  // (maximize, foreach, differentiable, fused; Adam and AdamW: capturable,
+  // decoupled_weight_decay), so that PyTorch's dcp.load finds every key it asks for. set reads
+  // each parameter's options from the group listing it, and refuses (naming the group) a
+  // group whose maximize or differentiable is set, or whose decoupled_weight_decay is not
+  // this optimizer's (AdamW's is true, Adam's false).
+  bool pytorch_layout = false;
 };
 
 StateDict get_model_state_dict(const torch::nn::Module& model, const StateDictOptions& options = {});

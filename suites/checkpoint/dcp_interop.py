@@ -10,8 +10,9 @@ The entries (WORLD >= 2; the 2-D ones need WORLD == 4):
   - "tp.v": Shard(1) of a bfloat16 [4, 10];
   - "rep": Replicate of a float64 [5]; "plain": a plain int64 [7] tensor;
   - "step": an int, "name": a str;
-  - "model.*", "optim.*": an MLP under FSDP2 (fully_shard, Shard(0) on a 1-D mesh) after one
-    Adam step, through get_state_dict (parameters, exp_avg, exp_avg_sq, step, param_groups);
+  - "model.*", "optim.*": an MLP (10 -> 16 -> 10) under FSDP2 (fully_shard, Shard(0) on a 1-D
+    mesh) after one Adam step, through get_state_dict (parameters, exp_avg, exp_avg_sq, step,
+    param_groups); its parameters after a second step go to OUT_DIR/after.json;
   - "2d.*" (WORLD == 4): the same MLP under TP (colwise, rowwise) on a 2x2 mesh's "tp" dim and
     FSDP2 on its "dp" dim, whose weights are _StridedShard on dp and Shard on tp.
 The floating-point tensor entries are also saved as Hugging Face safetensors, sharded by every rank and
@@ -27,6 +28,14 @@ of the expected values: Shard(0), Shard(last dim), Replicate, in turn; 0-dim ten
 None placeholders for objects, and compares every value with EXPECTED_JSON (the same form as
 above, written by the C++ side). Prints "checked N entries" and exits 0, or names every
 mismatch and exits 1.
+
+    python dcp_interop.py resume CKPT_DIR AFTER_JSON WORLD
+
+resumes training from "model.*" and "optim.*" of a checkpoint dtensor-cpp saved in PyTorch's
+format (its optimizer state in PyTorch's layout: StateDictOptions::pytorch_layout): dcp.load
+and set_state_dict into the FSDP2 MLP and its Adam on WORLD Gloo processes, one step on the
+batch of train_step, and compares the parameters with AFTER_JSON ({"model.<name>": the values
+of the C++ side after its own step}). Prints "resumed N parameters".
 
     python dcp_interop.py load-hf HF_DIR EXPECTED_JSON WORLD
 
@@ -46,7 +55,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
-from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
@@ -54,21 +63,40 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 
 class MLP(nn.Module):
+    """The shape of dtensor-cpp's models::MLPModule (and of PyTorch's MLPModule in its tests)."""
+
     def __init__(self):
         super().__init__()
-        self.net1 = nn.Linear(6, 8)
-        self.net2 = nn.Linear(8, 6)
+        self.net1 = nn.Linear(10, 16)
+        self.net2 = nn.Linear(16, 10)
 
     def forward(self, x):
         return self.net2(torch.relu(self.net1(x)))
 
 
-def trained(model):
-    """One Adam step on a fixed batch; returns the (model, optimizer) state dicts."""
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    model(torch.arange(24, dtype=torch.float32).reshape(4, 6) / 24).sum().backward()
+def train_step(model, opt):
+    """One Adam step on a fixed batch (the C++ side takes the same: dcp_interop_test.cpp)."""
+    model(torch.arange(40, dtype=torch.float32).reshape(4, 10) / 40).sum().backward()
     opt.step()
-    return get_state_dict(model, opt)
+    opt.zero_grad()
+
+
+def trained(model):
+    """Adam after one step; returns it and the (model, optimizer) state dicts."""
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    train_step(model, opt)
+    return opt, get_state_dict(model, opt)
+
+
+def fsdp_mlp(mesh):
+    model = MLP()
+    fully_shard(model.net1, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def parameters_reference(model):
+    return {f"model.{k}": reference(v) for k, v in model.named_parameters()}
 
 
 def flat(prefix, value, out):
@@ -106,10 +134,8 @@ def rank_main(rank, world, out_dir, port):
         "step": 42,
         "name": "dtensor-cpp",
     }
-    fsdp = MLP()
-    fully_shard(fsdp.net1, mesh=mesh)
-    fully_shard(fsdp, mesh=mesh)
-    model_sd, optim_sd = trained(fsdp)
+    fsdp = fsdp_mlp(mesh)
+    fsdp_opt, (model_sd, optim_sd) = trained(fsdp)
     sd["model"] = model_sd
     sd["optim"] = optim_sd
     if world == 4:
@@ -117,19 +143,24 @@ def rank_main(rank, world, out_dir, port):
         tp = MLP()
         parallelize_module(tp, mesh2["tp"], {"net1": ColwiseParallel(), "net2": RowwiseParallel()})
         fully_shard(tp, mesh=mesh2["dp"])
-        model2, optim2 = trained(tp)
+        _, (model2, optim2) = trained(tp)
         sd["2d"] = {"model": model2, "optim": optim2}
     dcp.save(sd, checkpoint_id=os.path.join(out_dir, "ckpt"))
     entries = {}
     flat("", sd, entries)
+    expected = {k: reference(v) for k, v in entries.items()}
     # Floating-point ones: PyTorch's consolidation sizes elements with torch.finfo, which
     # raises for integer dtypes.
     tensors = {k: v for k, v in entries.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
     mapping = {k: 1 + i % 2 for i, k in enumerate(sorted(tensors))}
     dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(
         os.path.join(out_dir, "hf"), fqn_to_index_mapping=mapping, save_distributed=True, enable_consolidation=True))
-    expected = {k: reference(v) for k, v in entries.items()}
+    # The FSDP2 model's parameters after a second step: what resuming from the checkpoint gives.
+    train_step(fsdp, fsdp_opt)
+    after = parameters_reference(fsdp)
     if rank == 0:
+        with open(os.path.join(out_dir, "after.json"), "w") as f:
+            json.dump(after, f)
         with open(os.path.join(out_dir, "expected.json.partial"), "w") as f:
             json.dump(expected, f)
         os.rename(os.path.join(out_dir, "expected.json.partial"), os.path.join(out_dir, "expected.json"))
@@ -195,6 +226,40 @@ def load_main(rank, world, ckpt, expected_path, port, hf):
         sys.exit(1)
 
 
+def resume_main(rank, world, ckpt, after_path, port):
+    """Resumes training from a checkpoint of model.* and optim.* (PyTorch's layout): loads it into
+    an FSDP2 MLP and its Adam with dcp.load and set_state_dict, takes one step, and compares the
+    parameters with AFTER_JSON."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    model = fsdp_mlp(mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    model_sd, optim_sd = get_state_dict(model, opt)
+    sd = {"model": model_sd, "optim": optim_sd}
+    dcp.load(sd, checkpoint_id=ckpt)
+    set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    train_step(model, opt)
+    with open(after_path) as f:
+        after = json.load(f)
+    got = parameters_reference(model)
+    bad = []
+    for key, want in after.items():
+        g = got.get(key)
+        if g is None or g["shape"] != want["shape"] or not torch.allclose(
+                torch.tensor(g["values"]), torch.tensor(want["values"]), rtol=1e-5, atol=1e-6):
+            bad.append(f"{key}: after resuming {g}, expected {want}")
+    if rank == 0:
+        for b in bad:
+            print("MISMATCH", b, flush=True)
+        print(f"resumed {len(after)} parameters", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    if bad:
+        sys.exit(1)
+
+
 def free_port():
     import socket
     with socket.socket() as s:
@@ -211,6 +276,9 @@ def main():
         ckpt, expected, world = sys.argv[2], sys.argv[3], int(sys.argv[4])
         mp.start_processes(load_main, args=(world, ckpt, expected, free_port(), sys.argv[1] == "load-hf"), nprocs=world,
                            start_method="fork")
+    elif len(sys.argv) == 5 and sys.argv[1] == "resume":
+        ckpt, after, world = sys.argv[2], sys.argv[3], int(sys.argv[4])
+        mp.start_processes(resume_main, args=(world, ckpt, after, free_port()), nprocs=world, start_method="fork")
     else:
         sys.exit(__doc__)
 

@@ -13,8 +13,12 @@
 // saying so.
 #include "dtensor/checkpoint/checkpoint.h"
 #include "dtensor/comm/comm.h"
+#include "dtensor/nn/nn.h"
+#include "dtensor/parallel/parallel.h"
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
+#include "models/models.h"
+#include "suites/parallel/parallel_testing.h"
 #include "suites/testing/checkpoint_errors.h"
 #include "suites/testing/child_process.h"
 #include "suites/testing/errors.h"
@@ -25,6 +29,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
+#include <torch/optim/adam.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -602,6 +607,125 @@ TEST(HuggingFaceFiles, ShardingInfoThatDoesNotPlaceTheChunksIsAnErrorNamingTheFi
                "overlap");
   EXPECT_PRED2(contains, error({R"({"w": {"saved_offsets": [0, 0]}})", R"({"w": {"saved_offsets": [0, 4]}})"}),
                "the safetensors files in");
+}
+
+// ---- training state across the languages ------------------------------------------------------
+
+namespace dcp = checkpoint;
+
+// The batch and step of dcp_interop.py's train_step: Adam on the sum of the outputs.
+void train_step(models::MLPModule& m, torch::optim::Optimizer& opt) {
+  opt.zero_grad();
+  testing::gathered(nn::call(m, at::arange(40, at::kFloat).view({4, 10}) / 40)).sum().backward();
+  opt.step();
+}
+
+// models::MLPModule under tensor parallelism over `mesh` (colwise net1, rowwise net2).
+models::MLPModule tp_mlp(const DeviceMesh& mesh) {
+  models::MLPModule m(c10::Device(c10::kCPU));
+  parallelize_module(m, mesh, {{"net1", ColwiseParallel()}, {"net2", RowwiseParallel()}});
+  return m;
+}
+
+// The model's and optimizer's state dicts, prefixed "model." and "optim.", the optimizer's in
+// PyTorch's layout.
+StateDict training_state(models::MLPModule& m, torch::optim::Optimizer& opt) {
+  dcp::StateDictOptions pytorch;
+  pytorch.pytorch_layout = true;
+  StateDict sd = dcp::with_prefix(dcp::get_model_state_dict(*m), "model.");
+  sd.merge(dcp::with_prefix(dcp::get_optimizer_state_dict(*m, opt, pytorch), "optim."));
+  return sd;
+}
+
+// PyTorch trained an FSDP2 MLP one Adam step on 4 processes and saved it (dcp_interop.py); the
+// ranks here load its model and optimizer state into a tensor-parallel MLP and a libtorch Adam,
+// take the second step, and get PyTorch's parameters after its own second step.
+DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, ResumesPyTorchsFsdpTrainingWithItsParameters) {
+  PYTORCH_CHECKPOINT_OR_SKIP(dir);
+  std::ifstream in(fs::path(dir) / "after.json");
+  const nlohmann::json after = nlohmann::json::parse(in);
+  ASSERT_EQ(after.size(), 4u);
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
+  models::MLPModule m = tp_mlp(mesh);
+  torch::optim::Adam opt(nn::parameters(*m), torch::optim::AdamOptions(0.5));  // PyTorch's 0.01 is loaded
+  StateDict sd = training_state(m, opt);
+  LoadOptions lo;
+  lo.strict = false;  // the checkpoint holds more than this model
+  auto r = dcp::load(sd, (fs::path(dir) / "ckpt").string(), lo);
+  EXPECT_TRUE(r.missing_keys.empty()) << r.missing_keys.size() << " missing, the first "
+                                      << (r.missing_keys.empty() ? "" : r.missing_keys[0]);
+  dcp::set_model_state_dict(*m, dcp::strip_prefix(sd, "model."));
+  dcp::StateDictOptions pytorch;
+  pytorch.pytorch_layout = true;
+  dcp::set_optimizer_state_dict(*m, opt, dcp::strip_prefix(sd, "optim."), pytorch);
+  EXPECT_DOUBLE_EQ(static_cast<torch::optim::AdamOptions&>(opt.param_groups()[0].options()).lr(), 0.01);
+  train_step(m, opt);
+  for (const auto& [name, p] : nn::named_parameters(*m)) {
+    const at::Tensor want = full_tensor(after.at("model." + name));
+    EXPECT_TRUE(at::allclose(testing::gathered(p), want, 1e-5, 1e-6))
+        << name << ": " << testing::gathered(p) << " vs PyTorch's " << want;
+  }
+}
+
+// The other way: the ranks train the tensor-parallel MLP one step, save model and optimizer in
+// PyTorch's format and layout, and take a second step; PyTorch loads the checkpoint into its
+// FSDP2 MLP and Adam on 3 processes, takes its second step, and gets the same parameters.
+DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, SavesTrainingStateThatPyTorchResumesAtAnotherWorldSize) {
+  const std::string python = torch_python();
+  if (python.empty()) GTEST_SKIP() << "PyTorch's Python is not configured: set DTENSOR_TORCH_PYTHON (ci/test "
+                                      "sets it to ci/torch-wheel's environment)";
+  SharedDir dir(t.group());
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()});
+  models::MLPModule m = tp_mlp(mesh);
+  torch::optim::Adam opt(nn::parameters(*m), torch::optim::AdamOptions(0.01));
+  train_step(m, opt);
+  dcp::SaveOptions so;
+  so.format = dcp::CheckpointFormat::kPyTorchDcp;
+  dcp::save(training_state(m, opt), dir.sub("ckpt"), so);
+  train_step(m, opt);
+  nlohmann::json after;
+  for (const auto& [name, p] : nn::named_parameters(*m)) after["model." + name] = reference_of(testing::gathered(p));
+  std::string report;
+  if (t.rank() == 0) {
+    std::ofstream(dir.sub("after.json")) << after.dump();
+    auto run = testing::run_program(python, {DTENSOR_DCP_INTEROP_SCRIPT, "resume", dir.sub("ckpt"), dir.sub("after.json"), "3"},
+                                    {{"PYTHONWARNINGS", "ignore"}}, std::chrono::seconds(300));
+    report = "exit " + std::to_string(run.exit_code) + "\n" + run.output;
+  }
+  report = comm::all_gather_object(t.group(), report)[0];
+  EXPECT_PRED2(contains, report, "exit 0\n");
+  EXPECT_PRED2(contains, report, "resumed 4 parameters");
+  EXPECT_FALSE(contains(report, "MISMATCH")) << report;
+}
+
+// A group PyTorch's optimizer ran with an update libtorch's does not make is refused, naming it.
+TEST(PyTorchOptimizerLayout, AGroupWithAnUpdateLibtorchDoesNotMakeIsRefused) {
+  models::MLPModule m(c10::Device(c10::kCPU));
+  torch::optim::Adam opt(nn::parameters(*m), torch::optim::AdamOptions(0.01));
+  dcp::StateDictOptions pytorch;
+  pytorch.pytorch_layout = true;
+  StateDict sd = dcp::get_optimizer_state_dict(*m, opt, pytorch);
+  ASSERT_TRUE(sd.count("param_groups.0.params"));
+  EXPECT_EQ(std::get<c10::IValue>(sd.at("param_groups.0.params")).toListRef().size(), 4u);
+  EXPECT_TRUE(std::get<c10::IValue>(sd.at("param_groups.0.betas")).isTuple());
+  EXPECT_EQ(std::get<at::Tensor>(sd.at("state.net1.weight.step")).dim(), 0);
+  auto with = [&](const std::string& key, c10::IValue v) {
+    StateDict copy = sd;
+    copy[key] = std::move(v);
+    return testing::error_of([&] { dcp::set_optimizer_state_dict(*m, opt, copy, pytorch); });
+  };
+  EXPECT_PRED2(contains, with("param_groups.0.maximize", true),
+               "group 0 of PyTorch's optimizer state dict has maximize=True, which libtorch's optimizers do not do");
+  EXPECT_PRED2(contains, with("param_groups.0.decoupled_weight_decay", true),
+               "has decoupled_weight_decay=True (AdamW's update), this optimizer is Adam");
+  EXPECT_PRED2(contains, with("param_groups.0.params", c10::IValue(int64_t(3))), "has no 'params' list");
+  // Unchanged, it sets what it got: the options, and the step count from the float tensor.
+  sd["param_groups.0.lr"] = 0.25;
+  sd["state.net2.bias.step"] = at::scalar_tensor(7.0);
+  dcp::set_optimizer_state_dict(*m, opt, sd, pytorch);
+  EXPECT_DOUBLE_EQ(static_cast<torch::optim::AdamOptions&>(opt.param_groups()[0].options()).lr(), 0.25);
+  StateDict ours = dcp::get_optimizer_state_dict(*m, opt);
+  EXPECT_EQ(std::get<c10::IValue>(ours.at("state.net2.bias.step")).toInt(), 7);
 }
 
 }  // namespace

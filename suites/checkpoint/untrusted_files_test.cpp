@@ -211,7 +211,7 @@ TEST(CheckpointReaders, SafetensorsMetadataValueErrorsNameTheFile) {
   options.no_dist = true;
   EXPECT_PRED2(contains, error_of([&] { load_safetensors(sd, path, options); }),
                "key 'step' of the \"__metadata__\" of safetensors file '" + path +
-                   "' is not a value export_safetensors wrote (not hex)");
+                   "' is not a value dtensor-cpp wrote (not hex)");
 }
 
 TEST(CheckpointReaders, SafetensorsIndexNamesOnlyFilesBesideIt) {
