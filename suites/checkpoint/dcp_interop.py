@@ -120,12 +120,29 @@ def reference(value):
     return {"object": value}
 
 
-def rank_main(rank, world, out_dir, port):
+def init_world(rank, world, port):
+    """Joins the Gloo world; returns its 1-D mesh."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    return init_device_mesh("cpu", (world,))
+
+
+def finish(rank, bad, summary):
+    """Rank 0 prints every mismatch and `summary`; every rank leaves the world, failing on a mismatch."""
+    if rank == 0:
+        for b in bad:
+            print("MISMATCH", b, flush=True)
+        print(summary, flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    if bad:
+        sys.exit(1)
+
+
+def rank_main(rank, world, out_dir, port):
+    mesh = init_world(rank, world, port)
     torch.manual_seed(0)
-    mesh = init_device_mesh("cpu", (world,))
     sd = {
         "tp.w": distribute_tensor(torch.arange(54, dtype=torch.float32).reshape(9, 6) * 0.5, mesh, [Shard(0)]),
         "tp.v": distribute_tensor(torch.arange(40).reshape(4, 10).to(torch.bfloat16), mesh, [Shard(1)]),
@@ -196,10 +213,7 @@ def mismatches(sd, expected, how):
 
 
 def load_main(rank, world, ckpt, expected_path, port, hf):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_world(rank, world, port)
     with open(expected_path) as f:
         expected = json.load(f)
     sd = destinations(expected, mesh)
@@ -216,24 +230,14 @@ def load_main(rank, world, ckpt, expected_path, port, hf):
     else:
         dcp.load(sd, checkpoint_id=ckpt)
         bad = mismatches(sd, expected, "dcp")
-    if rank == 0:
-        for b in bad:
-            print("MISMATCH", b, flush=True)
-        print(f"checked {len(expected)} entries", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
-    if bad:
-        sys.exit(1)
+    finish(rank, bad, f"checked {len(expected)} entries")
 
 
 def resume_main(rank, world, ckpt, after_path, port):
     """Resumes training from a checkpoint of model.* and optim.* (PyTorch's layout): loads it into
     an FSDP2 MLP and its Adam with dcp.load and set_state_dict, takes one step, and compares the
     parameters with AFTER_JSON."""
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_world(rank, world, port)
     model = fsdp_mlp(mesh)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     model_sd, optim_sd = get_state_dict(model, opt)
@@ -250,14 +254,7 @@ def resume_main(rank, world, ckpt, after_path, port):
         if g is None or g["shape"] != want["shape"] or not torch.allclose(
                 torch.tensor(g["values"]), torch.tensor(want["values"]), rtol=1e-5, atol=1e-6):
             bad.append(f"{key}: after resuming {g}, expected {want}")
-    if rank == 0:
-        for b in bad:
-            print("MISMATCH", b, flush=True)
-        print(f"resumed {len(after)} parameters", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
-    if bad:
-        sys.exit(1)
+    finish(rank, bad, f"resumed {len(after)} parameters")
 
 
 def free_port():

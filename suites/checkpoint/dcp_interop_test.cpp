@@ -213,6 +213,33 @@ DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, AWrongDestinationFailsEvery
 
 // ---- dtensor-cpp saves, PyTorch loads --------------------------------------------------------
 
+// The full values of what the saving tests save: uneven, bfloat16, float64, int64, 0-dim.
+std::map<std::string, at::Tensor> sample_tensors() {
+  return {{"w", at::arange(54, at::kFloat).view({9, 6}) * 0.5},
+          {"v", at::arange(40, at::kFloat).view({4, 10}).to(at::kBFloat16)},
+          {"r", at::linspace(-1, 1, 5, at::kDouble)},
+          {"p", at::arange(7, at::kLong) * 3},
+          {"s", at::scalar_tensor(2.5)},
+          {"m2", at::arange(48, at::kFloat).view({8, 6}) - 7}};
+}
+
+// Those as DTensors of 1-D and (with an even world) 2-D placements and plain tensors, and an
+// object "step".
+StateDict sample_state(testing::MultiRankTest& t, const DeviceMesh& mesh1, const std::map<std::string, at::Tensor>& full) {
+  StateDict sd{{"w", distribute_tensor(full.at("w"), mesh1, {Shard{0}})},
+               {"v", distribute_tensor(full.at("v"), mesh1, {Shard{1}})},
+               {"r", distribute_tensor(full.at("r"), mesh1, {Replicate{}})},
+               {"p", full.at("p")},
+               {"s", full.at("s")},
+               {"step", c10::IValue(int64_t(42))}};
+  if (t.ranks() % 2 == 0) {
+    sd["m2"] = distribute_tensor(full.at("m2"), init_device_mesh(t.device_type(), t.mesh_shape_2d()), {Shard{0}, Shard{1}});
+  } else {
+    sd["m2"] = distribute_tensor(full.at("m2"), mesh1, {Shard{1}});
+  }
+  return sd;
+}
+
 // {"dtype", "shape", "values"} of a full tensor, as the script's reference() writes it.
 nlohmann::json reference_of(const at::Tensor& full) {
   at::Tensor d = full.to(at::kDouble).contiguous();
@@ -226,27 +253,11 @@ DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, SavesInPyTorchsFormatThatPy
   SharedDir dir(t.group());
   const std::string ckpt = dir.sub("dcp");
   auto mesh1 = init_device_mesh(t.device_type(), {t.ranks()});
-  std::map<std::string, at::Tensor> full{
-      {"w", at::arange(54, at::kFloat).view({9, 6}) * 0.5},
-      {"v", at::arange(40, at::kFloat).view({4, 10}).to(at::kBFloat16)},
-      {"r", at::linspace(-1, 1, 5, at::kDouble)},
-      {"p", at::arange(7, at::kLong) * 3},
-      {"s", at::scalar_tensor(2.5)},
-      {"m2", at::arange(48, at::kFloat).view({8, 6}) - 7}};
-  StateDict sd{{"w", distribute_tensor(full["w"], mesh1, {Shard{0}})},
-               {"v", distribute_tensor(full["v"], mesh1, {Shard{1}})},
-               {"r", distribute_tensor(full["r"], mesh1, {Replicate{}})},
-               {"p", full["p"]},
-               {"s", full["s"]},
-               {"step", c10::IValue(int64_t(42))},
-               {"name", c10::IValue(std::string("dtensor-cpp"))},
-               {"lr", c10::IValue(0.01)},
-               {"betas", c10::ivalue::Tuple::create({c10::IValue(0.9), c10::IValue(0.999)})}};
-  if (t.ranks() % 2 == 0) {
-    sd["m2"] = distribute_tensor(full["m2"], init_device_mesh(t.device_type(), t.mesh_shape_2d()), {Shard{0}, Shard{1}});
-  } else {
-    sd["m2"] = distribute_tensor(full["m2"], mesh1, {Shard{1}});
-  }
+  const std::map<std::string, at::Tensor> full = sample_tensors();
+  StateDict sd = sample_state(t, mesh1, full);
+  sd["name"] = c10::IValue(std::string("dtensor-cpp"));
+  sd["lr"] = c10::IValue(0.01);
+  sd["betas"] = c10::ivalue::Tuple::create({c10::IValue(0.9), c10::IValue(0.999)});
   checkpoint::SaveOptions so;
   so.format = checkpoint::CheckpointFormat::kPyTorchDcp;
   checkpoint::save(sd, ckpt, so);
@@ -462,24 +473,8 @@ DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, SavesHuggingFaceShardsThatP
   SharedDir dir(t.group());
   const std::string ckpt = dir.sub("hf");
   auto mesh1 = init_device_mesh(t.device_type(), {t.ranks()});
-  std::map<std::string, at::Tensor> full{
-      {"w", at::arange(54, at::kFloat).view({9, 6}) * 0.5},
-      {"v", at::arange(40, at::kFloat).view({4, 10}).to(at::kBFloat16)},
-      {"r", at::linspace(-1, 1, 5, at::kDouble)},
-      {"p", at::arange(7, at::kLong) * 3},
-      {"s", at::scalar_tensor(2.5)},
-      {"m2", at::arange(48, at::kFloat).view({8, 6}) - 7}};
-  StateDict sd{{"w", distribute_tensor(full["w"], mesh1, {Shard{0}})},
-               {"v", distribute_tensor(full["v"], mesh1, {Shard{1}})},
-               {"r", distribute_tensor(full["r"], mesh1, {Replicate{}})},
-               {"p", full["p"]},
-               {"s", full["s"]},
-               {"step", c10::IValue(int64_t(42))}};
-  if (t.ranks() % 2 == 0) {
-    sd["m2"] = distribute_tensor(full["m2"], init_device_mesh(t.device_type(), t.mesh_shape_2d()), {Shard{0}, Shard{1}});
-  } else {
-    sd["m2"] = distribute_tensor(full["m2"], mesh1, {Shard{1}});
-  }
+  const std::map<std::string, at::Tensor> full = sample_tensors();
+  const StateDict sd = sample_state(t, mesh1, full);
   checkpoint::SaveOptions so;
   so.format = checkpoint::CheckpointFormat::kHuggingFace;
   so.enable_consolidation = true;
