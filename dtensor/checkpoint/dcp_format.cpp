@@ -55,7 +55,10 @@ const std::set<std::string>& metadata_globals() {
         kMeta + "StorageMeta", kMeta + "_MEM_FORMAT_ENCODING",
         "torch.distributed.checkpoint.filesystem._StorageInfo", "torch.Size", "torch.serialization._get_layout",
         "collections.OrderedDict", "pathlib.PosixPath", "pathlib.PurePosixPath", "pathlib.WindowsPath",
-        "pathlib.PureWindowsPath"};
+        "pathlib.PureWindowsPath",
+        // Python 3.13 moved pathlib's classes into pathlib._local, and pickles them by that name.
+        "pathlib._local.PosixPath", "pathlib._local.PurePosixPath", "pathlib._local.WindowsPath",
+        "pathlib._local.PureWindowsPath"};
     for (const char* d : kDtypes) g.insert(std::string("torch.") + d);
     return g;
   }();

@@ -17,7 +17,7 @@ The entries (WORLD >= 2; the 2-D ones need WORLD == 4):
     FSDP2 on its "dp" dim, whose weights are _StridedShard on dp and Shard on tp.
 The floating-point tensor entries are also saved as Hugging Face safetensors, sharded by every rank and
 consolidated (HuggingFaceStorageWriter with save_distributed=True, enable_consolidation=True,
-the keys alternating between two files), into OUT_DIR/hf.
+the keys alternating between two files), into OUT_DIR/hf, where this PyTorch has that writer.
 Prints one line, "saved N entries", and exits 0.
 
     python dcp_interop.py load CKPT_DIR EXPECTED_JSON WORLD
@@ -54,7 +54,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 import torch.nn as nn
-from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -74,9 +73,19 @@ class MLP(nn.Module):
         return self.net2(torch.relu(self.net1(x)))
 
 
+# FSDP2 runs on the CPU from PyTorch 2.7 (Debian 13's 2.6 lacks the CPU streams' record_event
+# it needs): before, fsdp_mlp lays the parameters out as FSDP2 does (Shard(0)) by hand, and the
+# 2-D model is left out.
+FSDP2_ON_CPU = hasattr(torch.cpu.Stream, "record_event")
+
+
 def train_step(model, opt):
     """One Adam step on a fixed batch (the C++ side takes the same: dcp_interop_test.cpp)."""
-    model(torch.arange(40, dtype=torch.float32).reshape(4, 10) / 40).sum().backward()
+    x = torch.arange(40, dtype=torch.float32).reshape(4, 10) / 40
+    if getattr(model, "mesh", None) is not None:
+        x = DTensor.from_local(x, model.mesh, [Replicate()])
+    out = model(x)
+    (out.full_tensor() if isinstance(out, DTensor) else out).sum().backward()
     opt.step()
     opt.zero_grad()
 
@@ -90,8 +99,15 @@ def trained(model):
 
 def fsdp_mlp(mesh):
     model = MLP()
-    fully_shard(model.net1, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model.mesh = None
+    if FSDP2_ON_CPU:
+        fully_shard(model.net1, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+    for layer in (model.net1, model.net2):
+        for name, p in list(layer.named_parameters()):
+            layer.register_parameter(name, nn.Parameter(distribute_tensor(p.detach(), mesh, [Shard(0)])))
+    model.mesh = mesh
     return model
 
 
@@ -118,6 +134,17 @@ def reference(value):
         return {"dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape),
                 "values": value.detach().to(torch.float64).flatten().tolist()}
     return {"object": value}
+
+
+def has_hf_storage():
+    """Whether this PyTorch has the Hugging Face storage writer and reader (Debian 13's 2.6 has
+    not) and the safetensors package they use."""
+    try:
+        from torch.distributed.checkpoint import HuggingFaceStorageWriter  # noqa: F401
+        import safetensors  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def init_world(rank, world, port):
@@ -155,7 +182,7 @@ def rank_main(rank, world, out_dir, port):
     fsdp_opt, (model_sd, optim_sd) = trained(fsdp)
     sd["model"] = model_sd
     sd["optim"] = optim_sd
-    if world == 4:
+    if world == 4 and FSDP2_ON_CPU:
         mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
         tp = MLP()
         parallelize_module(tp, mesh2["tp"], {"net1": ColwiseParallel(), "net2": RowwiseParallel()})
@@ -170,8 +197,11 @@ def rank_main(rank, world, out_dir, port):
     # raises for integer dtypes.
     tensors = {k: v for k, v in entries.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
     mapping = {k: 1 + i % 2 for i, k in enumerate(sorted(tensors))}
-    dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(
-        os.path.join(out_dir, "hf"), fqn_to_index_mapping=mapping, save_distributed=True, enable_consolidation=True))
+    if has_hf_storage():
+        from torch.distributed.checkpoint import HuggingFaceStorageWriter
+        dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(
+            os.path.join(out_dir, "hf"), fqn_to_index_mapping=mapping, save_distributed=True,
+            enable_consolidation=True))
     # The FSDP2 model's parameters after a second step: what resuming from the checkpoint gives.
     train_step(fsdp, fsdp_opt)
     after = parameters_reference(fsdp)
@@ -218,6 +248,7 @@ def load_main(rank, world, ckpt, expected_path, port, hf):
         expected = json.load(f)
     sd = destinations(expected, mesh)
     if hf:
+        from torch.distributed.checkpoint import HuggingFaceStorageReader
         dcp.load(sd, storage_reader=HuggingFaceStorageReader(os.path.join(ckpt, "sharded")))
         bad = mismatches(sd, expected, "shards")
         from safetensors.torch import load_file

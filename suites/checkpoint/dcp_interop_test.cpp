@@ -36,6 +36,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 
@@ -169,7 +170,9 @@ DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, LoadsPyTorchsCheckpointInto
   PYTORCH_CHECKPOINT_OR_SKIP(dir);
   const nlohmann::json expected = expected_values(dir);
   const std::string ckpt = (fs::path(dir) / "ckpt").string();
-  ASSERT_GE(expected.size(), 60u);  // every kind the script saves (see dcp_interop.py)
+  // Every kind the script saves (see dcp_interop.py): 62 entries, 33 from a PyTorch whose
+  // FSDP2 does not run on the CPU (no 2-D model).
+  ASSERT_GE(expected.size(), 33u);
 
   // At this world size, each key in placements other than PyTorch's.
   auto mesh1 = init_device_mesh(t.device_type(), {t.ranks()});
@@ -212,6 +215,19 @@ DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, AWrongDestinationFailsEvery
 }
 
 // ---- dtensor-cpp saves, PyTorch loads --------------------------------------------------------
+
+// Rank 0 runs PyTorch's side (`python` dcp_interop.py `args`); every rank gets "exit <code>"
+// and its output.
+std::string pytorch_side(testing::MultiRankTest& t, const std::string& python, const std::vector<std::string>& args) {
+  std::string report;
+  if (t.rank() == 0) {
+    std::vector<std::string> argv{DTENSOR_DCP_INTEROP_SCRIPT};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto run = testing::run_program(python, argv, {{"PYTHONWARNINGS", "ignore"}}, std::chrono::seconds(300));
+    report = "exit " + std::to_string(run.exit_code) + "\n" + run.output;
+  }
+  return comm::all_gather_object(t.group(), report)[0];
+}
 
 // The full values of what the saving tests save: uneven, bfloat16, float64, int64, 0-dim.
 std::map<std::string, at::Tensor> sample_tensors() {
@@ -280,7 +296,7 @@ DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, SavesInPyTorchsFormatThatPy
   // PyTorch's dcp.load reads it, on 3 Gloo processes, into its own placements.
   if (python.empty()) GTEST_SKIP() << "PyTorch's Python is not configured: set DTENSOR_TORCH_PYTHON (ci/test "
                                       "sets it to ci/torch-wheel's environment)";
-  std::string report;
+  const std::string expected_path = dir.sub("expected.json");
   if (t.rank() == 0) {
     nlohmann::json expected;
     for (const auto& [key, f] : full) expected[key] = reference_of(f);
@@ -288,13 +304,9 @@ DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, SavesInPyTorchsFormatThatPy
     expected["name"] = {{"object", "dtensor-cpp"}};
     expected["lr"] = {{"object", 0.01}};
     expected["betas"] = {{"object", {0.9, 0.999}}};
-    const std::string expected_path = dir.sub("expected.json");
     std::ofstream(expected_path) << expected.dump();
-    auto run = testing::run_program(python, {DTENSOR_DCP_INTEROP_SCRIPT, "load", ckpt, expected_path, "3"},
-                                    {{"PYTHONWARNINGS", "ignore"}}, std::chrono::seconds(300));
-    report = "exit " + std::to_string(run.exit_code) + "\n" + run.output;
   }
-  report = comm::all_gather_object(t.group(), report)[0];
+  const std::string report = pytorch_side(t, python, {"load", ckpt, expected_path, "3"});
   EXPECT_PRED2(contains, report, "exit 0\n");
   EXPECT_PRED2(contains, report, "checked " + std::to_string(sd.size()) + " entries");
   EXPECT_FALSE(contains(report, "MISMATCH")) << report;
@@ -373,7 +385,7 @@ TEST(DcpMetadata, AKeyNamedLikeAChunkIsItsOwnEntry) {
   testing::TempDir dir;
   const std::string code =
       "import torch, torch.distributed.checkpoint as dcp, sys\n"
-      "dcp.save({'a@[0]': 5, 'a': torch.arange(3.0)}, checkpoint_id=sys.argv[1], no_dist=True)\n";
+      "dcp.save({'a@[0]': 5, 'a': torch.arange(3.0)}, checkpoint_id=sys.argv[1])\n";
   auto run = testing::run_program(python, {"-c", code, dir.path()}, {{"PYTHONWARNINGS", "ignore"}});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   StateDict sd{{"a@[0]", c10::IValue()}, {"a", at::zeros({3})}};
@@ -422,8 +434,22 @@ std::map<std::string, int> file_indices(const std::string& index_path) {
   return out;
 }
 
+// Whether `python`'s PyTorch has the Hugging Face storage writer and reader (Debian 13's 2.6
+// has not) and the safetensors package.
+bool has_hf_storage(const std::string& python) {
+  static std::mutex mu;  // thread ranks ask at once
+  static std::map<std::string, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(python);
+  if (it != known.end()) return it->second;
+  auto run = testing::run_program(
+      python, {"-c", "import safetensors\nfrom torch.distributed.checkpoint import HuggingFaceStorageReader"});
+  return known[python] = run.exit_code == 0;
+}
+
 DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, LoadsPyTorchsHuggingFaceShardsAndConsolidatedFiles) {
   PYTORCH_CHECKPOINT_OR_SKIP(dir);
+  if (!fs::exists(fs::path(dir) / "hf")) GTEST_SKIP() << "this PyTorch (" << python_ << ") has no HuggingFaceStorageWriter";
   const nlohmann::json expected = hf_expected(expected_values(dir));
   ASSERT_GE(expected.size(), 30u);
   const fs::path hf = fs::path(dir) / "hf";
@@ -503,17 +529,14 @@ DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, SavesHuggingFaceShardsThatP
   // with safetensors' load_file.
   if (python.empty()) GTEST_SKIP() << "PyTorch's Python is not configured: set DTENSOR_TORCH_PYTHON (ci/test "
                                       "sets it to ci/torch-wheel's environment)";
-  std::string report;
+  if (!has_hf_storage(python)) GTEST_SKIP() << "this PyTorch (" << python << ") has no HuggingFaceStorageReader";
+  const std::string expected_path = dir.sub("expected.json");
   if (t.rank() == 0) {
     nlohmann::json expected;
     for (const auto& [key, f] : full) expected[key] = reference_of(f);
-    const std::string expected_path = dir.sub("expected.json");
     std::ofstream(expected_path) << expected.dump();
-    auto run = testing::run_program(python, {DTENSOR_DCP_INTEROP_SCRIPT, "load-hf", ckpt, expected_path, "3"},
-                                    {{"PYTHONWARNINGS", "ignore"}}, std::chrono::seconds(300));
-    report = "exit " + std::to_string(run.exit_code) + "\n" + run.output;
   }
-  report = comm::all_gather_object(t.group(), report)[0];
+  const std::string report = pytorch_side(t, python, {"load-hf", ckpt, expected_path, "3"});
   EXPECT_PRED2(contains, report, "exit 0\n");
   EXPECT_PRED2(contains, report, "checked " + std::to_string(full.size()) + " entries");
   EXPECT_FALSE(contains(report, "MISMATCH")) << report;
@@ -647,8 +670,10 @@ DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, ResumesPyTorchsFsdpTraining
   LoadOptions lo;
   lo.strict = false;  // the checkpoint holds more than this model
   auto r = dcp::load(sd, (fs::path(dir) / "ckpt").string(), lo);
-  EXPECT_TRUE(r.missing_keys.empty()) << r.missing_keys.size() << " missing, the first "
-                                      << (r.missing_keys.empty() ? "" : r.missing_keys[0]);
+  for (const auto& k : r.missing_keys) {
+    // Options of PyTorch's optimizers that an older PyTorch did not have yet.
+    EXPECT_EQ(k, "optim.param_groups.0.decoupled_weight_decay") << "missing from PyTorch's checkpoint";
+  }
   dcp::set_model_state_dict(*m, dcp::strip_prefix(sd, "model."));
   dcp::StateDictOptions pytorch;
   pytorch.pytorch_layout = true;
@@ -680,14 +705,8 @@ DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, SavesTrainingStateThatPyTor
   train_step(m, opt);
   nlohmann::json after;
   for (const auto& [name, p] : nn::named_parameters(*m)) after["model." + name] = reference_of(testing::gathered(p));
-  std::string report;
-  if (t.rank() == 0) {
-    std::ofstream(dir.sub("after.json")) << after.dump();
-    auto run = testing::run_program(python, {DTENSOR_DCP_INTEROP_SCRIPT, "resume", dir.sub("ckpt"), dir.sub("after.json"), "3"},
-                                    {{"PYTHONWARNINGS", "ignore"}}, std::chrono::seconds(300));
-    report = "exit " + std::to_string(run.exit_code) + "\n" + run.output;
-  }
-  report = comm::all_gather_object(t.group(), report)[0];
+  if (t.rank() == 0) std::ofstream(dir.sub("after.json")) << after.dump();
+  const std::string report = pytorch_side(t, python, {"resume", dir.sub("ckpt"), dir.sub("after.json"), "3"});
   EXPECT_PRED2(contains, report, "exit 0\n");
   EXPECT_PRED2(contains, report, "resumed 4 parameters");
   EXPECT_FALSE(contains(report, "MISMATCH")) << report;
