@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,14 @@ struct ReadSource {
   // What the messages call the source ("the checkpoint '<dir>'").
   std::string what;
 };
+
+// A DTensor's chunk on this rank: {box, local tensor}; nullopt when this rank is not in its
+// mesh. Partial placements must have been reduced.
+struct DTensorChunk {
+  ChunkMeta box;
+  at::Tensor local;
+};
+std::optional<DTensorChunk> dtensor_chunk(const at::Tensor& t);
 
 // "['a', 'b']" (the key lists of error messages).
 std::string join_keys(const std::vector<std::string>& keys);

@@ -1,21 +1,52 @@
-// dtensor/checkpoint/save_internal.h: the machinery of save's commit that is not part of the
-// API: the directory lock that keeps two jobs from saving into one directory at once, and the
-// fault points at which tests stop a save (NOTE: [Crash consistency of save] in
-// save_load.cpp), and what a rank holds to save. Internal: tests and the checkpoint sources
-// only.
+// dtensor/checkpoint/save_internal.h: the machinery of save that is not part of the API: what
+// a rank holds to save and where it went, the file helpers, async_save's staging
+// (staging.cpp), the directory lock that keeps two jobs from saving into one directory at once,
+// and the fault points at which tests stop a save (NOTE: [Crash consistency of save] in
+// save_load.cpp). Internal: tests and the checkpoint sources only.
 #pragma once
 
 #include "dtensor/checkpoint/planner.h"
+#include "dtensor/checkpoint/save_load.h"
 #include "dtensor/comm/group.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include <condition_variable>
 #include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 
 namespace dtensor {
 namespace checkpoint {
+
+// The state of a StagingBuffers (async_save's staging, staging.cpp): whether a save holds it,
+// its buffers by key and chunk, and the layout it staged last.
+struct StagingBuffers::Impl {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool busy = false;  // an async_save stages into or writes from the buffers
+  // Written only by the holder (busy); under `mu` so that nbytes() may read it meanwhile.
+  std::map<std::pair<std::string, ChunkMeta>, at::Tensor> buffers;
+  // The layout last staged (layout_of), read by the staging cache only while not busy.
+  std::string layout;
+
+  void acquire() {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return !busy; });
+    busy = true;
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      busy = false;
+    }
+    cv.notify_all();
+  }
+};
+
 namespace detail {
 
 // One chunk or object of this rank's state dict, with its data.
@@ -24,6 +55,9 @@ struct LocalItem {
   at::Tensor data;    // tensors: this chunk's values (any device, any strides)
   c10::IValue object;  // objects
 };
+
+// The name of a checkpoint's metadata file in its directory (ours and PyTorch's DCP).
+constexpr const char* kMetadataFile = ".metadata";
 
 // Where save put one item: the item and its stored chunk (the "write" step's result).
 struct WriteResult {
@@ -44,6 +78,17 @@ std::string errno_str();
 void write_all(int fd, const char* p, int64_t n, const std::string& path);
 // fsync of a file or directory by its path; throws naming it.
 void fsync_path(const std::string& path, bool directory);
+
+// async_save's staging (staging.cpp).
+// Every staged chunk's key, box and dtype: two state dicts with the same layout stage into the
+// same buffers.
+std::string layout_of(const std::vector<LocalItem>& items);
+// Copies of every tensor's data on the CPU, in `reuse`'s buffers when it has ones of the same
+// key, chunk, dtype and shape; `reuse` (held by the caller) then holds this save's buffers.
+std::vector<LocalItem> stage(std::vector<LocalItem> items, StagingBuffers::Impl* reuse);
+// A set of the process's staging cache, acquired (busy): a free one that staged `layout` last,
+// else any free one, else a new one.
+std::shared_ptr<StagingBuffers> take_cached_staging(const std::string& layout);
 
 // The points of a save at which the fault hook is called, in the order a save reaches them.
 enum class SaveFaultPoint {

@@ -1,4 +1,4 @@
-// dtensor/checkpoint/save_load.cpp: save, load and async_save (see save_load.h).
+// dtensor/checkpoint/save_load.cpp: save and async_save (see save_load.h); load is load.cpp's.
 #include "dtensor/checkpoint/save_load.h"
 
 #include "dtensor/checkpoint/dcp_internal.h"
@@ -38,45 +38,31 @@ namespace checkpoint {
 
 namespace fs = std::filesystem;
 
-std::string detail::join_keys(const std::vector<std::string>& keys) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < keys.size(); ++i) os << (i ? ", " : "") << "'" << keys[i] << "'";
-  os << "]";
-  return os.str();
-}
-
-namespace {
-
-using detail::join_keys;
-
-const char* kMetadataFile = ".metadata";
-
-std::string sizes_str(const std::vector<int64_t>& v) { return detail::int_list_string(v); }
-
-
-// ---- what this rank holds -------------------------------------------------------------------
-
-using detail::errno_str;
-using detail::fsync_path;
-using detail::LocalItem;
-using detail::resolve_group;
-using detail::resolve_use_dist;
-using detail::write_all;
-using detail::WriteResult;
-
-// A DTensor's chunk on this rank: {box, local tensor}; nullopt when this rank is not in its
-// mesh. Partial placements must have been reduced.
-struct DTensorChunk {
-  ChunkMeta box;
-  at::Tensor local;
-};
-std::optional<DTensorChunk> dtensor_chunk(const at::Tensor& t) {
+std::optional<detail::DTensorChunk> detail::dtensor_chunk(const at::Tensor& t) {
   const DTensorSpec& spec = get_spec(t);
   if (!spec.mesh.get_coordinate()) return std::nullopt;
   auto [shape, offset] = compute_local_shape_and_global_offset(t.sizes(), spec.mesh, spec.placements);
   return DTensorChunk{ChunkMeta{offset, shape}, local_tensor(t)};
 }
+
+namespace {
+
+using detail::kMetadataFile;
+
+// ---- what this rank holds -------------------------------------------------------------------
+
+using detail::errno_str;
+using detail::fsync_path;
+using detail::layout_of;
+using detail::LocalItem;
+using detail::resolve_group;
+using detail::resolve_use_dist;
+using detail::stage;
+using detail::take_cached_staging;
+using detail::write_all;
+using detail::WriteResult;
+
+using detail::dtensor_chunk;
 
 std::vector<int64_t> zeros_like_dims(size_t n) { return std::vector<int64_t>(n, 0); }
 
@@ -145,117 +131,12 @@ std::vector<LocalItem> collect_local_items(const StateDict& state_dict) {
   return items;
 }
 
-// `src` into `dst` (contiguous, CPU, same dtype and shape).
-void copy_into(at::Tensor& dst, const at::Tensor& src) {
-  if (src.device().is_cpu() && src.is_contiguous() && src.scalar_type() == dst.scalar_type()) {
-    std::memcpy(dst.data_ptr(), src.data_ptr(), src.nbytes());
-  } else {
-    dst.copy_(src);
-  }
-}
 
 }  // namespace
 
-struct StagingBuffers::Impl {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool busy = false;  // an async_save stages into or writes from the buffers
-  // Written only by the holder (busy); under `mu` so that nbytes() may read it meanwhile.
-  std::map<std::pair<std::string, ChunkMeta>, at::Tensor> buffers;
-  // The layout last staged (layout_of), read by the staging cache only while not busy.
-  std::string layout;
-
-  void acquire() {
-    std::unique_lock<std::mutex> lk(mu);
-    cv.wait(lk, [&] { return !busy; });
-    busy = true;
-  }
-  void release() {
-    {
-      std::lock_guard<std::mutex> lk(mu);
-      busy = false;
-    }
-    cv.notify_all();
-  }
-};
 
 namespace {
 
-// Every staged chunk's key, box and dtype: two state dicts with the same layout stage into the
-// same buffers.
-std::string layout_of(const std::vector<LocalItem>& items) {
-  std::ostringstream os;
-  for (const auto& li : items) {
-    if (li.data.defined()) os << li.item.fqn << '\0' << li.item.chunk.to_string() << li.item.dtype << '\n';
-  }
-  return os.str();
-}
-
-// Copies of every tensor's data on the CPU (async_save's staging), in `reuse`'s buffers when
-// it has ones of the same key, chunk, dtype and shape; `reuse` (held by the caller) then holds
-// this save's buffers, and only those.
-std::vector<LocalItem> stage(std::vector<LocalItem> items, StagingBuffers::Impl* reuse) {
-  std::map<std::pair<std::string, ChunkMeta>, at::Tensor> kept;
-  c10::AutoGradMode no_grad(false);
-  for (auto& li : items) {
-    if (!li.data.defined()) continue;
-    const at::Tensor src = li.data.detach();
-    at::Tensor buf;
-    if (reuse) {
-      auto it = reuse->buffers.find({li.item.fqn, li.item.chunk});
-      if (it != reuse->buffers.end() && it->second.scalar_type() == src.scalar_type() &&
-          it->second.sizes() == src.sizes()) {
-        buf = it->second;
-      }
-    }
-    if (!buf.defined()) buf = at::empty(src.sizes(), src.options().device(at::kCPU).memory_format(at::MemoryFormat::Contiguous));
-    copy_into(buf, src);
-    li.data = buf;
-    if (reuse) kept[{li.item.fqn, li.item.chunk}] = buf;
-  }
-  if (reuse) {
-    std::lock_guard<std::mutex> lk(reuse->mu);
-    reuse->buffers = std::move(kept);
-    reuse->layout = layout_of(items);
-  }
-  return items;
-}
-
-// The process's staging cache (SaveOptions::cache_staging). Never destroyed: background saves
-// may still hold sets when the process exits.
-struct StagingCache {
-  std::mutex mu;
-  std::vector<std::shared_ptr<StagingBuffers>> sets;
-};
-StagingCache& staging_cache() {
-  static auto* cache = new StagingCache;
-  return *cache;
-}
-
-// A set of the cache, acquired (busy): a free one that staged `layout` last, else any free one,
-// else a new one.
-std::shared_ptr<StagingBuffers> take_cached_staging(const std::string& layout) {
-  StagingCache& c = staging_cache();
-  std::lock_guard<std::mutex> lk(c.mu);
-  std::shared_ptr<StagingBuffers> any_free;
-  for (const auto& s : c.sets) {
-    StagingBuffers::Impl& im = s->impl();
-    std::lock_guard<std::mutex> slk(im.mu);
-    if (im.busy) continue;
-    if (im.layout == layout) {
-      im.busy = true;
-      return s;
-    }
-    if (!any_free) any_free = s;
-  }
-  if (!any_free) {
-    any_free = std::make_shared<StagingBuffers>();
-    c.sets.push_back(any_free);
-  }
-  std::lock_guard<std::mutex> slk(any_free->impl().mu);
-  any_free->impl().busy = true;
-  return any_free;
-}
 
 
 // ---- files ------------------------------------------------------------------------------------
@@ -559,368 +440,7 @@ Metadata save_items(const std::vector<LocalItem>& local, std::exception_ptr loca
   return m;
 }
 
-// ---- reading ----------------------------------------------------------------------------------
-
-class Reader {
- public:
-  // Checked reads go in pieces of this many bytes (a quarter of a core's L2 cache here).
-  static constexpr int64_t kPiece = int64_t(256) << 10;
-
-  // verify: check each block read against the chunk's checksums (false: chunks without any).
-  Reader(std::string dir, int64_t block, bool verify) : dir_(std::move(dir)), block_(block), verify_(verify) {}
-  ~Reader() {
-    for (auto& [name, file] : files_) ::close(file.fd);
-  }
-  Reader(const Reader&) = delete;
-  Reader& operator=(const Reader&) = delete;
-
-  // Bytes [from, to) of the stored chunk into `out` (to - from bytes), verifying the checksum
-  // of every block that holds them. The blocks that lie wholly inside the range are read
-  // straight into `out` and checked there; the partial blocks at either end go through a
-  // scratch buffer.
-  void read(const std::string& fqn, const StoredChunk& sc, int64_t from, int64_t to, char* out) {
-    if (to <= from) return;
-    const OpenFile& file = open_file(fqn, sc);
-    const int fd = file.fd;
-    const std::string& path = file.path;
-    if (!verify_) {
-      read_exact(fd, path, fqn, sc, from, to, out);
-      return;
-    }
-    const int64_t first_block = from / block_;
-    const int64_t end_block = (to + block_ - 1) / block_;
-    // Whole blocks inside [from, to): [mid_lo, mid_hi) (the chunk's last block ends at its end).
-    const int64_t mid_lo = (from % block_ == 0) ? from : (first_block + 1) * block_;
-    const int64_t mid_hi = (to == sc.length || to % block_ == 0) ? to : (to / block_) * block_;
-    // One block at a time, in pieces of at most kPiece bytes, each checksummed right after it is
-    // read while it is still in the core's cache (a whole block read first would have left
-    // the cache by the time the checksum reaches its end).
-    for (int64_t b = mid_lo; b < mid_hi; b += block_) {
-      const int64_t n = std::min(block_, mid_hi - b);
-      char* p = out + (b - from);
-      uint32_t c = 0;
-      for (int64_t s = 0; s < n; s += kPiece) {
-        const int64_t len = std::min(kPiece, n - s);
-        read_exact(fd, path, fqn, sc, b + s, b + s + len, p + s);
-        c = crc32(p + s, size_t(len), c);
-      }
-      check(path, fqn, sc, b, n, c);
-    }
-    for (int64_t blk = first_block; blk < end_block; ++blk) {
-      const int64_t bs = blk * block_;
-      const int64_t be = std::min(bs + block_, sc.length);
-      if (mid_lo < mid_hi && bs >= mid_lo && be <= mid_hi) continue;  // read above
-      scratch_.resize(size_t(be - bs));
-      read_exact(fd, path, fqn, sc, bs, be, scratch_.data());
-      check(path, fqn, sc, bs, be - bs, crc32(scratch_.data(), size_t(be - bs)));
-      const int64_t lo = std::max(bs, from), hi = std::min(be, to);
-      std::memcpy(out + (lo - from), scratch_.data() + (lo - bs), size_t(hi - lo));
-    }
-  }
-
-  // Throws unless the stored chunk's bytes lie inside its file: called before allocating
-  // memory for them, whose size comes from the metadata (NOTE: [Sizes from files]).
-  void check_in_file(const std::string& fqn, const StoredChunk& sc) {
-    const OpenFile& file = open_file(fqn, sc);
-    TORCH_CHECK(sc.offset + sc.length <= file.size, "data file '", file.path, "' is truncated: key '", fqn,
-                "' (chunk ", sc.chunk.to_string(), ") needs bytes [", sc.offset, ", ", sc.offset + sc.length,
-                ") of it, the file ends at ", file.size);
-  }
-
- private:
-  struct OpenFile {
-    int fd;
-    std::string path;
-    int64_t size;  // when opened
-  };
-
-  void read_exact(int fd, const std::string& path, const std::string& fqn, const StoredChunk& sc, int64_t lo,
-                  int64_t hi, char* p) {
-    int64_t got = 0;
-    while (got < hi - lo) {
-      ssize_t r = ::pread(fd, p + got, size_t(hi - lo - got), off_t(sc.offset + lo + got));
-      if (r < 0 && errno == EINTR) continue;
-      TORCH_CHECK(r >= 0, "cannot read '", path, "' (key '", fqn, "'): ", errno_str());
-      if (r == 0) break;
-      got += r;
-    }
-    TORCH_CHECK(got == hi - lo, "data file '", path, "' is truncated: key '", fqn, "' (chunk ", sc.chunk.to_string(),
-                ") needs bytes [", sc.offset + lo, ", ", sc.offset + hi, ") of it, the file ends at ",
-                sc.offset + lo + got);
-  }
-
-  // `c`: the CRC-32 of the block at [b, b + n) of the chunk.
-  void check(const std::string& path, const std::string& fqn, const StoredChunk& sc, int64_t b, int64_t n,
-             uint32_t c) {
-    const uint32_t want = sc.crc32.at(size_t(b / block_));
-    TORCH_CHECK(c == want, "checksum mismatch in data file '", path, "': key '", fqn, "' (chunk ", sc.chunk.to_string(),
-                "), bytes [", sc.offset + b, ", ", sc.offset + b + n, ") have crc32 ", c, ", the metadata says ", want,
-                " (the file is corrupted)");
-  }
-
-  // The chunk's file, opened once.
-  const OpenFile& open_file(const std::string& fqn, const StoredChunk& sc) {
-    auto it = files_.find(sc.file);
-    if (it != files_.end()) return it->second;
-    std::string path = (fs::path(dir_) / sc.file).string();
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    TORCH_CHECK(fd >= 0, "cannot open data file '", path, "' (key '", fqn, "'): ", errno_str());
-    struct stat st;
-    const std::string why = ::fstat(fd, &st) != 0 ? errno_str() : S_ISREG(st.st_mode) ? "" : "not a regular file";
-    if (!why.empty()) {
-      ::close(fd);
-      TORCH_CHECK(false, "cannot read data file '", path, "' (key '", fqn, "'): ", why);
-    }
-    return files_.emplace(sc.file, OpenFile{fd, std::move(path), int64_t(st.st_size)}).first->second;
-  }
-
-  std::string dir_;
-  int64_t block_;
-  bool verify_;
-  std::map<std::string, OpenFile> files_;
-  std::vector<char> scratch_;
-};
-
-// Copies the part of the saved entry `e` that overlaps `box` into `target` (which holds box).
-// An overlap that is one run of bytes in the stored chunk and in a contiguous CPU target (the
-// same layout, or row blocks of it) is read straight into the target's memory; others are
-// read into a buffer and copied with strides. (The overlap is computed in place, as
-// chunk_overlap does, without allocating: this runs for every stored chunk of every key.)
-void read_into(Reader& reader, const std::string& fqn, const Entry& e, const ChunkMeta& box, const at::Tensor& target) {
-  const at::ScalarType dtype = dtype_from_name(e.dtype);
-  const int64_t esize = int64_t(c10::elementSize(dtype));
-  const size_t nd = box.offsets.size();
-  c10::SmallVector<int64_t, 8> lo(nd), len(nd), strides(nd);
-  for (const auto& sc : e.chunks) {
-    if (sc.chunk.offsets.size() != nd) continue;
-    bool overlaps = true, whole_box = true;
-    for (size_t d = 0; d < nd && overlaps; ++d) {
-      lo[d] = std::max(sc.chunk.offsets[d], box.offsets[d]);
-      const int64_t hi = std::min(sc.chunk.offsets[d] + sc.chunk.sizes[d], box.offsets[d] + box.sizes[d]);
-      overlaps = hi > lo[d];
-      len[d] = hi - lo[d];
-      whole_box = whole_box && lo[d] == box.offsets[d] && len[d] == box.sizes[d];
-    }
-    if (!overlaps) continue;
-    int64_t numel = 1, first = 0, last = 0;
-    for (size_t i = nd; i-- > 0;) {
-      strides[i] = (i + 1 < nd) ? strides[i + 1] * sc.chunk.sizes[i + 1] : 1;
-      const int64_t in_chunk = lo[i] - sc.chunk.offsets[i];
-      first += in_chunk * strides[i];
-      last += (in_chunk + len[i] - 1) * strides[i];
-      numel *= len[i];
-    }
-    at::Tensor dst = target;
-    if (!whole_box) {  // a part of the target (no views when it is the whole: the same layout)
-      for (size_t d = 0; d < nd; ++d) dst = dst.narrow(int64_t(d), lo[d] - box.offsets[d], len[d]);
-    }
-    if (last - first + 1 == numel && dst.device().is_cpu() && dst.scalar_type() == dtype && dst.is_contiguous()) {
-      reader.read(fqn, sc, first * esize, (last + 1) * esize, static_cast<char*>(dst.data_ptr()));
-      if (!dst.is_inference()) dst.unsafeGetTensorImpl()->bump_version();
-      continue;
-    }
-    at::Tensor buf = at::empty({last - first + 1}, at::TensorOptions().dtype(dtype));
-    reader.read(fqn, sc, first * esize, (last + 1) * esize, static_cast<char*>(buf.data_ptr()));
-    dst.copy_(buf.as_strided(c10::IntArrayRef(len.data(), nd), c10::IntArrayRef(strides.data(), nd), 0));
-  }
-}
-
-// libtorch's unpickler (torch::jit::pickle_load) on stored bytes; its errors (c10::Error,
-// std::runtime_error, ...) as a c10::Error that names the key and `where` the bytes are.
-c10::IValue unpickle(const std::vector<char>& bytes, const std::string& fqn, const std::string& where) {
-  detail::check_pickled_value(bytes.data(), bytes.size(), "cannot read the value of key '" + fqn + "' from " + where);
-  try {
-    return torch::jit::pickle_load(bytes);
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "cannot read the value of key '", fqn, "' from ", where, ": ", e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "cannot read the value of key '", fqn, "' from ", where, ": ", e.what());
-  }
-}
-
-c10::IValue read_object(Reader& reader, const detail::ReadSource& src, const std::string& fqn, const Entry& e) {
-  const StoredChunk& sc = e.chunks.at(0);
-  if (sc.file.empty()) {
-    auto it = src.inline_objects.find(fqn);
-    TORCH_CHECK(it != src.inline_objects.end(), "key '", fqn, "' of ", src.what, " has no data file");
-    return unpickle(it->second, fqn, src.what);
-  }
-  reader.check_in_file(fqn, sc);
-  std::vector<char> bytes(size_t(sc.length));
-  reader.read(fqn, sc, 0, sc.length, bytes.data());
-  return unpickle(bytes, fqn,
-                  "data file '" + (fs::path(src.dir) / sc.file).string() + "' (bytes [" + std::to_string(sc.offset) +
-                      ", " + std::to_string(sc.offset + sc.length) + "))");
-}
-
 }  // namespace
-
-LoadResult detail::load_local(StateDict& state_dict, const ReadSource& src, const LoadOptions& opts) {
-  const Metadata& m = *src.metadata;
-  LoadResult res;
-  // The keys of both sides in one walk (both maps are sorted by key): the matched ones, the
-  // missing and the unexpected ones.
-  struct Match {
-    const std::string* fqn;
-    StateDictValue* value;
-    const Entry* entry;
-  };
-  std::vector<Match> matched;
-  matched.reserve(std::min(state_dict.size(), m.entries.size()));
-  {
-    auto s = state_dict.begin();
-    auto e = m.entries.begin();
-    while (s != state_dict.end() || e != m.entries.end()) {
-      if (e == m.entries.end() || (s != state_dict.end() && s->first < e->first)) {
-        res.missing_keys.push_back((s++)->first);
-      } else if (s == state_dict.end() || e->first < s->first) {
-        res.unexpected_keys.push_back((e++)->first);
-      } else {
-        matched.push_back({&s->first, &s->second, &e->second});
-        ++s;
-        ++e;
-      }
-    }
-  }
-  if (opts.strict && (!res.missing_keys.empty() || !res.unexpected_keys.empty())) {
-    std::ostringstream os;
-    os << "the state dict and " << src.what << " have different keys (strict load):";
-    if (!res.missing_keys.empty()) os << " missing from the checkpoint: " << join_keys(res.missing_keys) << ";";
-    if (!res.unexpected_keys.empty()) os << " not in the state dict: " << join_keys(res.unexpected_keys) << ";";
-    TORCH_CHECK(false, os.str());
-  }
-
-  // Check every key first, then read.
-  struct Dest {
-    const std::string* fqn;
-    const Entry* entry;
-    ChunkMeta box;
-    at::Tensor target;
-  };
-  std::vector<Dest> dests;
-  dests.reserve(matched.size());
-  std::vector<const Match*> objects;
-  std::vector<std::string> errors;
-  Reader reader(src.dir, m.checksum_block_bytes, src.verify_checksums && opts.verify_checksums);
-  auto check_tensor = [&](const std::string& fqn, const Entry& e, at::ScalarType dtype, c10::IntArrayRef size) {
-    if (e.kind != ItemKind::Tensor) {
-      errors.push_back("key '" + fqn + "' is an object in the checkpoint but a tensor in the state dict");
-      return false;
-    }
-    if (dtype_name(dtype) != e.dtype) {
-      errors.push_back("key '" + fqn + "' has dtype " + dtype_name(dtype) + " in the state dict but " + e.dtype +
-                       " in the checkpoint");
-      return false;
-    }
-    if (size != c10::IntArrayRef(e.size)) {
-      errors.push_back("key '" + fqn + "' has shape " + sizes_str(size.vec()) + " in the state dict but " +
-                       sizes_str(e.size) + " in the checkpoint");
-      return false;
-    }
-    return true;
-  };
-  for (const Match& mt : matched) {
-    const std::string& fqn = *mt.fqn;
-    StateDictValue& v = *mt.value;
-    const Entry& e = *mt.entry;
-    if (auto* iv = std::get_if<c10::IValue>(&v)) {
-      if (iv->isTensor()) {
-        v = iv->toTensor();
-      } else if (e.kind == ItemKind::Tensor && iv->isNone()) {
-        // A None placeholder receives the whole tensor: its chunks' bytes (which tile it) must
-        // be in their files before it is allocated.
-        for (const auto& sc : e.chunks) reader.check_in_file(fqn, sc);
-        v = at::empty(e.size, at::TensorOptions().dtype(dtype_from_name(e.dtype)));
-      } else {
-        if (e.kind != ItemKind::Object) {
-          errors.push_back("key '" + fqn + "' is a tensor in the checkpoint but a " + iv->tagKind() +
-                           " in the state dict");
-        } else {
-          objects.push_back(&mt);
-        }
-        continue;
-      }
-    }
-    if (auto* t = std::get_if<at::Tensor>(&v)) {
-      TORCH_CHECK(t->defined(), "checkpoint: key '", fqn, "' is an undefined tensor");
-      if (!check_tensor(fqn, e, t->scalar_type(), t->sizes())) continue;
-      if (is_dtensor(*t)) {
-        const DTensorSpec& spec = get_spec(*t);
-        if (spec.has_partial()) {
-          errors.push_back("key '" + fqn + "' is a DTensor with a Partial placement (" + spec.to_string() +
-                           "): load into Shard or Replicate placements");
-          continue;
-        }
-        auto c = dtensor_chunk(*t);
-        if (c && c->box.numel() > 0) dests.push_back({&fqn, &e, std::move(c->box), std::move(c->local)});
-      } else {
-        dests.push_back({&fqn, &e, ChunkMeta{zeros_like_dims(size_t(t->dim())), t->sizes().vec()}, *t});
-      }
-    } else if (auto* st = std::get_if<sharded::ShardedTensor>(&v)) {
-      if (!check_tensor(fqn, e, st->dtype(), st->size())) continue;
-      for (const auto& shard : st->local_shards()) {
-        ChunkMeta box{shard.metadata.shard_offsets(), shard.metadata.shard_sizes()};
-        if (box.numel() > 0) dests.push_back({&fqn, &e, std::move(box), shard.tensor});
-      }
-    }
-  }
-  if (!errors.empty()) {
-    std::ostringstream os;
-    for (size_t i = 0; i < errors.size(); ++i) os << (i ? "; " : "") << errors[i];
-    TORCH_CHECK(false, os.str());
-  }
-
-  c10::AutoGradMode no_grad(false);
-  for (const auto& d : dests) read_into(reader, *d.fqn, *d.entry, d.box, d.target);
-  for (const Match* o : objects) *o->value = read_object(reader, src, *o->fqn, *o->entry);
-  return res;
-}
-
-namespace {
-
-std::vector<std::string> merged(const std::vector<LoadResult>& all, bool missing) {
-  std::set<std::string> s;
-  for (const auto& r : all) {
-    const auto& v = missing ? r.missing_keys : r.unexpected_keys;
-    s.insert(v.begin(), v.end());
-  }
-  return {s.begin(), s.end()};
-}
-
-}  // namespace
-
-void to_json(nlohmann::json& j, const LoadResult& r) {
-  j = {{"missing_keys", r.missing_keys}, {"unexpected_keys", r.unexpected_keys}};
-}
-void from_json(const nlohmann::json& j, LoadResult& r) {
-  j.at("missing_keys").get_to(r.missing_keys);
-  j.at("unexpected_keys").get_to(r.unexpected_keys);
-}
-
-Metadata read_metadata(const std::string& checkpoint_dir) {
-  if (detail::is_huggingface_checkpoint(checkpoint_dir)) {
-    detail::SafetensorsSource s;
-    detail::read_safetensors_source(checkpoint_dir, nullptr, s);
-    return std::move(s.metadata);
-  }
-  const std::string path = (fs::path(checkpoint_dir) / kMetadataFile).string();
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in, "no checkpoint in '", checkpoint_dir, "': cannot open its metadata file '", path, "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
-  Metadata m;
-  try {
-    m = detail::is_dcp_metadata(text) ? detail::read_dcp_metadata(checkpoint_dir, text)
-                                      : metadata_from_json_text(text);
-    validate_metadata(m);
-  } catch (const nlohmann::json::exception& e) {
-    TORCH_CHECK(false, "checkpoint metadata file '", path, "' is not valid: ", e.what());
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "checkpoint metadata file '", path, "' is not valid: ", e.msg());
-  }
-  return m;
-}
 
 Metadata save(const StateDict& state_dict, const std::string& checkpoint_dir, const SaveOptions& options) {
   const bool use_dist = resolve_use_dist(options.no_dist, options.process_group);
@@ -936,30 +456,6 @@ Metadata save(const StateDict& state_dict, const std::string& checkpoint_dir, co
   return save_items(local, collect_error, checkpoint_dir, options, use_dist, group);
 }
 
-StagingBuffers::StagingBuffers() : impl_(std::make_unique<Impl>()) {}
-StagingBuffers::~StagingBuffers() = default;
-
-int64_t StagingBuffers::nbytes() const {
-  std::lock_guard<std::mutex> lk(impl_->mu);
-  int64_t n = 0;
-  for (const auto& [k, t] : impl_->buffers) n += int64_t(t.nbytes());
-  return n;
-}
-
-int64_t staging_cache_bytes() {
-  StagingCache& c = staging_cache();
-  std::lock_guard<std::mutex> lk(c.mu);
-  int64_t n = 0;
-  for (const auto& s : c.sets) n += s->nbytes();
-  return n;
-}
-
-void release_staging_cache() {
-  StagingCache& c = staging_cache();
-  std::lock_guard<std::mutex> lk(c.mu);
-  // Sets in use stay alive (their save holds them) until their write ends.
-  c.sets.clear();
-}
 
 std::future<Metadata> async_save(const StateDict& state_dict, const std::string& checkpoint_dir,
                                  const SaveOptions& options) {
@@ -993,33 +489,6 @@ std::future<Metadata> async_save(const StateDict& state_dict, const std::string&
                                          group, release]() mutable {
     auto done = std::move(release);  // released when this returns or throws
     return save_items(staged, stage_error, checkpoint_dir, options, use_dist, group);
-  });
-}
-
-LoadResult detail::load_collective(const LoadOptions& options, const std::function<LoadResult()>& local) {
-  const bool use_dist = resolve_use_dist(options.no_dist, options.process_group);
-  comm::GroupPtr group = resolve_group(use_dist, options.process_group);
-  DistWrapper dist(group, use_dist, options.coordinator_rank);
-  // Usually no rank failed and none has keys to report: then the step is one all_reduce.
-  auto all = dist.all_gather_unless_quiet("read", local, [](const LoadResult& r) {
-    return r.missing_keys.empty() && r.unexpected_keys.empty();
-  });
-  if (!all) return LoadResult{};
-  return LoadResult{merged(*all, /*missing=*/true), merged(*all, /*missing=*/false)};
-}
-
-LoadResult load(StateDict& state_dict, const std::string& checkpoint_dir, const LoadOptions& options) {
-  // One round of collectives: every rank reads the metadata itself (as PyTorch's readers do)
-  // and its shards.
-  if (detail::is_huggingface_checkpoint(checkpoint_dir)) return load_safetensors(state_dict, checkpoint_dir, options);
-  return detail::load_collective(options, [&] {
-    const Metadata m = read_metadata(checkpoint_dir);
-    detail::ReadSource src;
-    src.metadata = &m;
-    src.dir = checkpoint_dir;
-    src.verify_checksums = m.checksummed;
-    src.what = "the checkpoint '" + checkpoint_dir + "'";
-    return detail::load_local(state_dict, src, options);
   });
 }
 
