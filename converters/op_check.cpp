@@ -274,252 +274,298 @@ ScopedWarningCollector::~ScopedWarningCollector() {
     for (const std::string& w : *into_) keep_warning(w);  // the enclosing collector sees them too
 }
 
+namespace {
+
+// One op check (check_op): the reference on plain tensors, then every placement combination
+// (forward, then backward where the forward was right), then the verdicts.
+class OpCheck {
+ public:
+  OpCheck(const DeviceMesh& mesh, const std::string& op_name, const BoxedOp& op, int written_arg,
+          const OpCheckOptions& options)
+      : mesh_(mesh), op_(op), written_arg_(written_arg), options_(options) {
+    result_.op = op_name;
+  }
+  OpCheckResult run(const std::vector<c10::IValue>& args);
+
+ private:
+  bool reference(const std::vector<c10::IValue>& args);
+  void reference_gradients();
+  void combination(std::vector<c10::IValue> converted, DTensorConverter& converter);
+  // Why the outputs `out` of a combination are wrong ("" when right); `full`: the gathered ones.
+  std::string check_forward(const std::vector<c10::IValue>& out, std::vector<at::Tensor>& full);
+  std::string check_scalars(const std::vector<c10::IValue>& out) const;
+  void check_backward(const std::vector<c10::IValue>& dt_inputs, const std::vector<at::Tensor>& full,
+                      const std::string& where, const std::string& key);
+  void final_verdicts(const DTensorConverter& converter);
+
+  const DeviceMesh& mesh_;
+  const BoxedOp& op_;
+  const int written_arg_;
+  const OpCheckOptions& options_;
+  OpCheckResult result_;
+  std::vector<c10::IValue> same_, base_, plain_in_;
+  std::vector<at::Tensor> expected_, expected_grads_, grad_outputs_;
+  std::vector<c10::IValue> expected_scalars_;
+  std::vector<size_t> diff_outputs_;  // differentiable outputs: floating, attached to the graph
+  bool with_grad_ = false, check_backward_ = false;
+  int64_t written_slot_ = -1;  // the converter slot of the written argument
+  bool stop_ = false;          // stop_on_missing_rule found an op without a rule
+};
+
+// 1. The reference on plain tensors (and its gradients). Some ops refuse inputs that require
+//    grad (non-differentiable arguments): those are checked forward only. False: an invalid sample.
+bool OpCheck::reference(const std::vector<c10::IValue>& args) {
+  const bool writes_input = written_arg_ >= 0;
+  same_ = same_on_every_rank(mesh_, args);
+  with_grad_ = options_.backward && !writes_input;
+  std::vector<c10::IValue> plain_out;
+  for (;;) {
+    base_ = fresh_args(same_, with_grad_);
+    plain_in_ = fresh_args(base_, with_grad_);
+    try {
+      plain_out = call_plain(op_, plain_in_, options_);
+      expected_ = detail::flatten_tensors(plain_out);
+      break;
+    } catch (const std::exception& e) {
+      if (with_grad_) {
+        with_grad_ = false;
+        result_.backward.reason = "inputs that require grad are refused on plain tensors: " + message_of(e);
+        continue;
+      }
+      result_.forward.reason = "invalid sample: the op throws on plain tensors: " + message_of(e);
+      if (result_.backward.reason.empty()) result_.backward.reason = "invalid sample";
+      return false;
+    }
+  }
+  expected_scalars_ = flatten_scalars(plain_out);
+  for (size_t i = 0; i < expected_.size(); ++i)
+    if (expected_[i].defined() && inexact(expected_[i]) && expected_[i].requires_grad()) diff_outputs_.push_back(i);
+  reference_gradients();
+  for (auto& t : expected_) t = t.defined() ? t.detach() : t;
+  return true;
+}
+
+void OpCheck::reference_gradients() {
+  check_backward_ = with_grad_ && !diff_outputs_.empty();
+  if (check_backward_) {
+    SampleGen g(options_.grad_seed);
+    std::vector<at::Tensor> diff;
+    for (size_t i : diff_outputs_) {
+      diff.push_back(expected_[i]);
+      grad_outputs_.push_back(g.tensor(expected_[i].sizes().vec(), expected_[i].scalar_type()));
+    }
+    try {
+      expected_grads_ = torch::autograd::grad(diff, grad_inputs(plain_in_), grad_outputs_, /*retain_graph=*/false,
+                                              /*create_graph=*/false, /*allow_unused=*/true);
+    } catch (const std::exception& e) {
+      check_backward_ = false;
+      result_.backward.reason = "not differentiable on plain tensors: " + message_of(e);
+    }
+  } else if (with_grad_) {
+    result_.backward.reason = "no differentiable output";
+  } else if (result_.backward.reason.empty()) {  // else: inputs requiring grad were refused (above)
+    result_.backward.reason = written_arg_ >= 0 ? "the op writes an input" : "backward not requested";
+  }
+  if (check_backward_) result_.backward.status = CheckStatus::kPass;
+}
+
+OpCheckResult OpCheck::run(const std::vector<c10::IValue>& args) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ScopedWarningCollector collect(&result_.warnings);  // NOTE: [Warnings go into the records]
+  std::optional<ops::ReplicateFallbackGuard> fallback;
+  if (options_.replicate_fallback) fallback.emplace();
+  const int64_t fallback_uses_before = ops::replicate_fallback_uses();
+  if (reference(args)) {
+    // 2. Every combination.
+    DTensorConverter converter(mesh_, base_, options_.converter);
+    for (int64_t i = 0; written_arg_ >= 0 && i < converter.num_tensors(); ++i)
+      if (converter.tensor_name(i) == "arg" + std::to_string(written_arg_)) written_slot_ = i;
+    result_.total_combinations = converter.num_combinations();
+    result_.design = converter.design();
+    result_.plan = converter.plan();
+    result_.forward.trivial = trivial_reason(expected_, same_, options_.identity_is_trivial);
+    if (check_backward_) {
+      bool all_zero = true;
+      for (const at::Tensor& g : expected_grads_)
+        all_zero = all_zero && (!g.defined() || g.numel() == 0 || !(g != 0).any().item<bool>());
+      result_.backward.trivial = !result_.forward.trivial.empty() ? result_.forward.trivial
+                                 : all_zero                        ? "every gradient is zero"
+                                                                   : "";
+    }
+    result_.forward.status = CheckStatus::kPass;
+    std::vector<c10::IValue> converted;
+    while (converter.next(converted)) {
+      combination(std::move(converted), converter);
+      if (stop_) break;
+    }
+    final_verdicts(converter);
+  }
+  result_.used_fallback = ops::replicate_fallback_uses() != fallback_uses_before;
+  result_.duration_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return result_;
+}
+
+void OpCheck::combination(std::vector<c10::IValue> converted, DTensorConverter& converter) {
+  const std::string where = converter.current_placements_string();
+  ++result_.forward.combinations;
+  const std::vector<c10::IValue> dt_inputs = converted;  // keeps the DTensor inputs alive
+  std::vector<c10::IValue> out;
+  std::string threw;
+  if (options_.rng_seed) {  // NOTE: [Seeded random samples]
+    seed_generator_args(converted, *options_.rng_seed);
+    dtensor::manual_seed(*options_.rng_seed, mesh_);
+  }
+  try {
+    out = op_(std::move(converted));
+  } catch (const comm::CollectiveError&) {
+    throw;
+  } catch (const std::exception& e) {
+    threw = message_of(e);
+  }
+  if (written_slot_ >= 0 && !threw.empty() &&  // NOTE: [Out= and in-place combinations refused]
+      threw.find("an in-place op keeps the placements of the tensor it writes") != std::string::npos &&
+      (options_.written_is_out || written_is_partial(converter, written_slot_))) {
+    threw = "refused";
+  }
+  const std::string key = first_placement(converter);
+  if (any_rank(mesh_, !threw.empty())) {  // NOTE: [Op check verdicts agree]
+    if (threw == "refused") {
+      ++result_.forward.refused;
+      return;
+    }
+    ++result_.forward.by_placement[key].second;
+    note_failure(result_.forward, CheckStatus::kError, where, threw.empty() ? "the op threw on another rank" : threw,
+                 options_);
+    // All ranks are in this branch; they stop together (NOTE: [Op check verdicts agree]).
+    stop_ = options_.stop_on_missing_rule && any_rank(mesh_, threw.find("has no sharding rule") != std::string::npos);
+    return;
+  }
+  std::vector<at::Tensor> full;
+  std::string why = check_forward(out, full);
+  if (why.empty()) why = check_scalars(out);
+  if (any_rank(mesh_, !why.empty()) && why.empty()) why = "the outputs differ on another rank";
+  ++result_.forward.by_placement[key].second;
+  if (why.empty()) {
+    ++result_.forward.passed;
+    ++result_.forward.by_placement[key].first;
+  } else {
+    note_failure(result_.forward, CheckStatus::kFail, where, why, options_);
+  }
+  // Backward only where the forward was right (final_verdicts says what a failing forward means
+  // for it).
+  if (check_backward_ && why.empty()) check_backward(dt_inputs, full, where, key);
+}
+
+// Forward: every output gathered and compared.
+std::string OpCheck::check_forward(const std::vector<c10::IValue>& out, std::vector<at::Tensor>& full) {
+  const std::vector<at::Tensor> outputs = detail::flatten_tensors(out);
+  full.assign(outputs.size(), at::Tensor());
+  if (outputs.size() != expected_.size())
+    return "returned " + std::to_string(outputs.size()) + " tensors; on plain tensors " + std::to_string(expected_.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].defined()) {
+      const std::string d = compare(expected_[i], outputs[i], options_, result_.forward.max_error);
+      if (!d.empty()) return d;
+      continue;
+    }
+    if (!is_dtensor(outputs[i])) return "output " + std::to_string(i) + " is a plain tensor, not a DTensor";
+    // Local check; the ranks agree (any_rank) before anything else is collective.
+    std::string why = check_output_spec(mesh_, outputs[i], i);
+    if (any_rank(mesh_, !why.empty()))
+      return why.empty() ? "output " + std::to_string(i) + ": its spec or local shape is wrong on another rank" : why;
+    try {
+      full[i] = full_tensor(outputs[i]);
+    } catch (const comm::CollectiveError&) {
+      throw;
+    } catch (const std::exception& e) {
+      return "full_tensor of output " + std::to_string(i) + " threw: " + message_of(e);
+    }
+    const std::string d = compare(expected_[i], full[i], options_, result_.forward.max_error);
+    if (!d.empty()) return "output " + std::to_string(i) + " (" + get_spec(outputs[i]).to_string() + "): " + d;
+  }
+  return "";
+}
+
+std::string OpCheck::check_scalars(const std::vector<c10::IValue>& out) const {
+  const std::vector<c10::IValue> scalars = flatten_scalars(out);
+  if (scalars.size() != expected_scalars_.size()) return "returned a different number of non-tensor values";
+  for (size_t i = 0; i < scalars.size(); ++i) {
+    const bool same = scalars[i].isDouble() && expected_scalars_[i].isDouble()
+                          ? std::abs(scalars[i].toDouble() - expected_scalars_[i].toDouble()) <=
+                                options_.atol + options_.rtol * std::abs(expected_scalars_[i].toDouble())
+                          : scalars[i] == expected_scalars_[i];
+    if (same) continue;
+    std::ostringstream os;
+    os << "non-tensor result " << i << " is " << scalars[i] << ", expected " << expected_scalars_[i];
+    return os.str();
+  }
+  return "";
+}
+
+// Backward: the same output gradients flow back through full_tensor and the op.
+void OpCheck::check_backward(const std::vector<c10::IValue>& dt_inputs, const std::vector<at::Tensor>& full,
+                             const std::string& where, const std::string& key) {
+  ++result_.backward.combinations;
+  ++result_.backward.by_placement[key].second;
+  std::string bwhy;
+  try {
+    std::vector<at::Tensor> diff;
+    for (size_t i : diff_outputs_) diff.push_back(full[i]);
+    std::vector<at::Tensor> grads = torch::autograd::grad(diff, grad_inputs(dt_inputs), grad_outputs_,
+                                                          /*retain_graph=*/false, /*create_graph=*/false,
+                                                          /*allow_unused=*/true);
+    if (grads.size() != expected_grads_.size())
+      bwhy = "returned " + std::to_string(grads.size()) + " gradients; on plain tensors " +
+             std::to_string(expected_grads_.size());
+    for (size_t i = 0; bwhy.empty() && i < grads.size(); ++i) {
+      at::Tensor g = grads[i];
+      if (g.defined() && is_dtensor(g)) g = full_tensor(g);
+      if (!g.defined() && expected_grads_[i].defined()) g = at::zeros_like(expected_grads_[i]);
+      at::Tensor e = expected_grads_[i];
+      if (!e.defined() && g.defined()) e = at::zeros_like(g);
+      const std::string d = compare(e, g, options_, result_.backward.max_error);
+      if (!d.empty()) bwhy = "gradient of input " + std::to_string(i) + ": " + d;
+    }
+  } catch (const comm::CollectiveError&) {
+    throw;
+  } catch (const std::exception& e) {
+    bwhy = "error: " + message_of(e);
+  }
+  if (any_rank(mesh_, !bwhy.empty()) && bwhy.empty()) bwhy = "the gradients differ on another rank";
+  if (bwhy.rfind("error: ", 0) == 0) {
+    note_failure(result_.backward, CheckStatus::kError, where, bwhy.substr(7), options_);
+  } else if (bwhy.empty()) {
+    ++result_.backward.passed;
+    ++result_.backward.by_placement[key].first;
+  } else {
+    note_failure(result_.backward, CheckStatus::kFail, where, bwhy, options_);
+  }
+}
+
+// 3. The verdicts: refused combinations, the converter's misses, a backward not checked where the
+//    forward failed.
+void OpCheck::final_verdicts(const DTensorConverter& converter) {
+  if (result_.forward.trivial.empty() && result_.forward.passed == 0 && result_.forward.refused > 0)
+    result_.forward.trivial = "every combination was refused (" + std::to_string(result_.forward.refused) + ")";
+  for (const std::string& e : converter.errors()) note_failure(result_.forward, CheckStatus::kError, "", e, options_);
+  // A backward that passed where it ran was not checked where the forward failed: it is not
+  // a verified backward.
+  if (check_backward_ && result_.backward.status == CheckStatus::kPass &&
+      (result_.forward.status == CheckStatus::kFail || result_.forward.status == CheckStatus::kError)) {
+    result_.backward.status = result_.forward.status;
+    result_.backward.reason = "not checked on every placement: the forward failed (" +
+                              std::to_string(result_.forward.combinations - result_.forward.passed -
+                                             result_.forward.refused) +
+                              " combinations)";
+  }
+}
+
+}  // namespace
+
 OpCheckResult check_op(const DeviceMesh& mesh, const std::string& op_name, const BoxedOp& op,
                        int written_arg, const std::vector<c10::IValue>& args,
                        const OpCheckOptions& options) {
-  const bool writes_input = written_arg >= 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  OpCheckResult result;
-  result.op = op_name;
-  ScopedWarningCollector collect(&result.warnings);  // NOTE: [Warnings go into the records]
-  const bool want_backward = options.backward && !writes_input;
-  std::optional<ops::ReplicateFallbackGuard> fallback;
-  if (options.replicate_fallback) fallback.emplace();
-  const int64_t fallback_uses_before = ops::replicate_fallback_uses();
-  auto finish = [&]() -> OpCheckResult& {
-    result.used_fallback = ops::replicate_fallback_uses() != fallback_uses_before;
-    result.duration_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    return result;
-  };
-
-  // 1. The reference on plain tensors (and its gradients). Some ops refuse inputs that
-  //    require grad (non-differentiable arguments): those are checked forward only.
-  const std::vector<c10::IValue> same = same_on_every_rank(mesh, args);
-  bool with_grad = want_backward;
-  std::vector<c10::IValue> base, plain_in, plain_out;
-  std::vector<at::Tensor> expected;
-  for (;;) {
-    base = fresh_args(same, with_grad);
-    plain_in = fresh_args(base, with_grad);
-    try {
-      plain_out = call_plain(op, plain_in, options);
-      expected = detail::flatten_tensors(plain_out);
-      break;
-    } catch (const std::exception& e) {
-      if (with_grad) {
-        with_grad = false;
-        result.backward.reason = "inputs that require grad are refused on plain tensors: " + message_of(e);
-        continue;
-      }
-      result.forward.reason = "invalid sample: the op throws on plain tensors: " + message_of(e);
-      if (result.backward.reason.empty()) result.backward.reason = "invalid sample";
-      return finish();
-    }
-  }
-  const std::vector<c10::IValue> expected_scalars = flatten_scalars(plain_out);
-  // Differentiable outputs: floating, attached to the graph.
-  std::vector<size_t> diff_outputs;
-  for (size_t i = 0; i < expected.size(); ++i)
-    if (expected[i].defined() && inexact(expected[i]) && expected[i].requires_grad()) diff_outputs.push_back(i);
-  std::vector<at::Tensor> grad_outputs;
-  std::vector<at::Tensor> expected_grads;
-  bool check_backward = with_grad && !diff_outputs.empty();
-  if (check_backward) {
-    SampleGen g(options.grad_seed);
-    std::vector<at::Tensor> diff;
-    for (size_t i : diff_outputs) {
-      diff.push_back(expected[i]);
-      grad_outputs.push_back(g.tensor(expected[i].sizes().vec(), expected[i].scalar_type()));
-    }
-    try {
-      expected_grads = torch::autograd::grad(diff, grad_inputs(plain_in), grad_outputs, /*retain_graph=*/false,
-                                             /*create_graph=*/false, /*allow_unused=*/true);
-    } catch (const std::exception& e) {
-      check_backward = false;
-      result.backward.reason = "not differentiable on plain tensors: " + message_of(e);
-    }
-  } else if (with_grad) {
-    result.backward.reason = "no differentiable output";
-  } else if (result.backward.reason.empty()) {  // else: inputs requiring grad were refused (above)
-    result.backward.reason = writes_input ? "the op writes an input" : "backward not requested";
-  }
-  if (check_backward) result.backward.status = CheckStatus::kPass;
-  for (auto& t : expected) t = t.defined() ? t.detach() : t;
-
-  // 2. Every combination.
-  DTensorConverter converter(mesh, base, options.converter);
-  // The converter slot of the written argument (its name is "arg<position>").
-  int64_t written_slot = -1;
-  for (int64_t i = 0; writes_input && i < converter.num_tensors(); ++i)
-    if (converter.tensor_name(i) == "arg" + std::to_string(written_arg)) written_slot = i;
-  result.total_combinations = converter.num_combinations();
-  result.design = converter.design();
-  result.plan = converter.plan();
-  result.forward.trivial = trivial_reason(expected, same, options.identity_is_trivial);
-  if (check_backward) {
-    bool all_zero = true;
-    for (const at::Tensor& g : expected_grads) all_zero = all_zero && (!g.defined() || g.numel() == 0 || !(g != 0).any().item<bool>());
-    result.backward.trivial = !result.forward.trivial.empty() ? result.forward.trivial
-                              : all_zero                       ? "every gradient is zero"
-                                                               : "";
-  }
-  result.forward.status = CheckStatus::kPass;
-  std::vector<c10::IValue> converted;
-  while (converter.next(converted)) {
-    const std::string where = converter.current_placements_string();
-    ++result.forward.combinations;
-    std::vector<c10::IValue> dt_inputs_holder = converted;  // keeps the DTensor inputs alive
-    std::vector<c10::IValue> out;
-    std::string threw;
-    if (options.rng_seed) {  // NOTE: [Seeded random samples]
-      seed_generator_args(converted, *options.rng_seed);
-      dtensor::manual_seed(*options.rng_seed, mesh);
-    }
-    try {
-      out = op(std::move(converted));
-    } catch (const comm::CollectiveError&) {
-      throw;
-    } catch (const std::exception& e) {
-      threw = message_of(e);
-    }
-    if (written_slot >= 0 && !threw.empty() &&  // NOTE: [Out= and in-place combinations refused]
-        threw.find("an in-place op keeps the placements of the tensor it writes") != std::string::npos &&
-        (options.written_is_out || written_is_partial(converter, written_slot))) {
-      threw = "refused";
-    }
-    if (any_rank(mesh, !threw.empty())) {  // NOTE: [Op check verdicts agree]
-      if (threw == "refused") {
-        ++result.forward.refused;
-        continue;
-      }
-      const std::string key = first_placement(converter);
-      ++result.forward.by_placement[key].second;
-      note_failure(result.forward, CheckStatus::kError, where, threw.empty() ? "the op threw on another rank" : threw,
-                   options);
-      // All ranks are in this branch; they stop together (NOTE: [Op check verdicts agree]).
-      if (options.stop_on_missing_rule &&
-          any_rank(mesh, threw.find("has no sharding rule") != std::string::npos))
-        break;
-      continue;
-    }
-    // Forward: gather every output and compare.
-    std::vector<at::Tensor> outputs = detail::flatten_tensors(out);
-    std::string why;
-    std::vector<at::Tensor> full(outputs.size());
-    if (outputs.size() != expected.size()) {
-      why = "returned " + std::to_string(outputs.size()) + " tensors; on plain tensors " +
-            std::to_string(expected.size());
-    }
-    for (size_t i = 0; why.empty() && i < outputs.size(); ++i) {
-      if (!outputs[i].defined()) {
-        why = compare(expected[i], outputs[i], options, result.forward.max_error);
-        continue;
-      }
-      if (!is_dtensor(outputs[i])) {
-        why = "output " + std::to_string(i) + " is a plain tensor, not a DTensor";
-        break;
-      }
-      // Local check; the ranks agree below (any_rank) before anything else is collective.
-      why = check_output_spec(mesh, outputs[i], i);
-      if (any_rank(mesh, !why.empty())) {
-        if (why.empty()) why = "output " + std::to_string(i) + ": its spec or local shape is wrong on another rank";
-        break;
-      }
-      try {
-        full[i] = full_tensor(outputs[i]);
-      } catch (const comm::CollectiveError&) {
-        throw;
-      } catch (const std::exception& e) {
-        why = "full_tensor of output " + std::to_string(i) + " threw: " + message_of(e);
-        break;
-      }
-      std::string d = compare(expected[i], full[i], options, result.forward.max_error);
-      if (!d.empty()) why = "output " + std::to_string(i) + " (" + get_spec(outputs[i]).to_string() + "): " + d;
-    }
-    if (why.empty()) {
-      const std::vector<c10::IValue> scalars = flatten_scalars(out);
-      if (scalars.size() != expected_scalars.size()) why = "returned a different number of non-tensor values";
-      for (size_t i = 0; why.empty() && i < scalars.size(); ++i) {
-        const bool same = scalars[i].isDouble() && expected_scalars[i].isDouble()
-                              ? std::abs(scalars[i].toDouble() - expected_scalars[i].toDouble()) <=
-                                    options.atol + options.rtol * std::abs(expected_scalars[i].toDouble())
-                              : scalars[i] == expected_scalars[i];
-        if (!same) {
-          std::ostringstream os;
-          os << "non-tensor result " << i << " is " << scalars[i] << ", expected " << expected_scalars[i];
-          why = os.str();
-        }
-      }
-    }
-    if (any_rank(mesh, !why.empty()) && why.empty()) why = "the outputs differ on another rank";
-    const std::string key = first_placement(converter);
-    ++result.forward.by_placement[key].second;
-    if (why.empty()) {
-      ++result.forward.passed;
-      ++result.forward.by_placement[key].first;
-    } else {
-      note_failure(result.forward, CheckStatus::kFail, where, why, options);
-    }
-    if (!check_backward) continue;
-
-    // Backward: the same output gradients flow back through full_tensor and the op (only
-    // where the forward was right; see the end for what a failing forward means for it).
-    if (!why.empty()) continue;
-    ++result.backward.combinations;
-    ++result.backward.by_placement[key].second;
-    std::string bwhy;
-    try {
-      std::vector<at::Tensor> diff;
-      for (size_t i : diff_outputs) diff.push_back(full[i]);
-      std::vector<at::Tensor> inputs = grad_inputs(dt_inputs_holder);
-      std::vector<at::Tensor> grads =
-          torch::autograd::grad(diff, inputs, grad_outputs, /*retain_graph=*/false, /*create_graph=*/false,
-                                /*allow_unused=*/true);
-      if (grads.size() != expected_grads.size())
-        bwhy = "returned " + std::to_string(grads.size()) + " gradients; on plain tensors " +
-               std::to_string(expected_grads.size());
-      for (size_t i = 0; bwhy.empty() && i < grads.size(); ++i) {
-        at::Tensor g = grads[i];
-        if (g.defined() && is_dtensor(g)) g = full_tensor(g);
-        if (!g.defined() && expected_grads[i].defined()) g = at::zeros_like(expected_grads[i]);
-        at::Tensor e = expected_grads[i];
-        if (!e.defined() && g.defined()) e = at::zeros_like(g);
-        std::string d = compare(e, g, options, result.backward.max_error);
-        if (!d.empty()) bwhy = "gradient of input " + std::to_string(i) + ": " + d;
-      }
-    } catch (const comm::CollectiveError&) {
-      throw;
-    } catch (const std::exception& e) {
-      bwhy = "error: " + message_of(e);
-    }
-    if (any_rank(mesh, !bwhy.empty()) && bwhy.empty()) bwhy = "the gradients differ on another rank";
-    if (bwhy.rfind("error: ", 0) == 0) {
-      note_failure(result.backward, CheckStatus::kError, where, bwhy.substr(7), options);
-      continue;
-    }
-    if (bwhy.empty()) {
-      ++result.backward.passed;
-      ++result.backward.by_placement[key].first;
-    } else {
-      note_failure(result.backward, CheckStatus::kFail, where, bwhy, options);
-    }
-  }
-
-  if (result.forward.trivial.empty() && result.forward.passed == 0 && result.forward.refused > 0)
-    result.forward.trivial = "every combination was refused (" + std::to_string(result.forward.refused) + ")";
-  // 3. Combinations the converter could not build (a miss is a failure of the check).
-  for (const std::string& e : converter.errors()) note_failure(result.forward, CheckStatus::kError, "", e, options);
-  // A backward that passed where it ran was not checked where the forward failed: it is not
-  // a verified backward.
-  if (check_backward && result.backward.status == CheckStatus::kPass &&
-      (result.forward.status == CheckStatus::kFail || result.forward.status == CheckStatus::kError)) {
-    result.backward.status = result.forward.status;
-    result.backward.reason = "not checked on every placement: the forward failed (" +
-                             std::to_string(result.forward.combinations - result.forward.passed -
-                                            result.forward.refused) +
-                             " combinations)";
-  }
-  return finish();
+  return OpCheck(mesh, op_name, op, written_arg, options).run(args);
 }
 
 OpCheckResult check_op(const DeviceMesh& mesh, const c10::OperatorHandle& op,

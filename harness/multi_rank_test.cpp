@@ -291,6 +291,53 @@ struct ThreadedTestScope {
 // aborted, so ranks blocked in collectives with it wake up with CollectiveError instead of
 // waiting for the timeout. A thread that ignores the abort (busy loop) cannot be killed: at
 // the timeout it is reported and left detached, with its fixture leaked on purpose.
+namespace {
+
+// What the rank threads of one threaded test share with the test's thread.
+struct ThreadedRun {
+  std::mutex mu;
+  std::condition_variable cv;
+  int finished = 0;
+  std::vector<std::optional<internal::RankResult>> results;
+  std::vector<bool> body_done;
+};
+
+// Rank r's thread: its group, its body, its result.
+void run_rank_thread(int r, const std::string& test_id, const std::shared_ptr<comm::ThreadWorld>& world,
+                     const std::shared_ptr<ThreadedRun>& shared, const std::shared_ptr<internal::RankSink>& sink) {
+  t_thread_rank = r;
+  auto g = std::make_shared<comm::ThreadGroup>(world, r);
+  comm::set_thread_default_group(g);
+  internal::set_body_done_hook([shared, r] {
+    std::lock_guard<std::mutex> lk(shared->mu);
+    shared->body_done[r] = true;
+  });
+  internal::RankResult res = internal::run_rank_body(test_id, r, g, *sink);
+  internal::set_body_done_hook(nullptr);
+  comm::set_thread_default_group(nullptr);
+  internal::set_current_rank(-1);
+  if (res.fatal()) world->abort("rank " + std::to_string(r) + " stopped early");
+  std::lock_guard<std::mutex> lk(shared->mu);
+  shared->results[r] = std::move(res);
+  ++shared->finished;
+  shared->cv.notify_all();
+}
+
+// Waits for every rank's thread until the timeout; then aborts the world and waits a little
+// more. Returns whether all finished; `unfinished` marks those still running at the timeout.
+bool wait_for_ranks(ThreadedRun& shared, comm::ThreadWorld& world, int n, std::chrono::milliseconds timeout,
+                    std::vector<bool>& unfinished) {
+  std::unique_lock<std::mutex> lk(shared.mu);
+  if (shared.cv.wait_for(lk, timeout, [&] { return shared.finished == n; })) return true;
+  for (int r = 0; r < n; ++r) unfinished[r] = !shared.results[r].has_value();
+  lk.unlock();
+  world.abort("the test timed out");
+  lk.lock();
+  return shared.cv.wait_for(lk, internal::kThreadAbortWait, [&] { return shared.finished == n; });
+}
+
+}  // namespace
+
 void MultiThreadedTest::RunRanks(const std::string& test_id) {
   if (!internal::registered(test_id)) {
     ADD_FAILURE() << "no DTENSOR_TEST_F named " << test_id;
@@ -303,14 +350,7 @@ void MultiThreadedTest::RunRanks(const std::string& test_id) {
   const auto timeout = effective_timeout();
   ThreadedTestScope loud_ends(test_id);  // NOTE: [Loud ends of threaded tests]
   auto world = comm::ThreadWorld::create(n, timeout);
-  struct Shared {
-    std::mutex mu;
-    std::condition_variable cv;
-    int finished = 0;
-    std::vector<std::optional<internal::RankResult>> results;
-    std::vector<bool> body_done;
-  };
-  auto shared = std::make_shared<Shared>();
+  auto shared = std::make_shared<ThreadedRun>();
   shared->results.resize(n);
   shared->body_done.resize(n, false);
   // Threads share the sink; the capture (the installed gtest reporter) belongs to this frame
@@ -318,40 +358,9 @@ void MultiThreadedTest::RunRanks(const std::string& test_id) {
   auto sink = std::make_shared<internal::RankSink>();
   auto capture = std::make_unique<internal::RankCapture>(sink);
   std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([r, n, test_id, world, shared, sink] {
-      t_thread_rank = r;
-      auto g = std::make_shared<comm::ThreadGroup>(world, r);
-      comm::set_thread_default_group(g);
-      internal::set_body_done_hook([shared, r] {
-        std::lock_guard<std::mutex> lk(shared->mu);
-        shared->body_done[r] = true;
-      });
-      internal::RankResult res = internal::run_rank_body(test_id, r, g, *sink);
-      internal::set_body_done_hook(nullptr);
-      comm::set_thread_default_group(nullptr);
-      internal::set_current_rank(-1);
-      if (res.fatal()) world->abort("rank " + std::to_string(r) + " stopped early");
-      std::lock_guard<std::mutex> lk(shared->mu);
-      shared->results[r] = std::move(res);
-      ++shared->finished;
-      shared->cv.notify_all();
-      (void)n;
-    });
-  }
-  bool all_done;
+  for (int r = 0; r < n; ++r) threads.emplace_back(run_rank_thread, r, test_id, world, shared, sink);
   std::vector<bool> unfinished_at_timeout(n, false);
-  {
-    std::unique_lock<std::mutex> lk(shared->mu);
-    all_done = shared->cv.wait_for(lk, timeout, [&] { return shared->finished == n; });
-    if (!all_done) {
-      for (int r = 0; r < n; ++r) unfinished_at_timeout[r] = !shared->results[r].has_value();
-      lk.unlock();
-      world->abort("the test timed out");
-      lk.lock();
-      all_done = shared->cv.wait_for(lk, internal::kThreadAbortWait, [&] { return shared->finished == n; });
-    }
-  }
+  const bool all_done = wait_for_ranks(*shared, *world, n, timeout, unfinished_at_timeout);
   capture.reset();
   std::vector<internal::RankOutcome> outcomes(n);
   {

@@ -297,6 +297,36 @@ Metadata layout_metadata(const ConsolidatedLayout& layout) {
   return m;
 }
 
+// Copies this rank's chunks of the input into the output files: chunk j (in key order) is
+// rank j % world's.
+void copy_chunks_of_rank(const SafetensorsSource& input, const std::string& input_dir, int rank, int world,
+                         ConsolidatedFiles& out) {
+  int64_t j = 0;
+  std::vector<char> buf;
+  std::map<std::string, int> fds;
+  struct Closer {
+    std::map<std::string, int>& fds;
+    ~Closer() {
+      for (const auto& [n, fd] : fds) ::close(fd);
+    }
+  } closer{fds};
+  for (const auto& [k, e] : input.metadata.entries) {
+    for (const auto& sc : e.chunks) {
+      if (j++ % world != rank) continue;
+      const std::string path = (fs::path(input_dir) / sc.file).string();
+      auto it = fds.find(sc.file);
+      if (it == fds.end()) {
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        TORCH_CHECK(fd >= 0, "cannot open '", path, "': ", errno_str());
+        it = fds.emplace(sc.file, fd).first;
+      }
+      buf.resize(size_t(sc.length));
+      pread_all(it->second, buf.data(), sc.length, sc.offset, path, k);
+      out.write(k, sc.chunk, buf.data());
+    }
+  }
+}
+
 // The commit's errors after the files are in place are reported, not thrown (as our format's).
 std::string after_commit(const std::function<void()>& fn) {
   try {
@@ -348,31 +378,7 @@ std::vector<std::string> consolidate_safetensors_files(const std::string& input_
     dist.all_gather("write", [&] {
       ConsolidatedFiles out(layout, output_dir, nonce, options.sync_files);
       if (dist.is_coordinator()) out.write_headers();
-      // Chunk j (in key order) is rank j % world's.
-      int64_t j = 0;
-      std::vector<char> buf;
-      std::map<std::string, int> fds;
-      struct Closer {
-        std::map<std::string, int>& fds;
-        ~Closer() {
-          for (const auto& [n, fd] : fds) ::close(fd);
-        }
-      } closer{fds};
-      for (const auto& [k, e] : input.metadata.entries) {
-        for (const auto& sc : e.chunks) {
-          if (j++ % world != rank) continue;
-          const std::string path = (fs::path(input_dir) / sc.file).string();
-          auto it = fds.find(sc.file);
-          if (it == fds.end()) {
-            const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-            TORCH_CHECK(fd >= 0, "cannot open '", path, "': ", errno_str());
-            it = fds.emplace(sc.file, fd).first;
-          }
-          buf.resize(size_t(sc.length));
-          pread_all(it->second, buf.data(), sc.length, sc.offset, path, k);
-          out.write(k, sc.chunk, buf.data());
-        }
-      }
+      copy_chunks_of_rank(input, input_dir, rank, world, out);
       out.close();
       return true;
     });

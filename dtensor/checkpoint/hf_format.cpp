@@ -93,23 +93,16 @@ std::vector<detail::WriteResult> write_shard_files(const std::vector<detail::Loc
     std::vector<int64_t> offsets;
     const std::string header = detail::safetensors_header(tensors, meta, &offsets);
     const std::string path = temp_path(shard_dir, name, nonce);
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    TORCH_CHECK(fd >= 0, "cannot create '", path, "': ", detail::errno_str());
+    detail::NewFile file(path, "");
     created.push_back(path);
-    struct Closer {
-      int fd;
-      ~Closer() {
-        if (fd >= 0) ::close(fd);
-      }
-    } closer{fd};
-    detail::write_all(fd, header.data(), int64_t(header.size()), path);
+    file.write(header.data(), int64_t(header.size()));
     for (size_t i = 0; i < items.size(); ++i) {
       const WriteItem& w = *items[i];
       auto it = by_key.find({w.fqn, w.chunk});
       TORCH_CHECK(it != by_key.end(), "the global plan gave rank ", rank, " key '", w.fqn, "' chunk ",
                   w.chunk.to_string(), ", which it does not hold");
       const at::Tensor data = it->second->data.detach().to(at::kCPU).contiguous();
-      detail::write_all(fd, static_cast<const char*>(data.data_ptr()), int64_t(data.nbytes()), path);
+      file.write(static_cast<const char*>(data.data_ptr()), int64_t(data.nbytes()));
       StoredChunk sc;
       sc.chunk = w.chunk;
       sc.file = name;
@@ -118,9 +111,7 @@ std::vector<detail::WriteResult> write_shard_files(const std::vector<detail::Loc
       results.push_back({w, sc});
       if (opts.on_item_written) opts.on_item_written(w.fqn, sc.length);
     }
-    if (opts.sync_files) TORCH_CHECK(::fsync(fd) == 0, "cannot sync '", path, "': ", detail::errno_str());
-    closer.fd = -1;
-    TORCH_CHECK(::close(fd) == 0, "cannot close '", path, "': ", detail::errno_str());
+    file.close(opts.sync_files);
   }
   return results;
 }

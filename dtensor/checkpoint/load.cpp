@@ -248,124 +248,157 @@ c10::IValue read_object(Reader& reader, const detail::ReadSource& src, const std
 
 }  // namespace
 
-LoadResult detail::load_local(StateDict& state_dict, const ReadSource& src, const LoadOptions& opts) {
-  const Metadata& m = *src.metadata;
-  LoadResult res;
-  // The keys of both sides in one walk (both maps are sorted by key): the matched ones, the
-  // missing and the unexpected ones.
-  struct Match {
-    const std::string* fqn;
-    StateDictValue* value;
-    const Entry* entry;
-  };
+namespace {
+
+// A key of the state dict and its entry in the checkpoint.
+struct Match {
+  const std::string* fqn;
+  StateDictValue* value;
+  const Entry* entry;
+};
+
+// The keys of both sides in one walk (both maps are sorted by key): the matched ones, and the
+// missing and unexpected ones into `res` (an error when strict).
+std::vector<Match> match_keys(StateDict& state_dict, const Metadata& m, const detail::ReadSource& src, bool strict,
+                              LoadResult& res) {
   std::vector<Match> matched;
   matched.reserve(std::min(state_dict.size(), m.entries.size()));
-  {
-    auto s = state_dict.begin();
-    auto e = m.entries.begin();
-    while (s != state_dict.end() || e != m.entries.end()) {
-      if (e == m.entries.end() || (s != state_dict.end() && s->first < e->first)) {
-        res.missing_keys.push_back((s++)->first);
-      } else if (s == state_dict.end() || e->first < s->first) {
-        res.unexpected_keys.push_back((e++)->first);
-      } else {
-        matched.push_back({&s->first, &s->second, &e->second});
-        ++s;
-        ++e;
-      }
+  auto s = state_dict.begin();
+  auto e = m.entries.begin();
+  while (s != state_dict.end() || e != m.entries.end()) {
+    if (e == m.entries.end() || (s != state_dict.end() && s->first < e->first)) {
+      res.missing_keys.push_back((s++)->first);
+    } else if (s == state_dict.end() || e->first < s->first) {
+      res.unexpected_keys.push_back((e++)->first);
+    } else {
+      matched.push_back({&s->first, &s->second, &e->second});
+      ++s;
+      ++e;
     }
   }
-  if (opts.strict && (!res.missing_keys.empty() || !res.unexpected_keys.empty())) {
+  if (strict && (!res.missing_keys.empty() || !res.unexpected_keys.empty())) {
     std::ostringstream os;
     os << "the state dict and " << src.what << " have different keys (strict load):";
     if (!res.missing_keys.empty()) os << " missing from the checkpoint: " << join_keys(res.missing_keys) << ";";
     if (!res.unexpected_keys.empty()) os << " not in the state dict: " << join_keys(res.unexpected_keys) << ";";
     TORCH_CHECK(false, os.str());
   }
+  return matched;
+}
 
-  // Check every key first, then read.
-  struct Dest {
-    const std::string* fqn;
-    const Entry* entry;
-    ChunkMeta box;
-    at::Tensor target;
-  };
-  std::vector<Dest> dests;
-  dests.reserve(matched.size());
-  std::vector<const Match*> objects;
-  std::vector<std::string> errors;
-  Reader reader(src.dir, m.checksum_block_bytes, src.verify_checksums && opts.verify_checksums);
-  auto check_tensor = [&](const std::string& fqn, const Entry& e, at::ScalarType dtype, c10::IntArrayRef size) {
-    if (e.kind != ItemKind::Tensor) {
-      errors.push_back("key '" + fqn + "' is an object in the checkpoint but a tensor in the state dict");
-      return false;
-    }
-    if (dtype_name(dtype) != e.dtype) {
-      errors.push_back("key '" + fqn + "' has dtype " + dtype_name(dtype) + " in the state dict but " + e.dtype +
-                       " in the checkpoint");
-      return false;
-    }
-    if (size != c10::IntArrayRef(e.size)) {
-      errors.push_back("key '" + fqn + "' has shape " + detail::int_list_string(size.vec()) + " in the state dict but " +
-                       detail::int_list_string(e.size) + " in the checkpoint");
-      return false;
-    }
-    return true;
-  };
-  for (const Match& mt : matched) {
-    const std::string& fqn = *mt.fqn;
-    StateDictValue& v = *mt.value;
-    const Entry& e = *mt.entry;
-    if (auto* iv = std::get_if<c10::IValue>(&v)) {
-      if (iv->isTensor()) {
-        v = iv->toTensor();
-      } else if (e.kind == ItemKind::Tensor && iv->isNone()) {
-        // A None placeholder receives the whole tensor: its chunks' bytes (which tile it) must
-        // be in their files before it is allocated.
-        for (const auto& sc : e.chunks) reader.check_in_file(fqn, sc);
-        v = at::empty(e.size, at::TensorOptions().dtype(dtype_from_name(e.dtype)));
-      } else {
-        if (e.kind != ItemKind::Object) {
-          errors.push_back("key '" + fqn + "' is a tensor in the checkpoint but a " + iv->tagKind() +
-                           " in the state dict");
-        } else {
-          objects.push_back(&mt);
-        }
-        continue;
-      }
-    }
-    if (auto* t = std::get_if<at::Tensor>(&v)) {
-      TORCH_CHECK(t->defined(), "checkpoint: key '", fqn, "' is an undefined tensor");
-      if (!check_tensor(fqn, e, t->scalar_type(), t->sizes())) continue;
-      if (is_dtensor(*t)) {
-        const DTensorSpec& spec = get_spec(*t);
-        if (spec.has_partial()) {
-          errors.push_back("key '" + fqn + "' is a DTensor with a Partial placement (" + spec.to_string() +
-                           "): load into Shard or Replicate placements");
-          continue;
-        }
-        auto c = detail::dtensor_chunk(*t);
-        if (c && c->box.numel() > 0) dests.push_back({&fqn, &e, std::move(c->box), std::move(c->local)});
-      } else {
-        dests.push_back({&fqn, &e, ChunkMeta{std::vector<int64_t>(size_t(t->dim()), 0), t->sizes().vec()}, *t});
-      }
-    } else if (auto* st = std::get_if<sharded::ShardedTensor>(&v)) {
-      if (!check_tensor(fqn, e, st->dtype(), st->size())) continue;
-      for (const auto& shard : st->local_shards()) {
-        ChunkMeta box{shard.metadata.shard_offsets(), shard.metadata.shard_sizes()};
-        if (box.numel() > 0) dests.push_back({&fqn, &e, std::move(box), shard.tensor});
-      }
-    }
-  }
-  if (!errors.empty()) {
+// A box of a tensor the load fills.
+struct Dest {
+  const std::string* fqn;
+  const Entry* entry;
+  ChunkMeta box;
+  at::Tensor target;
+};
+
+// What the load reads, planned from every matched key, with every error found before any read.
+class LoadPlan {
+ public:
+  explicit LoadPlan(Reader& reader) : reader_(reader) {}
+  void add(const Match& mt);
+  // Raises every error found, in one message.
+  void check() const {
+    if (errors_.empty()) return;
     std::ostringstream os;
-    for (size_t i = 0; i < errors.size(); ++i) os << (i ? "; " : "") << errors[i];
+    for (size_t i = 0; i < errors_.size(); ++i) os << (i ? "; " : "") << errors_[i];
     TORCH_CHECK(false, os.str());
   }
+  const std::vector<Dest>& dests() const { return dests_; }
+  const std::vector<const Match*>& objects() const { return objects_; }
 
+ private:
+  bool check_tensor(const std::string& fqn, const Entry& e, at::ScalarType dtype, c10::IntArrayRef size);
+  void add_tensor(const std::string& fqn, const Entry& e, const at::Tensor& t);
+
+  Reader& reader_;
+  std::vector<Dest> dests_;
+  std::vector<const Match*> objects_;
+  std::vector<std::string> errors_;
+};
+
+bool LoadPlan::check_tensor(const std::string& fqn, const Entry& e, at::ScalarType dtype, c10::IntArrayRef size) {
+  if (e.kind != ItemKind::Tensor) {
+    errors_.push_back("key '" + fqn + "' is an object in the checkpoint but a tensor in the state dict");
+    return false;
+  }
+  if (dtype_name(dtype) != e.dtype) {
+    errors_.push_back("key '" + fqn + "' has dtype " + dtype_name(dtype) + " in the state dict but " + e.dtype +
+                      " in the checkpoint");
+    return false;
+  }
+  if (size != c10::IntArrayRef(e.size)) {
+    errors_.push_back("key '" + fqn + "' has shape " + detail::int_list_string(size.vec()) + " in the state dict but " +
+                      detail::int_list_string(e.size) + " in the checkpoint");
+    return false;
+  }
+  return true;
+}
+
+void LoadPlan::add_tensor(const std::string& fqn, const Entry& e, const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), "checkpoint: key '", fqn, "' is an undefined tensor");
+  if (!check_tensor(fqn, e, t.scalar_type(), t.sizes())) return;
+  if (!is_dtensor(t)) {
+    dests_.push_back({&fqn, &e, ChunkMeta{std::vector<int64_t>(size_t(t.dim()), 0), t.sizes().vec()}, t});
+    return;
+  }
+  const DTensorSpec& spec = get_spec(t);
+  if (spec.has_partial()) {
+    errors_.push_back("key '" + fqn + "' is a DTensor with a Partial placement (" + spec.to_string() +
+                      "): load into Shard or Replicate placements");
+    return;
+  }
+  auto c = detail::dtensor_chunk(t);
+  if (c && c->box.numel() > 0) dests_.push_back({&fqn, &e, std::move(c->box), std::move(c->local)});
+}
+
+void LoadPlan::add(const Match& mt) {
+  const std::string& fqn = *mt.fqn;
+  StateDictValue& v = *mt.value;
+  const Entry& e = *mt.entry;
+  if (auto* iv = std::get_if<c10::IValue>(&v)) {
+    if (iv->isTensor()) {
+      v = iv->toTensor();
+    } else if (e.kind == ItemKind::Tensor && iv->isNone()) {
+      // A None placeholder receives the whole tensor: its chunks' bytes (which tile it) must
+      // be in their files before it is allocated.
+      for (const auto& sc : e.chunks) reader_.check_in_file(fqn, sc);
+      v = at::empty(e.size, at::TensorOptions().dtype(dtype_from_name(e.dtype)));
+    } else if (e.kind != ItemKind::Object) {
+      errors_.push_back("key '" + fqn + "' is a tensor in the checkpoint but a " + iv->tagKind() + " in the state dict");
+      return;
+    } else {
+      objects_.push_back(&mt);
+      return;
+    }
+  }
+  if (auto* t = std::get_if<at::Tensor>(&v)) {
+    add_tensor(fqn, e, *t);
+  } else if (auto* st = std::get_if<sharded::ShardedTensor>(&v)) {
+    if (!check_tensor(fqn, e, st->dtype(), st->size())) return;
+    for (const auto& shard : st->local_shards()) {
+      ChunkMeta box{shard.metadata.shard_offsets(), shard.metadata.shard_sizes()};
+      if (box.numel() > 0) dests_.push_back({&fqn, &e, std::move(box), shard.tensor});
+    }
+  }
+}
+
+}  // namespace
+
+LoadResult detail::load_local(StateDict& state_dict, const ReadSource& src, const LoadOptions& opts) {
+  const Metadata& m = *src.metadata;
+  LoadResult res;
+  const std::vector<Match> matched = match_keys(state_dict, m, src, opts.strict, res);
+  // Check every key first, then read.
+  Reader reader(src.dir, m.checksum_block_bytes, src.verify_checksums && opts.verify_checksums);
+  LoadPlan plan(reader);
+  for (const Match& mt : matched) plan.add(mt);
+  plan.check();
   c10::AutoGradMode no_grad(false);
-  for (const auto& d : dests) read_into(reader, *d.fqn, *d.entry, d.box, d.target);
-  for (const Match* o : objects) *o->value = read_object(reader, src, *o->fqn, *o->entry);
+  for (const auto& d : plan.dests()) read_into(reader, *d.fqn, *d.entry, d.box, d.target);
+  for (const Match* o : plan.objects()) *o->value = read_object(reader, src, *o->fqn, *o->entry);
   return res;
 }
 

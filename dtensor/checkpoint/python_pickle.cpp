@@ -181,25 +181,27 @@ class Reader {
     return o;
   }
 
-  void step(unsigned char op, size_t at) {
+  // The stack's structure: protocol, frames, marks, tuples, lists and dicts.
+  // False when `op` is not one of them.
+  bool step_structure(unsigned char op, size_t at) {
     using K = PyValue::Kind;
     switch (op) {
       case 0x80: {  // PROTO
         const uint64_t v = fixed(1, "PROTO");
         if (v > 5) fail(at, "has protocol " + std::to_string(v) + ", newer than 5");
-        return;
+        return true;
       }
-      case 0x95: fixed(8, "FRAME"); return;  // FRAME: a hint, the bytes follow inline
-      case '(': marks_.push_back(stack_.size()); return;
-      case ')': push(make(K::Tuple)); return;
-      case ']': push(make(K::List)); return;
-      case '}': push(make(K::Dict)); return;
-      case 0x8f: push(make(K::List)); return;  // EMPTY_SET, read as a list
+      case 0x95: fixed(8, "FRAME"); return true;  // FRAME: a hint, the bytes follow inline
+      case '(': marks_.push_back(stack_.size()); return true;
+      case ')': push(make(K::Tuple)); return true;
+      case ']': push(make(K::List)); return true;
+      case '}': push(make(K::Dict)); return true;
+      case 0x8f: push(make(K::List)); return true;  // EMPTY_SET, read as a list
       case 't': case 'l': case 0x91: {  // TUPLE, LIST, FROZENSET
         PyValue* v = make(op == 't' || op == 0x91 ? K::Tuple : K::List);
         for (PyValue* x : pop_mark(at, "TUPLE")) v->items.push_back(x);
         push(v);
-        return;
+        return true;
       }
       case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
         const size_t k = size_t(op - 0x84);
@@ -207,7 +209,7 @@ class Reader {
         v->items.resize(k);
         for (size_t j = k; j-- > 0;) v->items[j] = pop(at, "TUPLE1/2/3");
         push(v);
-        return;
+        return true;
       }
       case 'd': {  // DICT
         auto kv = pop_mark(at, "DICT");
@@ -215,21 +217,21 @@ class Reader {
         PyValue* v = make(K::Dict);
         v->items.assign(kv.begin(), kv.end());
         push(v);
-        return;
+        return true;
       }
       case 'a': {  // APPEND
         PyValue* x = pop(at, "APPEND");
         PyValue* l = top(at, "APPEND");
         if (l->kind != K::List) fail(at, "appends to " + l->describe());
         l->items.push_back(x);
-        return;
+        return true;
       }
       case 'e': case 0x90: {  // APPENDS, ADDITEMS
         auto xs = pop_mark(at, "APPENDS");
         PyValue* l = top(at, "APPENDS");
         if (l->kind != K::List) fail(at, "appends to " + l->describe());
         l->items.insert(l->items.end(), xs.begin(), xs.end());
-        return;
+        return true;
       }
       case 's': {  // SETITEM
         PyValue* v = pop(at, "SETITEM");
@@ -238,7 +240,7 @@ class Reader {
         if (d->kind != K::Dict) fail(at, "sets an item of " + d->describe());
         d->items.push_back(k);
         d->items.push_back(v);
-        return;
+        return true;
       }
       case 'u': {  // SETITEMS
         auto kv = pop_mark(at, "SETITEMS");
@@ -246,20 +248,29 @@ class Reader {
         PyValue* d = top(at, "SETITEMS");
         if (d->kind != K::Dict) fail(at, "sets items of " + d->describe());
         d->items.insert(d->items.end(), kv.begin(), kv.end());
-        return;
+        return true;
       }
-      case 'N': push(make(K::None)); return;
+      default: return false;
+    }
+  }
+
+  // Literals: None, booleans, integers, floats, strings and bytes.
+  // False when `op` is not one of them.
+  bool step_literal(unsigned char op, size_t at) {
+    using K = PyValue::Kind;
+    switch (op) {
+      case 'N': push(make(K::None)); return true;
       case 0x88: case 0x89: {  // NEWTRUE, NEWFALSE
         PyValue* v = make(K::Bool);
         v->i = op == 0x88;
         push(v);
-        return;
+        return true;
       }
-      case 'K': push(integer(int64_t(fixed(1, "BININT1")))); return;
-      case 'M': push(integer(int64_t(fixed(2, "BININT2")))); return;
-      case 'J': push(integer(int64_t(int32_t(uint32_t(fixed(4, "BININT")))))); return;
-      case 0x8a: push(long_int(fixed(1, "LONG1"), at)); return;
-      case 0x8b: push(long_int(fixed(4, "LONG4"), at)); return;
+      case 'K': push(integer(int64_t(fixed(1, "BININT1")))); return true;
+      case 'M': push(integer(int64_t(fixed(2, "BININT2")))); return true;
+      case 'J': push(integer(int64_t(int32_t(uint32_t(fixed(4, "BININT")))))); return true;
+      case 0x8a: push(long_int(fixed(1, "LONG1"), at)); return true;
+      case 0x8b: push(long_int(fixed(4, "LONG4"), at)); return true;
       case 'G': {  // BINFLOAT: big-endian IEEE double
         need(8, "BINFLOAT");
         uint64_t b = 0;
@@ -268,40 +279,49 @@ class Reader {
         PyValue* v = make(K::Float);
         std::memcpy(&v->f, &b, 8);
         push(v);
-        return;
+        return true;
       }
-      case 0x8c: push(str(K::Str, bytes(fixed(1, "SHORT_BINUNICODE"), "a string"))); return;
-      case 'X': push(str(K::Str, bytes(fixed(4, "BINUNICODE"), "a string"))); return;
-      case 0x8d: push(str(K::Str, bytes(fixed(8, "BINUNICODE8"), "a string"))); return;
-      case 'U': push(str(K::Str, bytes(fixed(1, "SHORT_BINSTRING"), "a string"))); return;
-      case 'T': push(str(K::Str, bytes(fixed(4, "BINSTRING"), "a string"))); return;
-      case 'C': push(str(K::Bytes, bytes(fixed(1, "SHORT_BINBYTES"), "bytes"))); return;
-      case 'B': push(str(K::Bytes, bytes(fixed(4, "BINBYTES"), "bytes"))); return;
-      case 0x8e: push(str(K::Bytes, bytes(fixed(8, "BINBYTES8"), "bytes"))); return;
+      case 0x8c: push(str(K::Str, bytes(fixed(1, "SHORT_BINUNICODE"), "a string"))); return true;
+      case 'X': push(str(K::Str, bytes(fixed(4, "BINUNICODE"), "a string"))); return true;
+      case 0x8d: push(str(K::Str, bytes(fixed(8, "BINUNICODE8"), "a string"))); return true;
+      case 'U': push(str(K::Str, bytes(fixed(1, "SHORT_BINSTRING"), "a string"))); return true;
+      case 'T': push(str(K::Str, bytes(fixed(4, "BINSTRING"), "a string"))); return true;
+      case 'C': push(str(K::Bytes, bytes(fixed(1, "SHORT_BINBYTES"), "bytes"))); return true;
+      case 'B': push(str(K::Bytes, bytes(fixed(4, "BINBYTES"), "bytes"))); return true;
+      case 0x8e: push(str(K::Bytes, bytes(fixed(8, "BINBYTES8"), "bytes"))); return true;
+      default: return false;
+    }
+  }
+
+  // Globals, calls, objects' state, persistent ids, the memo, and POP / DUP.
+  // False when `op` is not one of them.
+  bool step_object(unsigned char op, size_t at) {
+    using K = PyValue::Kind;
+    switch (op) {
       case 'c': {  // GLOBAL
         std::string module = line("GLOBAL's module");
         std::string name = line("GLOBAL's name");
         push(global(module, name, at));
-        return;
+        return true;
       }
       case 0x93: {  // STACK_GLOBAL
         PyValue* name = pop(at, "STACK_GLOBAL");
         PyValue* module = pop(at, "STACK_GLOBAL");
         if (module->kind != K::Str || name->kind != K::Str) fail(at, "has STACK_GLOBAL without two strings");
         push(global(module->s, name->s, at));
-        return;
+        return true;
       }
       case 'R': {  // REDUCE
         PyValue* args = pop(at, "REDUCE");
         PyValue* f = pop(at, "REDUCE");
         push(call(f, args, at, "REDUCE"));
-        return;
+        return true;
       }
       case 0x81: {  // NEWOBJ
         PyValue* args = pop(at, "NEWOBJ");
         PyValue* cls = pop(at, "NEWOBJ");
         push(call(cls, args, at, "NEWOBJ"));
-        return;
+        return true;
       }
       case 0x92: {  // NEWOBJ_EX: cls, args, kwargs
         PyValue* kwargs = pop(at, "NEWOBJ_EX");
@@ -309,7 +329,7 @@ class Reader {
         PyValue* cls = pop(at, "NEWOBJ_EX");
         if (kwargs->kind != K::Dict || !kwargs->items.empty()) fail(at, "has NEWOBJ_EX with keyword arguments");
         push(call(cls, args, at, "NEWOBJ_EX"));
-        return;
+        return true;
       }
       case 'b': {  // BUILD
         PyValue* state = pop(at, "BUILD");
@@ -317,7 +337,7 @@ class Reader {
         if (o->kind != K::Object) fail(at, "builds " + o->describe());
         if (o->state) fail(at, "builds " + o->describe() + " twice");
         o->state = state;
-        return;
+        return true;
       }
       case 'Q': {  // BINPERSID
         PyValue* pid = pop(at, "BINPERSID");
@@ -325,22 +345,25 @@ class Reader {
         o->s = "persistent_id";
         o->items.push_back(pid);
         push(o);
-        return;
+        return true;
       }
-      case 0x94: memo_put(memo_.size(), at); return;  // MEMOIZE
-      case 'q': memo_put(fixed(1, "BINPUT"), at); return;
-      case 'r': memo_put(fixed(4, "LONG_BINPUT"), at); return;
-      case 'h': memo_get(fixed(1, "BINGET"), at); return;
-      case 'j': memo_get(fixed(4, "LONG_BINGET"), at); return;
-      case '0': pop(at, "POP"); return;
-      case '1': pop_mark(at, "POP_MARK"); return;
-      case '2': push(top(at, "DUP")); return;
-      default: {
-        std::ostringstream os;
-        os << "has opcode 0x" << std::hex << int(op) << ", which this reader does not take";
-        fail(at, os.str());
-      }
+      case 0x94: memo_put(memo_.size(), at); return true;  // MEMOIZE
+      case 'q': memo_put(fixed(1, "BINPUT"), at); return true;
+      case 'r': memo_put(fixed(4, "LONG_BINPUT"), at); return true;
+      case 'h': memo_get(fixed(1, "BINGET"), at); return true;
+      case 'j': memo_get(fixed(4, "LONG_BINGET"), at); return true;
+      case '0': pop(at, "POP"); return true;
+      case '1': pop_mark(at, "POP_MARK"); return true;
+      case '2': push(top(at, "DUP")); return true;
+      default: return false;
     }
+  }
+
+  void step(unsigned char op, size_t at) {
+    if (step_structure(op, at) || step_literal(op, at) || step_object(op, at)) return;
+    std::ostringstream os;
+    os << "has opcode 0x" << std::hex << int(op) << ", which this reader does not take";
+    fail(at, os.str());
   }
 
   const unsigned char* p_;

@@ -241,6 +241,70 @@ bool detail::is_huggingface_checkpoint(const std::string& dir) {
   }
 }
 
+namespace {
+
+// The files an index maps keys to, each key merged from its file into `m` (other tensors of
+// the files are not read).
+std::vector<SafetensorsFile> read_indexed_files(const std::string& index_path, const std::string& dir, Metadata& m) {
+  std::map<std::string, std::string> weight_map;
+  std::ifstream in(index_path);
+  TORCH_CHECK(in, "cannot open safetensors index '", index_path, "'");
+  try {
+    auto j = nlohmann::json::parse(in);
+    j.at("weight_map").get_to(weight_map);
+  } catch (const nlohmann::json::exception& e) {
+    TORCH_CHECK(false, "safetensors index '", index_path, "' is not valid: ", e.what());
+  }
+  std::set<std::string> names;
+  for (const auto& [k, f] : weight_map) {
+    // Hugging Face's split files lie beside their index.
+    TORCH_CHECK(!f.empty() && f != "." && f != ".." && f.find('/') == std::string::npos &&
+                    f.find('\0') == std::string::npos,
+                "safetensors index '", index_path, "' maps key '", k, "' to '", f,
+                "', which is not a file name beside the index");
+    names.insert(f);
+  }
+  std::vector<SafetensorsFile> files;
+  for (const auto& name : names) {
+    files.push_back(read_safetensors_header(dir, name));
+    merge_chunks(m, files.back(), [&](const std::string& k) {
+      auto it = weight_map.find(k);
+      return it != weight_map.end() && it->second == name;
+    });
+  }
+  for (const auto& [k, name] : weight_map) {
+    TORCH_CHECK(m.entries.count(k), "safetensors index '", index_path, "' maps key '", k, "' to '", name,
+                "', which does not hold it");
+  }
+  return files;
+}
+
+// Objects: the state dict's non-tensor keys found in a file's metadata (our hex pickles).
+void add_objects(const StateDict& state_dict, const std::vector<SafetensorsFile>& files, const std::string& dir,
+                 Metadata& m, detail::ReadSource& source) {
+  for (const auto& [k, v] : state_dict) {
+    const auto* iv = std::get_if<c10::IValue>(&v);
+    if (!iv || iv->isTensor() || m.entries.count(k)) continue;
+    for (const auto& f : files) {
+      auto it = f.metadata.find(k);
+      if (it == f.metadata.end()) continue;
+      auto bytes = detail::from_hex(it->second);
+      TORCH_CHECK(bytes, "key '", k, "' of the \"__metadata__\" of safetensors file '", (fs::path(dir) / f.name).string(),
+                  "' is not a value dtensor-cpp wrote (not hex)");
+      Entry e;
+      e.kind = ItemKind::Object;
+      StoredChunk sc;
+      sc.length = int64_t(bytes->size());
+      e.chunks.push_back(sc);
+      m.entries[k] = std::move(e);
+      source.inline_objects[k] = std::move(*bytes);
+      break;
+    }
+  }
+}
+
+}  // namespace
+
 void detail::read_safetensors_source(const std::string& path, const StateDict* state_dict, SafetensorsSource& out) {
   std::error_code ec;
   const bool is_dir = fs::is_directory(path, ec);
@@ -256,36 +320,7 @@ void detail::read_safetensors_source(const std::string& path, const StateDict* s
   m.checksummed = false;
   std::vector<SafetensorsFile> files;
   if (!index_path.empty()) {
-    std::map<std::string, std::string> weight_map;
-    std::ifstream in(index_path);
-    TORCH_CHECK(in, "cannot open safetensors index '", index_path, "'");
-    try {
-      auto j = nlohmann::json::parse(in);
-      j.at("weight_map").get_to(weight_map);
-    } catch (const nlohmann::json::exception& e) {
-      TORCH_CHECK(false, "safetensors index '", index_path, "' is not valid: ", e.what());
-    }
-    std::set<std::string> names;
-    for (const auto& [k, f] : weight_map) {
-      // Hugging Face's split files lie beside their index.
-      TORCH_CHECK(!f.empty() && f != "." && f != ".." && f.find('/') == std::string::npos &&
-                      f.find('\0') == std::string::npos,
-                  "safetensors index '", index_path, "' maps key '", k, "' to '", f,
-                  "', which is not a file name beside the index");
-      names.insert(f);
-    }
-    // The keys the index maps, each from its file (other tensors of the files are not read).
-    for (const auto& name : names) {
-      files.push_back(read_safetensors_header(dir, name));
-      merge_chunks(m, files.back(), [&](const std::string& k) {
-        auto it = weight_map.find(k);
-        return it != weight_map.end() && it->second == name;
-      });
-    }
-    for (const auto& [k, name] : weight_map) {
-      TORCH_CHECK(m.entries.count(k), "safetensors index '", index_path, "' maps key '", k, "' to '", name,
-                  "', which does not hold it");
-    }
+    files = read_indexed_files(index_path, dir, m);
   } else {
     const std::vector<std::string> names =
         is_dir ? safetensors_files_in(path) : std::vector<std::string>{fs::path(path).filename().string()};
@@ -312,28 +347,7 @@ void detail::read_safetensors_source(const std::string& path, const StateDict* s
       if (k != kShardingInfoKey && k != kVersionKey && k != "format") out.extra_metadata.emplace(k, v);
     }
   }
-  // Objects: the state dict's non-tensor keys found in a file's metadata.
-  if (state_dict) {
-    for (const auto& [k, v] : *state_dict) {
-      const auto* iv = std::get_if<c10::IValue>(&v);
-      if (!iv || iv->isTensor() || m.entries.count(k)) continue;
-      for (const auto& f : files) {
-        auto it = f.metadata.find(k);
-        if (it == f.metadata.end()) continue;
-        auto bytes = from_hex(it->second);
-        TORCH_CHECK(bytes, "key '", k, "' of the \"__metadata__\" of safetensors file '",
-                    (fs::path(dir) / f.name).string(), "' is not a value dtensor-cpp wrote (not hex)");
-        Entry e;
-        e.kind = ItemKind::Object;
-        StoredChunk sc;
-        sc.length = int64_t(bytes->size());
-        e.chunks.push_back(sc);
-        m.entries[k] = std::move(e);
-        out.source.inline_objects[k] = std::move(*bytes);
-        break;
-      }
-    }
-  }
+  if (state_dict) add_objects(*state_dict, files, dir, m, out.source);
   out.source.metadata = &out.metadata;
   out.source.dir = dir.empty() ? "." : dir;
   out.source.verify_checksums = false;

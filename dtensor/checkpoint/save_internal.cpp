@@ -2,6 +2,8 @@
 // save_internal.h).
 #include "dtensor/checkpoint/save_internal.h"
 
+#include "dtensor/utils/no_destructor_internal.h"
+
 
 #include <c10/util/Exception.h>
 
@@ -25,6 +27,28 @@ namespace checkpoint {
 namespace detail {
 
 std::string errno_str() { return std::strerror(errno); }
+
+NewFile::NewFile(const std::string& path, const std::string& what) : path_(path) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd_ >= 0) return;
+  std::error_code ec;
+  const std::string why = errno != EEXIST ? errno_str()
+                          : std::filesystem::is_directory(std::filesystem::symlink_status(path, ec))
+                              ? "a directory is in its way"
+                              : "a file of that name appeared meanwhile";
+  TORCH_CHECK(false, "cannot create ", what, "'", path, "': ", why);
+}
+
+NewFile::~NewFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void NewFile::close(bool sync) {
+  if (sync) TORCH_CHECK(::fsync(fd_) == 0, "cannot sync '", path_, "': ", errno_str());
+  const int fd = fd_;
+  fd_ = -1;
+  TORCH_CHECK(::close(fd) == 0, "cannot close '", path_, "': ", errno_str());
+}
 
 bool resolve_use_dist(bool no_dist, const comm::GroupPtr& group) {
   if (no_dist) return false;
@@ -74,8 +98,8 @@ namespace {
 
 std::mutex hook_mu;
 std::shared_ptr<const SaveFaultHook>& hook_slot() {
-  static auto* slot = new std::shared_ptr<const SaveFaultHook>;
-  return *slot;
+  static dtensor::utils::NoDestructor<std::shared_ptr<const SaveFaultHook>> slot;
+  return slot.get();
 }
 
 // Attempts at the lock when the file it locked was replaced in between (each replacement is a

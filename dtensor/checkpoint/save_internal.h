@@ -76,6 +76,27 @@ comm::GroupPtr resolve_group(bool use_dist, const comm::GroupPtr& group);
 std::string errno_str();
 // All `n` bytes at `p` to `fd` (retrying short writes); throws naming `path`.
 void write_all(int fd, const char* p, int64_t n, const std::string& path);
+
+// A file opened for writing, closed when it goes out of scope.
+class NewFile {
+ public:
+  // Creates `path` with O_EXCL: a new file, never one already there (a committed checkpoint's
+  // file, or a link leading out of the directory: O_EXCL does not follow it). `what` names it
+  // in the error ("data file ").
+  NewFile(const std::string& path, const std::string& what);
+  ~NewFile();
+  NewFile(const NewFile&) = delete;
+  NewFile& operator=(const NewFile&) = delete;
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+  void write(const char* p, int64_t n) { write_all(fd_, p, n, path_); }
+  // fsync (with `sync`) and close, raising on failure.
+  void close(bool sync);
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
 // fsync of a file or directory by its path; throws naming it.
 void fsync_path(const std::string& path, bool directory);
 

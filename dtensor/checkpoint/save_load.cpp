@@ -55,6 +55,7 @@ using detail::errno_str;
 using detail::fsync_path;
 using detail::layout_of;
 using detail::LocalItem;
+using detail::NewFile;
 using detail::resolve_group;
 using detail::resolve_use_dist;
 using detail::stage;
@@ -147,6 +148,48 @@ std::string data_file_name(int rank, int64_t save_id) {
 }
 
 
+// One item's bytes as its file holds them, and where they lie in it.
+struct ItemBytes {
+  std::vector<char> pickled;  // an object's pickle, or (DCP) the chunk's torch.save stream
+  at::Tensor contiguous;      // a tensor chunk, on the CPU
+  const char* data = nullptr;
+  int64_t n = 0;
+  StoredChunk sc;
+};
+
+// The bytes of item `w` (from `li`) written at `offset` of data file `name`.
+ItemBytes item_bytes(const WriteItem& w, const LocalItem& li, const std::string& name, int64_t offset, bool dcp) {
+  ItemBytes b;
+  b.sc.chunk = w.kind == ItemKind::Tensor ? w.chunk : ChunkMeta{};
+  b.sc.file = name;
+  b.sc.offset = offset;
+  if (w.kind == ItemKind::Object) {
+    b.pickled = torch::jit::pickle_save(li.object);
+    b.data = b.pickled.data();
+    b.n = int64_t(b.pickled.size());
+    b.sc.length = b.n;
+    return b;
+  }
+  b.contiguous = li.data.detach().to(at::kCPU).contiguous();
+  if (!dcp) {
+    b.data = static_cast<const char*>(b.contiguous.data_ptr());
+    b.n = int64_t(b.contiguous.nbytes());
+    b.sc.length = b.n;
+    return b;
+  }
+  // A torch.save stream of the chunk alone (a view would bring its whole storage).
+  if (b.contiguous.storage_offset() != 0 || int64_t(b.contiguous.storage().nbytes()) != int64_t(b.contiguous.nbytes()))
+    b.contiguous = b.contiguous.clone();
+  b.pickled = torch::jit::pickle_save(b.contiguous);
+  b.data = b.pickled.data();
+  b.n = int64_t(b.pickled.size());
+  b.sc.offset = offset + (b.contiguous.nbytes() > 0 ? int64_t(detail::tensor_bytes_offset(b.pickled)) : 0);
+  b.sc.length = int64_t(b.contiguous.nbytes());
+  b.sc.stream_offset = offset;
+  b.sc.stream_length = b.n;
+  return b;
+}
+
 // Writes this rank's share (`plan`) of `local` to its data file.
 std::vector<WriteResult> write_items(const std::vector<LocalItem>& local, const SavePlan& plan,
                                      const std::string& dir, int rank, int64_t save_id, const SaveOptions& opts) {
@@ -156,26 +199,9 @@ std::vector<WriteResult> write_items(const std::vector<LocalItem>& local, const 
   for (const auto& li : local) by_key[{li.item.fqn, li.item.chunk}] = &li;
 
   const std::string name = data_file_name(rank, save_id);
-  const std::string path = (fs::path(dir) / name).string();
   detail::save_fault_point(detail::SaveFaultPoint::kBeforeData, rank);
-  // O_EXCL: a new file, never one already there (a committed checkpoint's data file, or a link
-  // leading out of the directory: O_EXCL does not follow it). next_save_id chose a name no
-  // entry of the directory has.
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    std::error_code ec;
-    const std::string why = errno != EEXIST ? errno_str()
-                            : fs::is_directory(fs::symlink_status(path, ec)) ? "a directory is in its way"
-                                                                              : "a file of that name appeared meanwhile";
-    TORCH_CHECK(false, "cannot create data file '", path, "': ", why);
-  }
-  struct Closer {
-    int fd;
-    ~Closer() {
-      if (fd >= 0) ::close(fd);
-    }
-  } closer{fd};
-
+  // next_save_id chose a name no entry of the directory has.
+  NewFile file((fs::path(dir) / name).string(), "data file ");
   const int64_t block = opts.checksum_block_bytes;
   const bool dcp = opts.format == CheckpointFormat::kPyTorchDcp;
   int64_t offset = 0;
@@ -184,54 +210,20 @@ std::vector<WriteResult> write_items(const std::vector<LocalItem>& local, const 
     auto it = by_key.find({w.fqn, w.chunk});
     TORCH_CHECK(it != by_key.end(), "the global plan gave rank ", rank, " key '", w.fqn, "' chunk ",
                 w.chunk.to_string(), ", which it does not hold");
-    const LocalItem& li = *it->second;
-    std::vector<char> pickled;
-    at::Tensor contiguous;
-    const char* bytes = nullptr;
-    int64_t n = 0;
-    StoredChunk sc;
-    sc.chunk = w.kind == ItemKind::Tensor ? w.chunk : ChunkMeta{};
-    sc.file = name;
-    sc.offset = offset;
-    if (w.kind == ItemKind::Object) {
-      pickled = torch::jit::pickle_save(li.object);
-      bytes = pickled.data();
-      n = int64_t(pickled.size());
-      sc.length = n;
-    } else {
-      contiguous = li.data.detach().to(at::kCPU).contiguous();
-      if (dcp) {
-        // A torch.save stream of the chunk alone (a view would bring its whole storage).
-        if (contiguous.storage_offset() != 0 || int64_t(contiguous.storage().nbytes()) != int64_t(contiguous.nbytes()))
-          contiguous = contiguous.clone();
-        pickled = torch::jit::pickle_save(contiguous);
-        bytes = pickled.data();
-        n = int64_t(pickled.size());
-        sc.offset = offset + (contiguous.nbytes() > 0 ? int64_t(detail::tensor_bytes_offset(pickled)) : 0);
-        sc.length = int64_t(contiguous.nbytes());
-        sc.stream_offset = offset;
-        sc.stream_length = n;
-      } else {
-        bytes = static_cast<const char*>(contiguous.data_ptr());
-        n = int64_t(contiguous.nbytes());
-        sc.length = n;
-      }
-    }
+    ItemBytes b = item_bytes(w, *it->second, name, offset, dcp);
     // Checksum and write one block at a time (the block is still in the cache when written).
-    for (int64_t b = 0; b < n; b += block) {
-      const int64_t len = std::min(block, n - b);
-      if (!dcp) sc.crc32.push_back(crc32(bytes + b, size_t(len)));
-      write_all(fd, bytes + b, len, path);
+    for (int64_t at = 0; at < b.n; at += block) {
+      const int64_t len = std::min(block, b.n - at);
+      if (!dcp) b.sc.crc32.push_back(crc32(b.data + at, size_t(len)));
+      file.write(b.data + at, len);
       if (first_block) detail::save_fault_point(detail::SaveFaultPoint::kMidData, rank);
       first_block = false;
     }
-    offset += n;
-    results.push_back({w, sc});
-    if (opts.on_item_written) opts.on_item_written(w.fqn, n);
+    offset += b.n;
+    results.push_back({w, b.sc});
+    if (opts.on_item_written) opts.on_item_written(w.fqn, b.n);
   }
-  if (opts.sync_files) TORCH_CHECK(::fsync(fd) == 0, "cannot sync '", path, "': ", errno_str());
-  closer.fd = -1;
-  TORCH_CHECK(::close(fd) == 0, "cannot close '", path, "': ", errno_str());
+  file.close(opts.sync_files);
   detail::save_fault_point(detail::SaveFaultPoint::kAfterData, rank);
   return results;
 }

@@ -2,6 +2,7 @@
 // from: StagingBuffers reused across saves, and the process's staging cache (see save_load.h).
 #include "dtensor/checkpoint/save_internal.h"
 #include "dtensor/checkpoint/save_load.h"
+#include "dtensor/utils/no_destructor_internal.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -36,8 +37,8 @@ struct StagingCache {
   std::vector<std::shared_ptr<StagingBuffers>> sets;
 };
 StagingCache& staging_cache() {
-  static auto* cache = new StagingCache;
-  return *cache;
+  static dtensor::utils::NoDestructor<StagingCache> cache;
+  return cache.get();
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "dtensor/comm/c10d_guard.h"
 #include "dtensor/comm/device.h"
+#include "dtensor/comm/gloo_loop_ticker_internal.h"
 #include "dtensor/compat.h"
 
 #include <ATen/ATen.h>
@@ -22,14 +23,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupMPI.hpp>
 #endif
 
-// DTENSOR_GLOO_TCP: CMake found the Gloo library libtorch uses (Debian's libgloo), whose tcp
-// transport classes the loop ticker below needs (NOTE: [Gloo's loop ticks]).
-#ifdef DTENSOR_GLOO_TCP
-#include <gloo/transport/tcp/device.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
-#endif
 
 #include <algorithm>
 #include <atomic>
@@ -94,92 +87,6 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 
 }  // namespace
 
-namespace detail {
-
-std::vector<BackendEntry> parse_backend(const std::string& spec) {
-  std::vector<BackendEntry> out;
-  std::stringstream ss(spec);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    TORCH_CHECK(!item.empty(), "backend '", spec, "' has an empty entry; expected gloo, nccl, mpi or "
-                "a list such as cpu:gloo,cuda:nccl");
-    auto colon = item.find(':');
-    if (colon == std::string::npos) {
-      out.push_back({"", item});
-    } else {
-      out.push_back({item.substr(0, colon), item.substr(colon + 1)});
-    }
-  }
-  TORCH_CHECK(!out.empty(), "empty backend name; expected gloo, nccl, mpi or e.g. cpu:gloo,cuda:nccl");
-  const bool listed = out.size() > 1 || !out[0].device.empty();
-  for (size_t i = 0; listed && i < out.size(); ++i) {
-    const BackendEntry& e = out[i];
-    TORCH_CHECK(!e.device.empty(), "backend list '", spec,
-                "' mixes plain and device:backend entries; write e.g. cpu:gloo,cuda:nccl");
-    TORCH_CHECK(e.device == "cpu" || e.device == "cuda", "backend list '", spec, "': unknown device '",
-                e.device, "'; expected cpu or cuda, e.g. cpu:gloo,cuda:nccl");
-    TORCH_CHECK(!e.backend.empty(), "backend list '", spec, "': no backend for device ", e.device);
-    TORCH_CHECK(e.backend != "nccl" || e.device == "cuda", "backend list '", spec,
-                "': nccl moves CUDA tensors only; write cuda:nccl and e.g. cpu:gloo");
-    for (size_t j = 0; j < i; ++j)
-      TORCH_CHECK(out[j].device != e.device, "backend list '", spec, "' names device ", e.device, " twice");
-  }
-  return out;
-}
-
-BackendRoute route_tensor(const std::string& spec, const std::vector<BackendEntry>& entries,
-                          const std::string& device_type) {
-  TORCH_INTERNAL_ASSERT(!entries.empty());
-  if (entries.size() == 1 && entries[0].device.empty()) {
-    BackendRoute r;
-    r.stage_through_cuda = entries[0].backend == "nccl" && device_type != "cuda";
-    r.stage_through_host = entries[0].backend != "nccl" && device_type == "cuda";
-    return r;
-  }
-  for (size_t i = 0; i < entries.size(); ++i)
-    if (entries[i].device == device_type) {
-      BackendRoute r;
-      r.entry = i;
-      r.stage_through_host = entries[i].backend != "nccl" && device_type == "cuda";
-      return r;
-    }
-  TORCH_CHECK(device_type == "cpu" || device_type == "cuda", "backend '", spec, "' has no process group for ",
-              device_type, " tensors; collectives take cpu or cuda tensors");
-  const char* suggestion = device_type == "cuda" ? "nccl" : "gloo";
-  TORCH_CHECK(false, "backend '", spec, "' has no process group for ", device_type,
-              " tensors; add one to the list, e.g. '", spec, ",", device_type, ":", suggestion, "'");
-}
-
-NativeCollectives native_collectives(const std::string& backend) {
-  NativeCollectives n;
-  if (backend == "nccl") n.all_gather_base = n.reduce_scatter_base = n.avg = true;
-  return n;
-}
-
-namespace {
-// True when some entry of `spec` satisfies `pred`; false for a spec that does not parse.
-template <class Pred>
-bool any_entry(const std::string& spec, Pred pred) {
-  std::vector<BackendEntry> entries;
-  try {
-    entries = parse_backend(spec);
-  } catch (const c10::Error&) {
-    return false;
-  }
-  return std::any_of(entries.begin(), entries.end(), pred);
-}
-}  // namespace
-
-bool backend_uses_cuda(const std::string& spec) {
-  return any_entry(spec, [](const BackendEntry& e) { return e.backend == "nccl" || e.device == "cuda"; });
-}
-
-bool backend_uses_nccl(const std::string& spec) {
-  return any_entry(spec, [](const BackendEntry& e) { return e.backend == "nccl"; });
-}
-
-}  // namespace detail
-
 bool backend_available(const std::string& backend, std::string* why) {
   std::vector<detail::BackendEntry> parts;
   try {
@@ -192,83 +99,6 @@ bool backend_available(const std::string& backend, std::string* why) {
     if (!one_backend_available(e.backend, why)) return false;
   return true;
 }
-
-// NOTE: [Gloo's loop ticks]
-// Gloo's tcp device runs an epoll loop that "ticks" when a socket has an event, else every
-// 10 ms; removing a socket from it (Loop::unregisterDescriptor) waits for the next tick. In
-// the libgloo of Debian 12 / libtorch 1.13 every pair whose connecting side this rank is
-// removes its listening socket that way, one pair after the other, and closing a pair does
-// it too: a 4-rank group took ~33 ms to connect here, mostly in those waits (traced with
-// DTENSOR_HARNESS_TRACE: ranks finished their connect ~10 ms apart), and destroying a group
-// 20-40 ms. (Gloo from 2023, in libtorch 2.x, has one listening socket per device, so fewer
-// such waits at connect.) While a Gloo group connects or is destroyed, a LoopTicker makes
-// the loop tick every kTick: it registers an eventfd with the device's loop and a thread
-// writes to it; the handler drains it. Between those phases it is idle (no cost to
-// collectives). Without Debian's libgloo (libtorch with Gloo linked in) there is no ticker;
-// DTENSOR_GLOO_LOOP_TICKER=0 turns it off (to measure the difference).
-#ifdef DTENSOR_GLOO_TCP
-class LoopTicker final : public ::gloo::transport::tcp::Handler {
- public:
-  static constexpr std::chrono::microseconds kTick{200};
-
-  // A ticker on `device`'s loop, or nullptr when it is not a tcp device.
-  static std::unique_ptr<LoopTicker> attach(const std::shared_ptr<::gloo::transport::Device>& device) {
-    static const bool off = [] {
-      const char* v = std::getenv("DTENSOR_GLOO_LOOP_TICKER");  // "0": off, to compare
-      return v && std::string(v) == "0";
-    }();
-    if (off) return nullptr;
-    auto tcp = std::dynamic_pointer_cast<::gloo::transport::tcp::Device>(device);
-    if (!tcp) return nullptr;
-    const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (fd < 0) return nullptr;
-    std::unique_ptr<LoopTicker> t(new LoopTicker(std::move(tcp), fd));
-    t->device_->registerDescriptor(fd, EPOLLIN, t.get());
-    return t;
-  }
-  // Releases the device with the loop ticking: when this holds its last reference, ~Loop
-  // joins the loop thread after its next tick; the handler stays valid until then.
-  ~LoopTicker() override {
-    start();
-    device_.reset();
-    stop();
-    ::close(fd_);
-  }
-  void handleEvents(int) override {
-    uint64_t n;
-    while (::read(fd_, &n, sizeof n) > 0) {
-    }
-  }
-  void start() {
-    if (thread_.joinable()) return;
-    stop_ = false;
-    thread_ = std::thread([this] {
-      const uint64_t one = 1;
-      while (!stop_.load()) {
-        (void)!::write(fd_, &one, sizeof one);
-        std::this_thread::sleep_for(kTick);
-      }
-    });
-  }
-  void stop() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  LoopTicker(std::shared_ptr<::gloo::transport::tcp::Device> device, int fd) : device_(std::move(device)), fd_(fd) {}
-  std::shared_ptr<::gloo::transport::tcp::Device> device_;
-  int fd_;
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
-};
-#else
-class LoopTicker {
- public:
-  void start() {}
-  void stop() {}
-};
-#endif
 
 struct C10dGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
@@ -319,9 +149,7 @@ static c10::intrusive_ptr<BackendPg> make_pg(const std::string& name,
     }
     auto device = host.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
                                : c10d::ProcessGroupGloo::createDeviceForHostname(host);
-#ifdef DTENSOR_GLOO_TCP
     *ticker = LoopTicker::attach(device);  // destroyed after `opts` should connecting fail
-#endif
     auto opts = c10d::ProcessGroupGloo::Options::create(o.timeout);
     opts->devices.push_back(std::move(device));
     opts->threads = 1;
@@ -410,12 +238,7 @@ const std::vector<int>& C10dGroup::global_ranks() const { return impl_->global_r
 
 namespace {
 
-// NOTE: [Aborting waits] (abort.h)
-std::atomic<bool> g_abortable{false};
-std::atomic<bool> g_aborted{false};
-std::mutex g_abort_mu;
-std::string g_abort_reason;
-constexpr std::chrono::milliseconds kAbortSlice{20};
+constexpr std::chrono::milliseconds kAbortSlice{20};  // NOTE: [Aborting waits] (abort.h)
 
 std::string error_text(const std::exception& e) {
   if (auto* ce = dynamic_cast<const c10::Error*>(&e)) return ce->what_without_backtrace();
@@ -451,7 +274,7 @@ class C10dSource final : public Work::Source {
 
   bool wait_until(Work::Clock::time_point deadline) override {
     for (;;) {
-      if (g_abortable.load()) {
+      if (waits_abortable()) {
         if (auto why = waits_aborted()) {
           *poisoned_ = true;  // the operation stays pending in the backend (~C10dGroup)
           error_ = std::make_exception_ptr(CollectiveError(what() + " aborted: " + *why));
@@ -460,7 +283,7 @@ class C10dSource final : public Work::Source {
       }
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Work::Clock::now());
-      const auto slice = sliceable_ && g_abortable.load() ? std::min(left, kAbortSlice) : left;
+      const auto slice = sliceable_ && waits_abortable() ? std::min(left, kAbortSlice) : left;
       try {
         work_->wait(std::max(std::chrono::milliseconds(1), slice));
         return true;
@@ -521,11 +344,6 @@ std::function<void()> copy_back(at::Tensor dst, at::Tensor src, std::function<vo
   };
 }
 
-void check_avg(const Group& g, const char* op, const at::Tensor& t, ReduceOp r) {
-  TORCH_CHECK(r != ReduceOp::AVG || at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()),
-              op, " on ", g.describe(), ": ReduceOp::AVG needs a floating dtype, got ", t.scalar_type());
-}
-
 }  // namespace
 
 namespace {
@@ -549,7 +367,7 @@ WorkPtr issue(const C10dGroup& g, const C10dGroup::Impl& impl, const char* op, c
 WorkPtr C10dGroup::all_reduce_async(const at::Tensor& tensor, ReduceOp op) {
   at::Tensor t = tensor;
   if (guard::all_reduce(*this, t, op)) return Work::completed("all_reduce", name());
-  check_avg(*this, "all_reduce", tensor, op);
+  detail::check_avg(*this, "all_reduce", tensor, op);
   const Target tg = impl_->target(tensor);
   const bool divide = op == ReduceOp::AVG && !tg.native.avg;  // composed AVG: SUM, then divide
   std::vector<at::Tensor> ts{for_backend(tensor, tg)};
@@ -607,7 +425,7 @@ WorkPtr C10dGroup::reduce_scatter_into_async(const at::Tensor& output, const at:
   at::Tensor out_arg = output;
   if (guard::reduce_scatter_into(*this, out_arg, input, op)) return Work::completed("reduce_scatter_into", name());
   detail::check_reduce_scatter_shapes(*this, output, input);
-  check_avg(*this, "reduce_scatter_into", input, op);
+  detail::check_avg(*this, "reduce_scatter_into", input, op);
   const Target tg = impl_->target(input);
   at::Tensor in = for_backend(input, tg);
   const double n = size();
@@ -774,25 +592,6 @@ std::shared_ptr<Group> C10dGroup::new_subgroup(const std::vector<int>& ranks) {
   sub->impl_->global_ranks.clear();
   for (int r : ranks) sub->impl_->global_ranks.push_back(impl_->global_ranks[r]);
   return sub;
-}
-
-void set_waits_abortable(bool on) { g_abortable = on; }
-bool waits_abortable() { return g_abortable.load(); }
-void abort_waits(const std::string& reason) {
-  std::lock_guard<std::mutex> lk(g_abort_mu);
-  if (!g_aborted.load()) g_abort_reason = reason;
-  g_aborted = true;
-}
-void clear_aborted_waits() {
-  std::lock_guard<std::mutex> lk(g_abort_mu);
-  g_aborted = false;
-  g_abort_reason.clear();
-}
-std::optional<std::string> waits_aborted() {
-  if (!g_aborted.load()) return std::nullopt;
-  std::lock_guard<std::mutex> lk(g_abort_mu);
-  if (!g_aborted.load()) return std::nullopt;
-  return g_abort_reason;
 }
 
 }  // namespace comm

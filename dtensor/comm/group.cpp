@@ -72,6 +72,12 @@ void check_rank_arg(const Group& g, const char* op, const char* what, int r) {
               g.describe(), "; expected 0 <= ", what, " < ", g.size());
 }
 
+void check_avg(const Group& g, const char* op, const at::Tensor& t, ReduceOp r) {
+  TORCH_CHECK(r != ReduceOp::AVG || at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()), op,
+              " on ", g.describe(), ": ReduceOp::AVG needs a floating dtype, got ", t.scalar_type(),
+              "; use SUM and divide");
+}
+
 void check_all_gather_shapes(const Group& g, const at::Tensor& out, const at::Tensor& in) {
   TORCH_CHECK(out.defined() && in.defined(), "all_gather_into on ", g.describe(),
               ": input and output must be defined tensors");

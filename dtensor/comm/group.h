@@ -141,6 +141,8 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> resolve_all_to_all_splits(
     const Group& g, const at::Tensor& out, const at::Tensor& in,
     const std::vector<int64_t>& output_splits, const std::vector<int64_t>& input_splits);
 void check_subgroup_ranks(const Group& g, const std::vector<int>& ranks);
+// ReduceOp::AVG on an integer tensor.
+void check_avg(const Group& g, const char* op, const at::Tensor& t, ReduceOp r);
 }  // namespace detail
 
 // ---- Process-wide default group (PyTorch's default process group) ----------------------

@@ -50,6 +50,7 @@
 // receive unanswered for the world's timeout fails alone (as before): it blocks no peer, so
 // it does not abort the world.
 #include "dtensor/comm/thread_group.h"
+#include "dtensor/comm/thread_rounds_internal.h"
 
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
@@ -68,26 +69,11 @@
 namespace dtensor {
 namespace comm {
 
+using namespace thread_rounds;
+
 namespace {
 
 using Clock = Work::Clock;
-
-struct Call;
-using Calls = std::vector<std::shared_ptr<const Call>>;  // index: rank
-// Computes every rank's result, then writes every rank's outputs (step 2).
-using RunFn = void (*)(const Calls&);
-
-struct Call {
-  const char* op = "";  // a literal: Work's op
-  std::string signature;  // must match across ranks
-  RunFn run = nullptr;
-  // Handles, never references: NOTE: [Calls outlive an aborted round].
-  std::vector<at::Tensor> inputs;
-  std::vector<at::Tensor> outputs;
-  ReduceOp reduce = ReduceOp::SUM;
-  int root = -1;  // broadcast and scatter: src; gather: dst
-  std::vector<int64_t> out_splits, in_splits;
-};
 
 struct Round {
   explicit Round(int size) : calls(size) {}
@@ -362,145 +348,6 @@ std::shared_ptr<Call> make_call(const char* op, std::string signature, RunFn run
   return c;
 }
 
-// ---- Step 2 of each collective: every rank's result first, then every output ------------
-
-at::Tensor reduce_tensors(const std::vector<at::Tensor>& xs, ReduceOp op) {
-  at::Tensor acc = xs[0].clone(at::MemoryFormat::Contiguous);
-  for (size_t i = 1; i < xs.size(); ++i) {
-    switch (op) {
-      case ReduceOp::SUM:
-      case ReduceOp::AVG: acc.add_(xs[i]); break;
-      case ReduceOp::PRODUCT: acc.mul_(xs[i]); break;
-      case ReduceOp::MIN: acc = at::minimum(acc, xs[i]); break;
-      case ReduceOp::MAX: acc = at::maximum(acc, xs[i]); break;
-    }
-  }
-  if (op == ReduceOp::AVG) acc.div_(static_cast<double>(xs.size()));
-  return acc;
-}
-
-std::vector<at::Tensor> first_inputs(const Calls& calls) {
-  std::vector<at::Tensor> xs;
-  for (const auto& c : calls) xs.push_back(c->inputs[0]);
-  return xs;
-}
-
-void run_all_reduce(const Calls& calls) {
-  const at::Tensor result = reduce_tensors(first_inputs(calls), calls[0]->reduce);
-  for (const auto& c : calls) c->outputs[0].copy_(result);
-}
-
-// NOTE: [ThreadGroup results written in place]
-// Step 2 computes every result before writing any output because an output may share memory
-// with an input (in-place all_reduce, broadcast). For all_gather and reduce_scatter that is a
-// temporary as large as the whole output (all_gather) or input (reduce_scatter), allocated by
-// the runner: its rank alone pays it, on top of its own buffers (fsdp_benchmark's per-rank
-// peak, NOTE: [Per-rank memory accounting] in suites/testing/tracking_allocator.h). When no
-// output shares memory with any input (except, for all_gather, a rank's input that is exactly
-// its own block of its output: the in-place all-gather FSDP issues), writing block by block
-// reads nothing already written, so the runner writes the outputs directly: the same values,
-// with at most one block (reduce_scatter) as a temporary.
-bool only_own_block_shared(const Calls& calls, bool allow_own_block) {
-  const int64_t n = static_cast<int64_t>(calls.size());
-  for (int64_t r = 0; r < n; ++r) {
-    const at::Tensor& out = calls[r]->outputs[0];
-    for (int64_t j = 0; j < n; ++j) {
-      const at::Tensor& in = calls[j]->inputs[0];
-      if (at::get_overlap_status(out, in) == at::MemOverlapStatus::No) continue;
-      if (!allow_own_block || j != r) return false;
-      const at::Tensor own = out.narrow(0, r * in.size(0), in.size(0));
-      if (!(in.data_ptr() == own.data_ptr() && in.sizes() == own.sizes() && in.strides() == own.strides()))
-        return false;
-    }
-  }
-  return true;
-}
-
-void run_all_gather(const Calls& calls) {
-  if (only_own_block_shared(calls, /*allow_own_block=*/true)) {
-    for (size_t r = 0; r < calls.size(); ++r) {
-      const at::Tensor& out = calls[r]->outputs[0];
-      for (size_t j = 0; j < calls.size(); ++j) {
-        const at::Tensor& in = calls[j]->inputs[0];
-        at::Tensor block = out.narrow(0, static_cast<int64_t>(j) * in.size(0), in.size(0));
-        if (block.data_ptr() != in.data_ptr()) block.copy_(in);
-      }
-    }
-    return;
-  }
-  const at::Tensor result = at::cat(first_inputs(calls), 0);
-  for (const auto& c : calls) c->outputs[0].copy_(result);
-}
-
-void run_reduce_scatter(const Calls& calls) {
-  // Reducing a block alone gives the same values (elementwise, in rank order) as reducing the
-  // whole input and taking the block.
-  const int64_t n = static_cast<int64_t>(calls.size());
-  const int64_t rows = calls[0]->inputs[0].size(0) / n;
-  auto block_of = [&](int64_t r) {
-    std::vector<at::Tensor> xs;
-    for (const auto& c : calls) xs.push_back(c->inputs[0].narrow(0, r * rows, rows));
-    return reduce_tensors(xs, calls[0]->reduce);
-  };
-  if (only_own_block_shared(calls, /*allow_own_block=*/false)) {
-    for (int64_t r = 0; r < n; ++r) calls[r]->outputs[0].copy_(block_of(r));
-    return;
-  }
-  const at::Tensor reduced = reduce_tensors(first_inputs(calls), calls[0]->reduce);
-  for (int64_t r = 0; r < n; ++r) calls[r]->outputs[0].copy_(reduced.narrow(0, r * rows, rows));
-}
-
-// Rank `to`'s all_to_all_single output: its rows from every rank, in rank order.
-at::Tensor all_to_all_rows_for(const Calls& calls, int to) {
-  std::vector<at::Tensor> parts;
-  for (size_t from = 0; from < calls.size(); ++from) {
-    const Call& k = *calls[from];
-    const int64_t rows = k.in_splits[to];
-    const int64_t expected = calls[to]->out_splits[from];
-    TORCH_CHECK(rows == expected, "rank ", from, " sends ", rows, " rows to rank ", to, " but rank ", to,
-                " expects ", expected);
-    int64_t offset = 0;
-    for (int j = 0; j < to; ++j) offset += k.in_splits[j];
-    parts.push_back(k.inputs[0].narrow(0, offset, rows));
-  }
-  return at::cat(parts, 0);
-}
-
-void run_all_to_all(const Calls& calls) {
-  std::vector<at::Tensor> results;
-  for (size_t to = 0; to < calls.size(); ++to) results.push_back(all_to_all_rows_for(calls, static_cast<int>(to)));
-  for (size_t to = 0; to < calls.size(); ++to) calls[to]->outputs[0].copy_(results[to]);
-}
-
-void run_broadcast(const Calls& calls) {
-  const int src = calls[0]->root;
-  const at::Tensor value = calls[src]->inputs[0].clone();
-  for (size_t r = 0; r < calls.size(); ++r)
-    if (static_cast<int>(r) != src) calls[r]->outputs[0].copy_(value);
-}
-
-void run_gather(const Calls& calls) {
-  const Call& dst = *calls[calls[0]->root];
-  std::vector<at::Tensor> values;  // clones: an output may alias some rank's input
-  for (const auto& c : calls) values.push_back(c->inputs[0].clone());
-  for (size_t r = 0; r < calls.size(); ++r) dst.outputs[r].copy_(values[r]);
-}
-
-void run_scatter(const Calls& calls) {
-  const Call& src = *calls[calls[0]->root];
-  std::vector<at::Tensor> values;  // clones: an output may alias one of src's inputs
-  for (const auto& t : src.inputs) values.push_back(t.clone());
-  for (size_t r = 0; r < calls.size(); ++r) calls[r]->outputs[0].copy_(values[r]);
-}
-
-void run_nothing(const Calls&) {}
-
-void check_avg(const Group& g, const char* op, const at::Tensor& t, ReduceOp r) {
-  TORCH_CHECK(r != ReduceOp::AVG || at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()), op,
-              " on ", g.describe(), ": ReduceOp::AVG needs a floating dtype, got ", t.scalar_type(),
-              "; use SUM and divide");
-}
-
 }  // namespace
 
 ThreadGroup::ThreadGroup(std::shared_ptr<ThreadWorld> world, int rank, std::vector<int> global_ranks)
@@ -518,7 +365,7 @@ ThreadGroup::ThreadGroup(std::shared_ptr<ThreadWorld> world, int rank, std::vect
 int ThreadGroup::size() const { return world_->size(); }
 
 WorkPtr ThreadGroup::all_reduce_async(const at::Tensor& tensor, ReduceOp op) {
-  check_avg(*this, "all_reduce", tensor, op);
+  detail::check_avg(*this, "all_reduce", tensor, op);
   auto c = make_call("all_reduce", sig_of(tensor) + "," + to_string(op), run_all_reduce);
   c->inputs = {tensor};
   c->outputs = {tensor};
@@ -536,7 +383,7 @@ WorkPtr ThreadGroup::all_gather_into_async(const at::Tensor& output, const at::T
 
 WorkPtr ThreadGroup::reduce_scatter_into_async(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   detail::check_reduce_scatter_shapes(*this, output, input);
-  check_avg(*this, "reduce_scatter_into", input, op);
+  detail::check_avg(*this, "reduce_scatter_into", input, op);
   auto c = make_call("reduce_scatter_into", sig_of(input) + "," + to_string(op), run_reduce_scatter);
   c->inputs = {input};
   c->outputs = {output};

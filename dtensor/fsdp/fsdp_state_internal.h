@@ -12,10 +12,12 @@
 #include <c10/core/Device.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace dtensor {
@@ -55,6 +57,9 @@ struct FSDPParam {
   at::Tensor unsharded_param;
   // Unsharded gradient accumulated while gradient sync is off.
   at::Tensor accumulated_grad;
+  // HSDP: this rank's reduce-scattered gradient (padded, flat) held while the all-reduce over
+  // the replicate dim is off (FSDPModule::set_requires_all_reduce).
+  at::Tensor partial_reduce_output;
 
   // Rows (on shard_dim) of the shard of shard-group rank `rank`.
   int64_t rows_of(int64_t rank) const;
@@ -98,8 +103,33 @@ struct PendingReduceScatter {
   comm::WorkPtr work;
 };
 
-// A process-wide id for `state` (for autograd functions, whose context holds IValues).
-int64_t register_state_id(const std::shared_ptr<FSDPState>& state);
+// NOTE: [FSDP state registry]
+// The fully_shard-ed modules of the process (every rank thread's): fully_shard looks up whether a
+// module or a child is already sharded and which parameters another group holds; the
+// post-backward autograd function finds its group by id (its context holds IValues only). One
+// object owns both maps. It holds the states weakly: a state lives as long as its module's
+// hooks, and an entry whose state died is dropped at the next registration.
+class StateRegistry {
+ public:
+  static StateRegistry& instance();
+  // The live state fully_shard made for `module` (nullptr when none, or when it died).
+  std::shared_ptr<FSDPState> lookup(const torch::nn::Module& module) const;
+  // Every live state (any module, any rank thread).
+  std::vector<std::shared_ptr<FSDPState>> live() const;
+  // Registers `state` for `module`; returns its id.
+  int64_t add(const torch::nn::Module& module, const std::shared_ptr<FSDPState>& state);
+  std::shared_ptr<FSDPState> by_id(int64_t id) const;
+
+ private:
+  StateRegistry() = default;
+  mutable std::mutex mu_;
+  std::unordered_map<const torch::nn::Module*, std::weak_ptr<FSDPState>> by_module_;
+  std::unordered_map<int64_t, std::weak_ptr<FSDPState>> by_id_;
+  int64_t next_id_ = 0;
+};
+
+// The module's type name, for messages.
+std::string module_type(const torch::nn::Module& m);
 
 class FSDPState : public std::enable_shared_from_this<FSDPState> {
  public:
@@ -117,6 +147,15 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   // fully_shard (module->to(at::kDouble)), as PyTorch's FSDPParam.reset_sharded_param (NOTE:
   // [FSDP after a dtype cast]).
   void follow_dtype_cast();
+  // While sharded: adopts sharded parameters the modules now hold instead of the ones
+  // fully_shard made (nn::to_empty after fully_shard on the meta device; a user's
+  // swap_parameter), which must be DTensors of the same spec (NOTE: [FSDP on the meta device]).
+  void follow_replaced_params();
+  // params() after follow_replaced_params().
+  const std::vector<FSDPParam>& current_params() {
+    follow_replaced_params();
+    return params_;
+  }
   // The FSDP extension (options_.extensions, resolved by fully_shard); nullptr: plain FSDP.
   const FSDPExtensions* ext() const { return options_.extensions.get(); }
   // Makes p.unsharded_param (post_unflatten_transform) unless it exists.
@@ -163,6 +202,9 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   // Waits for `pending` (this group's), all-reduces over replicate_group_ (HSDP), divides and
   // writes the sharded .grad()s.
   void finish_reduce_scatter(PendingReduceScatter& pending);
+  // Adds the reduced flat `output` (the padded pieces of params_[which[k]], in that order) to
+  // the sharded .grad()s.
+  void write_sharded_grads(const at::Tensor& output, const std::vector<size_t>& which);
   void lazy_init();
   // The root (this state before lazy init): holds the pending reduce-scatter, the post-forward
   // order, the prefetch count and the trace.
@@ -180,6 +222,33 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   // Every group forwarded since the last backward has run its post-backward.
   bool all_post_backwards_done() const;
 
+  // Read by FSDPModule and the state-dict functions.
+  torch::nn::Module& module() const { return *module_; }
+  const DeviceMesh& mesh() const { return mesh_; }
+  int64_t shard_size() const { return shard_size_; }
+  int64_t shard_rank() const { return shard_rank_; }
+  const comm::GroupPtr& shard_group() const { return shard_group_; }
+  c10::Device device() const { return device_; }
+  const std::vector<FSDPParam>& params() const { return params_; }
+  bool is_root() const { return is_root_; }
+  Status status() const { return status_; }
+  std::vector<FSDPTraceEvent> trace() const;
+
+  // FSDPModule's settings.
+  void set_id(int64_t id) { id_ = id; }
+  void set_requires_gradient_sync(bool value) { requires_gradient_sync_ = value; }
+  void set_reshard_after_forward(ReshardAfterForward value) { reshard_after_forward_ = value; }
+  void set_reshard_after_backward(bool value) { reshard_after_backward_ = value; }
+  void set_is_last_backward(bool value) { is_last_backward_ = value; }
+  void set_forward_prefetch(std::vector<std::weak_ptr<FSDPState>> states) { forward_prefetch_ = std::move(states); }
+  void set_backward_prefetch(std::vector<std::weak_ptr<FSDPState>> states) { backward_prefetch_ = std::move(states); }
+  void set_divide_factor(double factor) { divide_factor_ = factor; }
+  void set_unshard_in_backward(bool value) { unshard_in_backward_ = value; }
+  void set_requires_all_reduce(bool value) { requires_all_reduce_ = value; }
+  void set_all_reduce_hook(std::function<void(at::Tensor&)> hook) { all_reduce_hook_ = std::move(hook); }
+  void set_trace(bool enabled);
+
+ private:
   torch::nn::Module* module_;
   std::weak_ptr<torch::nn::Module> module_weak_;
   FullyShardOptions options_;
@@ -197,6 +266,9 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   bool requires_gradient_sync_ = true;
   bool is_last_backward_ = true;
   std::optional<double> divide_factor_;
+  bool unshard_in_backward_ = true;
+  bool requires_all_reduce_ = true;
+  std::function<void(at::Tensor&)> all_reduce_hook_;
   std::vector<std::weak_ptr<FSDPState>> forward_prefetch_, backward_prefetch_;
 
   // Runtime.
@@ -221,7 +293,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   std::vector<std::weak_ptr<FSDPState>> post_forward_order_;
   int64_t prefetched_groups_ = 0;
   bool trace_enabled_ = false;
-  std::mutex trace_mu_;
+  mutable std::mutex trace_mu_;
   std::vector<FSDPTraceEvent> trace_;
   // This group's positions in the root's post_forward_order_ (PyTorch's _post_forward_indices).
   std::vector<size_t> post_forward_indices_;

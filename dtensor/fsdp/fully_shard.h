@@ -251,6 +251,22 @@ class FSDPModule {
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
   // Gradients are summed then divided by `factor` instead of the data-parallel size.
   void set_gradient_divide_factor(double factor);
+  // false: this group's pre-backward does not all-gather its parameters, for a group whose
+  // backward does not read them (an embedding's gradient needs only the indices). Its
+  // gradients are still reduced. Set it only when that holds: a backward that reads the
+  // parameters then reads freed storage, which libtorch reports as an error.
+  void set_unshard_in_backward(bool unshard_in_backward);
+  // HSDP: false keeps the reduce-scattered gradients of this backward unreduced across the
+  // replicate dim (added up backward after backward) and writes no gradient; the next backward
+  // with true adds them in and all-reduces the sum once (gradient accumulation that
+  // reduce-scatters every micro-batch but all-reduces only the last). No effect without a
+  // replicate dim. Applies to this module and those below it (recurse = true).
+  void set_requires_all_reduce(bool requires_all_reduce, bool recurse = true);
+  // Called on the reduced flat gradient of this group (the reduce-scatter's output, after the
+  // all-reduce over the replicate dim with HSDP) before it is divided and written to the
+  // sharded .grad()s; it may change it in place (PyTorch: a custom all-reduce, e.g. over
+  // another group). Empty: none.
+  void set_all_reduce_hook(std::function<void(at::Tensor& reduce_output)> hook);
 
   torch::nn::Module& module() const;
   const DeviceMesh& mesh() const;

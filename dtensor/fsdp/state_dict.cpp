@@ -26,7 +26,7 @@ std::unordered_map<const c10::TensorImpl*, at::Tensor> sharded_of(const torch::n
   std::unordered_map<const c10::TensorImpl*, at::Tensor> out;
   auto add = [&](const torch::nn::Module& m) {
     if (auto f = get_fsdp_module(m)) {
-      for (const auto& p : FSDPModuleAccess::state(*f)->params_) {
+      for (const auto& p : FSDPModuleAccess::state(*f)->current_params()) {
         out[p.unsharded.unsafeGetTensorImpl()] = p.sharded;
         if (p.unsharded_param.defined()) out[p.unsharded_param.unsafeGetTensorImpl()] = p.sharded;
       }
@@ -48,8 +48,8 @@ std::unordered_map<const c10::TensorImpl*, Managed> params_of(const torch::nn::M
   std::unordered_map<const c10::TensorImpl*, Managed> out;
   auto add = [&](const torch::nn::Module& m) {
     if (auto f = get_fsdp_module(m)) {
-      const FSDPState* s = FSDPModuleAccess::state(*f).get();
-      for (const auto& p : s->params_) out[p.sharded.unsafeGetTensorImpl()] = {s, &p};
+      FSDPState* s = FSDPModuleAccess::state(*f).get();
+      for (const auto& p : s->current_params()) out[p.sharded.unsafeGetTensorImpl()] = {s, &p};
     }
   };
   add(module);
@@ -85,8 +85,8 @@ at::Tensor to_2d_layout(const std::string& name, const at::Tensor& value, const 
                 "fsdp::load_state_dict: entry '", name, "' is a DTensor on ", vs.mesh.to_string(),
                 " but the parameter lives on ", ts.mesh.to_string(),
                 "; a DTensor value must be on the parameter's mesh or on its tensor-parallel (last) dim");
-    const DeviceMesh& fsdp_mesh = m->state->mesh_;
-    v = ext_chunk_dtensor(v, static_cast<int>(m->state->shard_rank_), fsdp_mesh, m->state->ext());
+    const DeviceMesh& fsdp_mesh = m->state->mesh();
+    v = ext_chunk_dtensor(v, static_cast<int>(m->state->shard_rank()), fsdp_mesh, m->state->ext());
     TORCH_CHECK(is_dtensor(v) && get_spec(v).mesh == ts.mesh, "fsdp::load_state_dict: entry '", name,
                 "': the FSDP extension's chunk_dtensor did not give a DTensor on ", ts.mesh.to_string());
   }
@@ -173,7 +173,7 @@ void load_entry(const std::string& name, const at::Tensor& value, const at::Tens
   at::NoGradGuard no_grad;
   if (is_dtensor(target)) {
     at::Tensor shard = is_dtensor(value) ? to_2d_layout(name, value, target, m) : shard_like(value, target);
-    const_cast<at::Tensor&>(local_tensor(target)).copy_(local_tensor(shard));
+    local_tensor(target).copy_(local_tensor(shard));
   } else {
     target.copy_(is_dtensor(value) ? full_tensor(value.detach()) : value);
   }
@@ -245,8 +245,8 @@ ShardedTensorStateDict sharded_tensor_state_dict(const torch::nn::Module& module
     }
     const FSDPState& st = *it->second.state;
     const at::Tensor value = it->second.param->tp_spec ? to_tp_dtensor(it->second) : full_tensor(kv.second.detach());
-    out.emplace_back(kv.first, ext_chunk_tensor(value, static_cast<int>(st.shard_rank_), static_cast<int>(st.shard_size_),
-                                                devices_per_node(st.device_), st.shard_group_, st.ext()));
+    out.emplace_back(kv.first, ext_chunk_tensor(value, static_cast<int>(st.shard_rank()), static_cast<int>(st.shard_size()),
+                                                devices_per_node(st.device()), st.shard_group(), st.ext()));
   }
   return out;
 }
@@ -282,7 +282,7 @@ void load_sharded_tensor_state_dict(torch::nn::Module& module, const ShardedTens
                 c10::IntArrayRef(p.global_shape), p.tp_spec ? " (this rank's tensor-parallel shard)" : "");
     TORCH_CHECK(inner.dtype() == p.orig_dtype, fn, ": entry '", kv.first, "' has dtype ", inner.dtype(),
                 " but the parameter's is ", p.orig_dtype);
-    const int64_t n = p.global_shape[0], ws = m->second.state->shard_size_, r = m->second.state->shard_rank_;
+    const int64_t n = p.global_shape[0], ws = m->second.state->shard_size(), r = m->second.state->shard_rank();
     const int64_t c = (n + ws - 1) / ws;
     const int64_t rows = std::max<int64_t>(0, std::min(c, n - r * c));
     const auto& shards = transformed.second;
@@ -311,21 +311,21 @@ void load_sharded_tensor_state_dict(torch::nn::Module& module, const ShardedTens
     at::NoGradGuard no_grad;
     const FSDPParam& p = *l.m->param;
     const FSDPState& st = *l.m->state;
-    const int64_t n = p.global_shape[0], ws = st.shard_size_;
+    const int64_t n = p.global_shape[0], ws = st.shard_size();
     const int64_t c = (n + ws - 1) / ws;
     std::vector<int64_t> block = p.global_shape;
     block[0] = c;
-    at::Tensor input = at::zeros(block, at::TensorOptions().dtype(p.orig_dtype).device(st.device_));
+    at::Tensor input = at::zeros(block, at::TensorOptions().dtype(p.orig_dtype).device(st.device()));
     if (!l.shards.empty() && l.shards[0].tensor.numel() > 0) {
       input.narrow(0, 0, l.shards[0].tensor.size(0)).copy_(l.shards[0].tensor);
     }
     block[0] = c * ws;
     at::Tensor gathered = at::empty(block, input.options());
-    st.shard_group_->all_gather_into(gathered, input);
+    st.shard_group()->all_gather_into(gathered, input);
     const int64_t d = p.global_shape[static_cast<size_t>(p.shard_dim)];
-    at::Tensor mine = gathered.narrow(0, 0, n).narrow(p.shard_dim, std::min(st.shard_rank_ * p.chunk, d),
-                                                      p.rows_of(st.shard_rank_));
-    const_cast<at::Tensor&>(local_tensor(l.target)).copy_(mine);
+    at::Tensor mine = gathered.narrow(0, 0, n).narrow(p.shard_dim, std::min(st.shard_rank() * p.chunk, d),
+                                                      p.rows_of(st.shard_rank()));
+    local_tensor(l.target).copy_(mine);
   }
 }
 

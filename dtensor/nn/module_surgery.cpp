@@ -1,6 +1,10 @@
 // dtensor/nn/module_surgery.cpp: see NOTE: [Parameter swap].
 #include "dtensor/nn/module_surgery.h"
 
+#include "dtensor/tensor/dtensor.h"
+#include "dtensor/tensor/dtensor_impl.h"
+
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/embedding.h>
@@ -9,6 +13,7 @@
 
 #include <mutex>
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace dtensor {
@@ -104,6 +109,36 @@ void swap_parameter(torch::nn::Module& module, const std::string& name, at::Tens
   if (value.requires_grad() != requires_grad) value.set_requires_grad(requires_grad);
   *registered = value;
   *member = value;
+}
+
+at::Tensor get_parameter(torch::nn::Module& module, const std::string& name) {
+  at::Tensor* registered = RegistryAccess::parameters_of(module).find(name);
+  return registered ? *registered : at::Tensor();
+}
+
+void to_empty(torch::nn::Module& module, c10::Device device) {
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> made;  // tied parameters stay tied
+  auto empty_like_on = [&](const at::Tensor& p) {
+    at::NoGradGuard no_grad;
+    if (!is_dtensor(p)) return at::empty(p.sizes(), p.options().device(device).requires_grad(false));
+    const at::Tensor& local = local_tensor(p);
+    return make_dtensor(at::empty(local.sizes(), local.options().device(device).requires_grad(false)), get_spec(p));
+  };
+  auto replace_in = [&](torch::nn::Module& m, const std::string& prefix) {
+    for (const auto& kv : m.named_parameters(/*recurse=*/false)) {
+      const at::Tensor& p = kv.value();
+      if (!p.defined()) continue;
+      auto it = made.find(p.unsafeGetTensorImpl());
+      if (it == made.end()) it = made.emplace(p.unsafeGetTensorImpl(), empty_like_on(p)).first;
+      swap_parameter(m, kv.key(), it->second);
+    }
+    for (const auto& kv : m.named_buffers(/*recurse=*/false)) {
+      TORCH_CHECK(!kv.value().defined() || !kv.value().is_meta(), "to_empty: buffer '", prefix, kv.key(), "' of ",
+                  m.name(), " is on the meta device; buffers are not replaced: build them on ", device);
+    }
+  };
+  replace_in(module, "");
+  for (const auto& kv : module.named_modules(/*name_prefix=*/"", /*include_self=*/false)) replace_in(*kv.value(), kv.key() + ".");
 }
 
 std::vector<std::pair<std::string, at::Tensor>> named_parameters(const torch::nn::Module& module) {

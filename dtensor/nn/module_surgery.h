@@ -25,6 +25,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Type.h>
 
@@ -74,6 +75,18 @@ bool has_parameter_member(torch::nn::Module& module, const std::string& name);
 // keeps its requires_grad setting. Throws, naming the module type and parameter, when the
 // module has no such (defined) parameter or its member is unknown.
 void swap_parameter(torch::nn::Module& module, const std::string& name, at::Tensor value);
+// The tensor registered as parameter `name` of `module` (not of its children), undefined when
+// there is none (PyTorch's Module.get_parameter for a direct child name). No copy of the registry.
+at::Tensor get_parameter(torch::nn::Module& module, const std::string& name);
+// PyTorch's Module.to_empty(device=...): every parameter of `module` and its descendants
+// replaced (swap_parameter) by an uninitialised tensor of its shape and dtype on `device`; a
+// DTensor parameter by a DTensor of the same spec over a new local tensor, so only the local
+// shard is allocated. Tied parameters stay tied. For a model built on the meta device and
+// sharded (fully_shard, parallelize_module) before anything is allocated: initialise it after
+// (reset_parameters, torch::nn::init: random ops on DTensors draw the values the single device
+// draws, NOTE: [RNG tracker] in dtensor/tensor/random.h). A buffer on the meta device raises,
+// naming it (buffers are not replaced). Not collective.
+void to_empty(torch::nn::Module& module, c10::Device device);
 
 // The parameters of `module` and its descendants with their dotted names, like
 // Module::named_parameters(), but a tensor registered under several names (tied weights) is

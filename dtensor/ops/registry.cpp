@@ -1,5 +1,8 @@
-// dtensor/ops/registry.cpp: rule registry, strategy expansion, costs and the propagation cache.
+// dtensor/ops/registry.cpp: rule registry, strategy expansion and costs (the propagation cache is in
+// propagation_cache.cpp).
 #include "dtensor/ops/registry.h"
+
+#include "dtensor/ops/propagation_cache_internal.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -28,141 +31,6 @@ std::unordered_map<std::string, Entry>& rules() {
 }
 thread_local bool t_replicate_fallback = false;
 thread_local int64_t t_replicate_fallback_uses = 0;
-std::mutex g_cache_mu;
-// NOTE: [Propagation cache keys are exact]
-// The cache maps an exact description of the call (CacheKey: op name, every input's spec,
-// every non-DTensor argument) to its strategy. It used to map a 64-bit combination of
-// c10::hash_combine'd hashes; that combination collides for calls that differ in several
-// places (a causal attention call with inputs (Shard(2), Shard(0), Shard(3)) took the strategy
-// of a non-causal one with (Shard(2), Replicate, Shard(2))), and a collision silently gave the
-// wrong sharding. Equal keys now mean equal calls. The cache is bounded (least recently used
-// first out, kPropagationCacheCapacity in registry.h): keys hold shapes, so a job whose shapes
-// keep changing would otherwise grow it without end.
-class PropagationCache {
- public:
-  // The cached strategy for `key` (now the most recently used), or nullptr.
-  const OutputSharding* find(const std::string& key) {
-    auto it = index_.find(key);
-    if (it == index_.end()) {
-      ++stats_.misses;
-      return nullptr;
-    }
-    ++stats_.hits;
-    order_.splice(order_.begin(), order_, it->second);
-    return &it->second->second;
-  }
-  void insert(std::string key, OutputSharding value) {
-    if (index_.count(key)) return;  // two threads missed the same key
-    order_.emplace_front(std::move(key), std::move(value));
-    index_.emplace(order_.front().first, order_.begin());
-    evict_beyond(stats_.capacity);
-  }
-  size_t set_capacity(size_t capacity) {
-    TORCH_CHECK(capacity >= 1, "set_propagation_cache_capacity: the capacity must be at least 1, got ", capacity);
-    const size_t previous = stats_.capacity;
-    stats_.capacity = capacity;
-    evict_beyond(capacity);
-    return previous;
-  }
-  void clear() {
-    index_.clear();
-    order_.clear();
-    const size_t capacity = stats_.capacity;
-    stats_ = {};
-    stats_.capacity = capacity;
-  }
-  CacheStats stats() const {
-    CacheStats s = stats_;
-    s.size = order_.size();
-    return s;
-  }
-
- private:
-  void evict_beyond(size_t capacity) {
-    while (order_.size() > capacity) {
-      index_.erase(order_.back().first);
-      order_.pop_back();
-      ++stats_.evictions;
-    }
-  }
-  // Most recently used first; the index points into it (list iterators stay valid).
-  std::list<std::pair<std::string, OutputSharding>> order_;
-  std::unordered_map<std::string, std::list<std::pair<std::string, OutputSharding>>::iterator> index_;
-  CacheStats stats_;
-};
-PropagationCache g_cache;
-
-// The bytes of a propagation cache key (NOTE: [Propagation cache keys are exact]).
-struct CacheKey {
-  std::string bytes;
-  void put(int64_t v) { bytes.append(reinterpret_cast<const char*>(&v), sizeof v); }
-  void put_str(const std::string& s) {
-    put(static_cast<int64_t>(s.size()));
-    bytes += s;
-  }
-  void put_ints(c10::IntArrayRef vs) {
-    put(static_cast<int64_t>(vs.size()));
-    for (int64_t v : vs) put(v);
-  }
-  void put_spec(const DTensorSpec& spec) {
-    put(static_cast<int64_t>(spec.mesh.hash()));
-    put(spec.mesh.ndim());
-    for (int64_t d = 0; d < spec.mesh.ndim(); ++d) put(spec.mesh.size(d));
-    put(static_cast<int64_t>(spec.placements.size()));
-    for (const Placement& p : spec.placements) {
-      put(static_cast<int64_t>(p.index()));
-      if (const Shard* sh = std::get_if<Shard>(&p)) {
-        put(sh->dim);
-        put(sh->split_factor);
-      }
-      if (const Partial* pa = std::get_if<Partial>(&p)) put(static_cast<int64_t>(pa->reduce_op));
-    }
-    put_ints(spec.tensor_meta.shape);
-    put_ints(spec.tensor_meta.stride);
-    put(spec.tensor_meta.storage_offset);
-    put(static_cast<int64_t>(spec.tensor_meta.dtype));
-  }
-  // A non-DTensor argument: its type, then its value.
-  void put_value(const c10::IValue& v) {
-    if (v.isNone()) return put(int64_t{0});
-    if (v.isInt()) {
-      put(int64_t{1});
-      return put(v.toInt());
-    }
-    if (v.isBool()) {
-      put(int64_t{2});
-      return put(int64_t{v.toBool()});
-    }
-    if (v.isDouble()) {
-      put(int64_t{3});
-      const double d = v.toDouble();
-      int64_t bits = 0;
-      std::memcpy(&bits, &d, sizeof bits);
-      return put(bits);
-    }
-    // Which generator an op draws from does not change its sharding (and printing one would
-    // make every generator object a new cache entry).
-    if (v.isGenerator()) return put(int64_t{4});
-    if (v.isIntList()) {
-      put(int64_t{5});
-      return put_ints(v.toIntVector());
-    }
-    if (v.isTensor()) {  // plain tensor argument (0-dim): its shape and dtype matter, not values
-      const auto& t = v.toTensor();
-      put(int64_t{6});
-      put(int64_t{t.defined()});
-      if (!t.defined()) return;
-      put(static_cast<int64_t>(t.scalar_type()));
-      return put_ints(t.sizes());
-    }
-    std::ostringstream os;
-    os << v;
-    put(int64_t{7});
-    put_str(v.tagKind());
-    put_str(os.str());
-  }
-};
-
 // NOTE: [Named-tensor overloads have no rule]
 // DTensor, like PyTorch's, does not carry dim names: a rule registered under a bare name does
 // not serve the overloads taking Dimname arguments (aten::sum.dim_DimnameList,
@@ -519,10 +387,7 @@ OutputSharding propagate_plain(OpCall& call, const std::function<std::vector<Ten
   // 1. Cache lookup.
   const Entry* entry = find_rule(call.name);
   std::string key = cache_key(call, entry);
-  {
-    std::lock_guard<std::mutex> lk(g_cache_mu);
-    if (const OutputSharding* hit = g_cache.find(key)) return *hit;
-  }
+  if (auto hit = PropagationCache::instance().find(key)) return std::move(*hit);
   // 2. The rule's single-dim options (or NOTE: [Replicate fallback]).
   TORCH_CHECK(entry != nullptr || t_replicate_fallback, "DTensor: operator ", call.name,
               " has no sharding rule (inputs: ", describe_inputs(call), " on ",
@@ -532,8 +397,7 @@ OutputSharding propagate_plain(OpCall& call, const std::function<std::vector<Ten
   call.output_meta = infer_meta();
   if (entry == nullptr) {
     OutputSharding fb = replicate_fallback_sharding(call);
-    std::lock_guard<std::mutex> lk(g_cache_mu);
-    g_cache.insert(std::move(key), fb);
+    PropagationCache::instance().insert(std::move(key), fb);
     return fb;
   }
   std::vector<DimOption> options = entry->rule(call);
@@ -562,8 +426,7 @@ OutputSharding propagate_plain(OpCall& call, const std::function<std::vector<Ten
         TORCH_INTERNAL_ASSERT(is_replicate(p), "rule of ", call.name,
                               " has data-dependent output shapes but chose a non-Replicate output");
   best.output_meta = call.output_meta;
-  std::lock_guard<std::mutex> lk(g_cache_mu);
-  g_cache.insert(std::move(key), best);
+  PropagationCache::instance().insert(std::move(key), best);
   return best;
 }
 }  // namespace
@@ -573,21 +436,6 @@ ReplicateFallbackGuard::~ReplicateFallbackGuard() { t_replicate_fallback = prev_
 bool replicate_fallback_enabled() { return t_replicate_fallback; }
 int64_t replicate_fallback_uses() { return t_replicate_fallback_uses; }
 void note_replicate_fallback_use() { ++t_replicate_fallback_uses; }
-
-CacheStats propagation_cache_stats() {
-  std::lock_guard<std::mutex> lk(g_cache_mu);
-  return g_cache.stats();
-}
-
-void clear_propagation_cache() {
-  std::lock_guard<std::mutex> lk(g_cache_mu);
-  g_cache.clear();
-}
-
-size_t set_propagation_cache_capacity(size_t capacity) {
-  std::lock_guard<std::mutex> lk(g_cache_mu);
-  return g_cache.set_capacity(capacity);
-}
 
 int64_t broadcast_input_dim(const std::vector<int64_t>& in_shape, const std::vector<int64_t>& out_shape,
                             int64_t out_dim) {

@@ -254,6 +254,70 @@ at::Tensor from_local(const at::Tensor& local, std::vector<Placement> placements
   return from_local(local, current_mesh(), std::move(placements), options);
 }
 
+namespace {
+
+// from_local's run_check: every rank of the mesh sees every such rank's (dtype, requires_grad,
+// shape), so every one raises the same error. Without a given shape the local shapes must be
+// equal (PyTorch's check_tensor_meta(check_shape_stride=True)): uneven shards need `shape`.
+// Ranks outside the mesh take no part (NOTE: [Ranks outside the mesh]).
+void check_local_tensors(const at::Tensor& local, const DeviceMesh& mesh, const std::vector<Placement>& placements,
+                         bool shape_given) {
+  std::vector<int64_t> mine = local.sizes().vec();
+  mine.push_back(local.requires_grad() ? 1 : 0);
+  mine.push_back(static_cast<int64_t>(local.scalar_type()));
+  const auto all = mesh_all_gather_object(mesh, mine);
+  const int64_t first = mesh_rank_at(mesh, 0);
+  auto dtype_of = [](const std::vector<int64_t>& v) {
+    return c10::toString(static_cast<at::ScalarType>(v.back()));
+  };
+  for (size_t r = 0; r < all.size(); ++r) {
+    TORCH_CHECK(all[r].size() == all[0].size() && all[r].back() == all[0].back(), "from_local(run_check): rank ",
+                mesh_rank_at(mesh, r), " passed a local tensor of dtype ", dtype_of(all[r]), " with ", all[r].size() - 2,
+                " dims, but rank ", first, " passed ", dtype_of(all[0]), " with ", all[0].size() - 2,
+                " dims; every rank must pass the same dtype and number of dims");
+    TORCH_CHECK(all[r][all[r].size() - 2] == all[0][all[0].size() - 2], "from_local(run_check): rank ", mesh_rank_at(mesh, r),
+                " passed a local tensor with requires_grad=", all[r][all[r].size() - 2] ? "true" : "false",
+                " but rank ", first, " with requires_grad=", all[0][all[0].size() - 2] ? "true" : "false",
+                "; every rank must pass the same requires_grad");
+    for (size_t d = 0; d + 2 < all[0].size(); ++d) {
+      bool sharded = false;
+      for (auto& p : placements) sharded = sharded || is_shard(p, static_cast<int64_t>(d));
+      TORCH_CHECK(sharded || all[r][d] == all[0][d], "from_local(run_check): dim ", d,
+                  " is not sharded by ", to_string(placements), " but rank ", mesh_rank_at(mesh, r), " has size ",
+                  all[r][d], " where rank ", first, " has ", all[0][d], "; replicated dims must match on every rank");
+      TORCH_CHECK(shape_given || all[r][d] == all[0][d], "from_local(run_check): the local tensors are uneven (dim ",
+                  d, ": rank ", mesh_rank_at(mesh, r), " has size ", all[r][d], ", rank ", first, " has ", all[0][d],
+                  "); pass the global shape and stride for uneven shards");
+    }
+  }
+}
+
+// The global shape and stride of a DTensor made from `local`: the given ones, or (PyTorch's
+// compute_global_tensor_info) even shards assumed, strides rescaled.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> global_shape_and_stride(const at::Tensor& local,
+                                                                                const DeviceMesh& mesh,
+                                                                                const std::vector<Placement>& placements,
+                                                                                const FromLocalOptions& options) {
+  if (options.shape) {
+    TORCH_CHECK(options.stride->size() == options.shape->size(), "from_local: stride ", c10::IntArrayRef(*options.stride),
+                " has ", options.stride->size(), " dims but shape ", c10::IntArrayRef(*options.shape), " has ",
+                options.shape->size());
+    return {*options.shape, *options.stride};
+  }
+  std::vector<int64_t> global = local.sizes().vec(), stride = local.strides().vec();
+  for (size_t i = 0; i < placements.size(); ++i) {
+    if (!is_shard(placements[i])) continue;
+    const int64_t d = std::get<Shard>(placements[i]).dim;
+    const int64_t k = mesh.size(static_cast<int64_t>(i));
+    for (size_t j = 0; j < stride.size(); ++j)
+      if (static_cast<int64_t>(j) != d && stride[j] >= stride[static_cast<size_t>(d)]) stride[j] *= k;
+    global[static_cast<size_t>(d)] *= k;
+  }
+  return {global, stride};
+}
+
+}  // namespace
+
 at::Tensor from_local(const at::Tensor& local_in, const DeviceMesh& mesh, std::vector<Placement> placements,
                       const FromLocalOptions& options) {
   TORCH_CHECK(local_in.defined() && !is_dtensor(local_in), "from_local: expected a plain local tensor");
@@ -275,38 +339,7 @@ at::Tensor from_local(const at::Tensor& local_in, const DeviceMesh& mesh, std::v
               "; move it there (local.to(mesh.device()))");
   const bool in_mesh = mesh.get_coordinate().has_value();
   if (options.run_check && in_mesh) {
-    // NOTE: every rank of the mesh sees every such rank's (dtype, requires_grad, shape), so
-    // every one raises the same error. Without a given shape the local shapes must be equal
-    // (PyTorch's check_tensor_meta(check_shape_stride=True)): uneven shards need `shape`.
-    // Ranks outside the mesh take no part (NOTE: [Ranks outside the mesh]).
-    std::vector<int64_t> mine = local.sizes().vec();
-    mine.push_back(local.requires_grad() ? 1 : 0);
-    mine.push_back(static_cast<int64_t>(local.scalar_type()));
-    const auto all = mesh_all_gather_object(mesh, mine);
-    const int64_t first = mesh_rank_at(mesh, 0);
-    auto dtype_of = [](const std::vector<int64_t>& v) {
-      return c10::toString(static_cast<at::ScalarType>(v.back()));
-    };
-    for (size_t r = 0; r < all.size(); ++r) {
-      TORCH_CHECK(all[r].size() == all[0].size() && all[r].back() == all[0].back(), "from_local(run_check): rank ",
-                  mesh_rank_at(mesh, r), " passed a local tensor of dtype ", dtype_of(all[r]), " with ", all[r].size() - 2,
-                  " dims, but rank ", first, " passed ", dtype_of(all[0]), " with ", all[0].size() - 2,
-                  " dims; every rank must pass the same dtype and number of dims");
-      TORCH_CHECK(all[r][all[r].size() - 2] == all[0][all[0].size() - 2], "from_local(run_check): rank ", mesh_rank_at(mesh, r),
-                  " passed a local tensor with requires_grad=", all[r][all[r].size() - 2] ? "true" : "false",
-                  " but rank ", first, " with requires_grad=", all[0][all[0].size() - 2] ? "true" : "false",
-                  "; every rank must pass the same requires_grad");
-      for (size_t d = 0; d + 2 < all[0].size(); ++d) {
-        bool sharded = false;
-        for (auto& p : placements) sharded = sharded || is_shard(p, static_cast<int64_t>(d));
-        TORCH_CHECK(sharded || all[r][d] == all[0][d], "from_local(run_check): dim ", d,
-                    " is not sharded by ", to_string(placements), " but rank ", mesh_rank_at(mesh, r), " has size ",
-                    all[r][d], " where rank ", first, " has ", all[0][d], "; replicated dims must match on every rank");
-        TORCH_CHECK(options.shape || all[r][d] == all[0][d], "from_local(run_check): the local tensors are uneven (dim ",
-                    d, ": rank ", mesh_rank_at(mesh, r), " has size ", all[r][d], ", rank ", first, " has ", all[0][d],
-                    "); pass the global shape and stride for uneven shards");
-      }
-    }
+    check_local_tensors(local, mesh, placements, options.shape.has_value());
     // Replicate mesh dims take their first rank's values (PyTorch's mesh_broadcast).
     for (int64_t i = 0; i < mesh.ndim(); ++i) {
       if (!is_replicate(placements[static_cast<size_t>(i)])) continue;
@@ -314,25 +347,7 @@ at::Tensor from_local(const at::Tensor& local_in, const DeviceMesh& mesh, std::v
       mesh_broadcast(local, mesh, i);
     }
   }
-  std::vector<int64_t> global, stride;
-  if (options.shape) {
-    global = *options.shape;
-    stride = *options.stride;
-    TORCH_CHECK(stride.size() == global.size(), "from_local: stride ", c10::IntArrayRef(stride), " has ",
-                stride.size(), " dims but shape ", c10::IntArrayRef(global), " has ", global.size());
-  } else {
-    // PyTorch's compute_global_tensor_info: even shards assumed; strides rescaled.
-    global = local.sizes().vec();
-    stride = local.strides().vec();
-    for (size_t i = 0; i < placements.size(); ++i) {
-      if (!is_shard(placements[i])) continue;
-      const int64_t d = std::get<Shard>(placements[i]).dim;
-      const int64_t k = mesh.size(static_cast<int64_t>(i));
-      for (size_t j = 0; j < stride.size(); ++j)
-        if (static_cast<int64_t>(j) != d && stride[j] >= stride[static_cast<size_t>(d)]) stride[j] *= k;
-      global[static_cast<size_t>(d)] *= k;
-    }
-  }
+  auto [global, stride] = global_shape_and_stride(local, mesh, placements, options);
   TensorMeta meta = contiguous_meta(global, local.scalar_type());
   meta.stride = stride;
   DTensorSpec spec(mesh, placements, meta);
@@ -486,81 +501,6 @@ const DeviceMesh& current_mesh() {
   TORCH_CHECK(!t_mesh_stack.empty(), "no current DeviceMesh on this thread: pass the mesh, or create a "
               "dtensor::DeviceMeshGuard(mesh) first (PyTorch: `with mesh:`)");
   return t_mesh_stack.back();
-}
-
-std::vector<at::Tensor> split_tensor(const Shard& shard, const at::Tensor& tensor, int64_t num_chunks, bool with_padding,
-                                     std::vector<int64_t>* pad_sizes) {
-  TORCH_CHECK(num_chunks > 0, "split_tensor: num_chunks must be positive, got ", num_chunks);
-  const int64_t d = normalize_shard_dim(shard.dim, tensor.dim());
-  if (shard.split_factor > 1) {
-    // PyTorch's _StridedShard._split_tensor (on its own mesh dim): cut into split_factor
-    // pieces, cut each of those into num_chunks, and piece i is the i-th cut of every piece,
-    // concatenated (8 rows, sf 2, 4 chunks: rows {0,4}, {1,5}, {2,6}, {3,7}); padding goes to
-    // the longest piece.
-    std::vector<std::vector<at::Tensor>> cuts;
-    for (const at::Tensor& piece : split_tensor(Shard{d}, tensor, shard.split_factor))
-      cuts.push_back(split_tensor(Shard{d}, piece, num_chunks));
-    std::vector<at::Tensor> out;
-    int64_t longest = 0;
-    for (int64_t i = 0; i < num_chunks; ++i) {
-      std::vector<at::Tensor> parts;
-      for (const auto& c : cuts) parts.push_back(c[static_cast<size_t>(i)]);
-      out.push_back(at::cat(parts, d));
-      longest = std::max(longest, out.back().size(d));
-    }
-    if (pad_sizes) pad_sizes->clear();
-    for (at::Tensor& piece : out) {
-      const int64_t pad = longest - piece.size(d);
-      if (with_padding && pad > 0) {
-        auto shape = piece.sizes().vec();
-        shape[static_cast<size_t>(d)] = pad;
-        piece = at::cat({piece, at::zeros(shape, piece.options())}, d);
-      }
-      if (pad_sizes) pad_sizes->push_back(pad);
-    }
-    return out;
-  }
-  const int64_t n = tensor.size(d);
-  const int64_t full = shard_size_and_offset(n, num_chunks, 0).first;
-  std::vector<at::Tensor> out;
-  if (pad_sizes) pad_sizes->clear();
-  for (int64_t i = 0; i < num_chunks; ++i) {
-    auto so = shard_size_and_offset(n, num_chunks, i);
-    at::Tensor piece = tensor.narrow(d, std::min(so.second, n), so.first).contiguous();
-    const int64_t pad = full - so.first;
-    if (with_padding && pad > 0) {
-      auto shape = piece.sizes().vec();
-      shape[static_cast<size_t>(d)] = pad;
-      piece = at::cat({piece, at::zeros(shape, piece.options())}, d);
-    }
-    if (pad_sizes) pad_sizes->push_back(pad);
-    out.push_back(piece);
-  }
-  return out;
-}
-
-at::Tensor unpad_tensor(const Shard& shard, const at::Tensor& tensor, int64_t pad_size) {
-  const int64_t d = normalize_shard_dim(shard.dim, tensor.dim());
-  TORCH_CHECK(pad_size >= 0 && pad_size <= tensor.size(d), "unpad_tensor: pad_size ", pad_size,
-              " out of range for dim ", d, " of size ", tensor.size(d));
-  return pad_size == 0 ? tensor : tensor.narrow(d, 0, tensor.size(d) - pad_size);
-}
-
-at::Tensor shard_dim_alltoall(const at::Tensor& input, int64_t gather_dim, int64_t shard_dim, const DeviceMesh& mesh,
-                              int64_t mesh_dim) {
-  TORCH_CHECK(mesh_dim >= 0 && mesh_dim < mesh.ndim(), "shard_dim_alltoall: mesh_dim ", mesh_dim, " out of range for ",
-              mesh.to_string());
-  const int64_t a = normalize_shard_dim(gather_dim, input.dim());
-  const int64_t b = normalize_shard_dim(shard_dim, input.dim());
-  std::vector<int64_t> global = input.sizes().vec();
-  global[static_cast<size_t>(a)] *= mesh.size(mesh_dim);
-  std::vector<Placement> from(static_cast<size_t>(mesh.ndim()), Replicate{}), to = from;
-  from[static_cast<size_t>(mesh_dim)] = Shard{a};
-  to[static_cast<size_t>(mesh_dim)] = Shard{b};
-  // Only mesh dim `mesh_dim` moves; the others keep `input` as it is (Replicate -> Replicate).
-  DTensorSpec spec(mesh, from, contiguous_meta(global, input.scalar_type()));
-  at::NoGradGuard no_grad;
-  return detail::redistribute_local(input.contiguous(), spec, to);
 }
 
 std::string to_string(const at::Tensor& dt) {

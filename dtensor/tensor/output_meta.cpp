@@ -35,6 +35,13 @@
 
 namespace dtensor {
 namespace detail {
+
+bool is_generator_type(const c10::TypePtr& t) {
+  if (t->kind() == c10::TypeKind::GeneratorType) return true;
+  return t->kind() == c10::TypeKind::OptionalType &&
+         t->expectRef<c10::OptionalType>().getElementType()->kind() == c10::TypeKind::GeneratorType;
+}
+
 namespace {
 
 enum class StandIn { kMeta, kZeros, kIdentity };
@@ -100,10 +107,7 @@ void check_stand_in_size(const ops::OpCall& call, const std::string& meta_error)
 }
 
 bool is_generator_argument(const c10::IValue& v, const c10::Argument& a) {
-  const auto& type = a.type();
-  return v.isGenerator() ||
-         (v.isNone() && type->kind() == c10::TypeKind::OptionalType &&
-          type->expectRef<c10::OptionalType>().getElementType()->kind() == c10::TypeKind::GeneratorType);
+  return v.isGenerator() || (v.isNone() && detail::is_generator_type(a.type()));
 }
 
 // The op's returns, run on stand-ins of `kind`.

@@ -23,5 +23,8 @@ std::vector<TensorMeta> infer_output_meta(const c10::OperatorHandle& op, const t
 // must not change (it may still hold the DTensors).
 c10::IValue with_list_element(const c10::IValue& v, size_t pos, const at::Tensor& t);
 
+// Generator or Generator?: an op's random-number generator argument.
+bool is_generator_type(const c10::TypePtr& t);
+
 }  // namespace detail
 }  // namespace dtensor

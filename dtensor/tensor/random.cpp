@@ -5,6 +5,7 @@
 #include "dtensor/comm/object_collectives.h"
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/tensor/dtensor_impl.h"
+#include "dtensor/tensor/output_meta_internal.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -21,13 +22,44 @@ namespace {
 
 // ---- the tracker: one generator per world group ------------------------------------------------
 
-struct Tracker {
-  std::weak_ptr<comm::Group> world;  // a new group at a freed group's address is not this one
-  at::Generator generator;
+// The trackers of the process, one per world group (a thread-rank world's ranks share it).
+class Trackers {
+ public:
+  static Trackers& instance() {
+    static Trackers trackers;
+    return trackers;
+  }
+  std::optional<at::Generator> find(const comm::GroupPtr& world) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = by_world_.find(world.get());
+    if (it == by_world_.end()) return std::nullopt;
+    if (it->second.world.lock() != world) {  // the group it belonged to is gone
+      by_world_.erase(it);
+      return std::nullopt;
+    }
+    return it->second.generator;
+  }
+  void set(const comm::GroupPtr& world, at::Generator generator) {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto it = by_world_.begin(); it != by_world_.end();)  // forget groups that are gone
+      it = it->second.world.expired() ? by_world_.erase(it) : std::next(it);
+    by_world_[world.get()] = Tracker{world, std::move(generator)};
+  }
+
+ private:
+  struct Tracker {
+    std::weak_ptr<comm::Group> world;  // a new group at a freed group's address is not this one
+    at::Generator generator;
+  };
+  Trackers() = default;
+  std::mutex mu_;
+  std::unordered_map<const comm::Group*, Tracker> by_world_;
 };
 
-std::mutex g_trackers_mu;
-std::unordered_map<const comm::Group*, Tracker> g_trackers;
+std::optional<at::Generator> find_tracker(const comm::GroupPtr& world) { return Trackers::instance().find(world); }
+void set_tracker(const comm::GroupPtr& world, at::Generator generator) {
+  Trackers::instance().set(world, std::move(generator));
+}
 
 const comm::GroupPtr& world_of(const DeviceMesh& mesh, const char* what) {
   const comm::GroupPtr& world = mesh.world();
@@ -35,24 +67,6 @@ const comm::GroupPtr& world_of(const DeviceMesh& mesh, const char* what) {
   TORCH_CHECK(mesh.device_type() == "cpu", what, ": the DTensor RNG tracker draws from libtorch's CPU generator, "
               "so it supports meshes of device type \"cpu\"; got ", mesh.to_string());
   return world;
-}
-
-std::optional<at::Generator> find_tracker(const comm::GroupPtr& world) {
-  std::lock_guard<std::mutex> lk(g_trackers_mu);
-  auto it = g_trackers.find(world.get());
-  if (it == g_trackers.end()) return std::nullopt;
-  if (it->second.world.lock() != world) {  // the group it belonged to is gone
-    g_trackers.erase(it);
-    return std::nullopt;
-  }
-  return it->second.generator;
-}
-
-void set_tracker(const comm::GroupPtr& world, at::Generator generator) {
-  std::lock_guard<std::mutex> lk(g_trackers_mu);
-  for (auto it = g_trackers.begin(); it != g_trackers.end();)  // forget groups that are gone
-    it = it->second.world.expired() ? g_trackers.erase(it) : std::next(it);
-  g_trackers[world.get()] = Tracker{world, std::move(generator)};
 }
 
 // ---- shards of global tensors -----------------------------------------------------------------
@@ -84,12 +98,6 @@ at::Tensor stand_in(const at::Tensor& local, const DeviceMesh& mesh, const std::
   global.zero_();
   shard_region(global, mesh, placements).copy_(local);
   return global;
-}
-
-bool is_generator_type(const c10::TypePtr& t) {
-  if (t->kind() == c10::TypeKind::GeneratorType) return true;
-  return t->kind() == c10::TypeKind::OptionalType &&
-         t->expectRef<c10::OptionalType>().getElementType()->kind() == c10::TypeKind::GeneratorType;
 }
 
 std::string op_name(const c10::FunctionSchema& s) {
@@ -259,7 +267,7 @@ void run_random_op(const c10::OperatorHandle& op, torch::jit::Stack* stack, size
   } else {
     int gen_arg = -1;
     for (size_t i = 0; i < schema.arguments().size(); ++i)
-      if (is_generator_type(schema.arguments()[i].type())) gen_arg = static_cast<int>(i);
+      if (detail::is_generator_type(schema.arguments()[i].type())) gen_arg = static_cast<int>(i);
     TORCH_INTERNAL_ASSERT(gen_arg >= 0, name, " has a random sharding rule but neither a Generator argument nor a "
                           "re-expression (dtensor/tensor/random.cpp)");
     c10::IValue& g = (*stack)[begin + static_cast<size_t>(gen_arg)];

@@ -5,13 +5,13 @@
 #define BOOST_PROCESS_USE_STD_FS
 #include "harness/internal/launcher.h"
 
+#include "harness/internal/external_store.h"
 #include "harness/internal/launch_io.h"
 #include "harness/internal/timing.h"
 
 #include "dtensor/comm/c10d_group.h"
 #include "dtensor/comm/device.h"
 #include "dtensor/comm/trace.h"
-#include "dtensor/compat.h"
 
 #include <boost/process.hpp>
 #include <c10/util/Exception.h>
@@ -185,13 +185,7 @@ void RankSet::Impl::start(const std::string& test_id) {
                   ::listen(listen_fd, 64) == 0,
               "cannot listen on ", ctl, ": ", std::strerror(errno));
   set_nonblocking(listen_fd);
-  c10d::TCPStoreOptions so;
-  so.port = 0;
-  so.isServer = true;
-  so.waitWorkers = false;
-  so.timeout = timeout;
-  compat::disable_libuv(so);
-  store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  store = host_store("127.0.0.1", timeout);
   comm::trace_event("set.store");
 
   procs.resize(n);

@@ -41,7 +41,7 @@ pid_t g_main_tid = 0;
 // NOTE: [Symbolised user frames]: after the usual backtrace, one line
 //   [dtensor] frames: <module>+0x<offset> <module>+0x<offset> ...
 // (module-relative addresses, the main program by its real path) that the orchestrator turns
-// into functions and file:line with addr2line (symbolise_stack in rank_run.cpp).
+// into functions and file:line with addr2line (symbolise_stack in symbolise.cpp).
 char g_exe_path[1024] = "";
 const void* g_exe_base = nullptr;
 

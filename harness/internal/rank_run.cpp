@@ -3,6 +3,7 @@
 
 #include "dtensor/comm/group.h"
 #include "dtensor/comm/trace.h"
+#include "harness/internal/symbolise.h"
 
 #include <c10/util/Exception.h>
 
@@ -301,170 +302,6 @@ void run_closing_barrier(const std::string& test_id, const comm::GroupPtr& group
 
 // ---- reporting -------------------------------------------------------------------------------
 namespace {
-// NOTE: [Symbolised user frames] (rank_process.cpp): the frames of the last "[dtensor] frames:"
-// line of a rank's output, symbolised with addr2line -i: a return address inside code that
-// was inlined becomes one frame per inlined function, innermost first (the user's function
-// around an inlined std::future::wait is a frame of its own). With line tables (-g, -g1:
-// CMAKE_BUILD_TYPE=Debug or RelWithDebInfo) each frame has its file:line; without them (our
-// Release build) a frame is its function and the offset in it, and the failure is filed at the
-// test's DTENSOR_TEST_F line. Function names come from the symbol table (nm), qualified.
-struct Frame {
-  std::string module, function, file;
-  int line = -1;
-  long offset = -1;  // of the return address in the function, when it has no line
-};
-
-std::string read_command(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[65536];
-  size_t got;
-  while ((got = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, got);
-  ::pclose(p);
-  return out;
-}
-
-// The functions of `module` from its symbol table (nm -n: sorted by address; -C: demangled),
-// for the qualified name of the function holding an address (addr2line -i names it by its
-// DWARF name alone, "wait_forever") and for offsets in it.
-std::vector<std::pair<unsigned long, std::string>> functions_of(const std::string& module) {
-  std::vector<std::pair<unsigned long, std::string>> fns;
-  std::istringstream is(read_command("nm -n -C --defined-only '" + module + "' 2>/dev/null"));
-  for (std::string line; std::getline(is, line);) {
-    // <address> <type> <name, which may contain spaces>
-    const auto s1 = line.find(' ');
-    if (s1 == std::string::npos || s1 + 3 > line.size() || line[s1 + 2] != ' ') continue;
-    if (std::string("tTwWi").find(line[s1 + 1]) == std::string::npos) continue;
-    std::string name = line.substr(s1 + 3);
-    const auto clone = name.find(" [clone ");
-    if (clone != std::string::npos) name.erase(clone);
-    try {
-      fns.emplace_back(std::stoul(line.substr(0, s1), nullptr, 16), std::move(name));
-    } catch (const std::exception&) {
-    }
-  }
-  return fns;
-}
-
-std::vector<Frame> symbolise_stack(const std::string& output) {
-  std::vector<Frame> frames;
-  const auto at = output.rfind("[dtensor] frames:");
-  if (at == std::string::npos) return frames;
-  std::istringstream is(output.substr(at + 17, output.find('\n', at) - at - 17));
-  std::string tok;
-  std::vector<std::pair<std::string, unsigned long>> raw;
-  while (is >> tok) {
-    const auto plus = tok.rfind("+0x");
-    if (plus == std::string::npos) continue;
-    try {
-      raw.emplace_back(tok.substr(0, plus), std::stoul(tok.substr(plus + 3), nullptr, 16));
-    } catch (const std::exception&) {
-    }
-  }
-  // Each return address's frames (one, or its inlined chain), in stack order.
-  std::vector<std::vector<Frame>> per_address(raw.size());
-  for (size_t i = 0; i < raw.size(); ++i) per_address[i].push_back(Frame{raw[i].first});
-  // One addr2line per module, its addresses in order.
-  std::map<std::string, std::vector<size_t>> by_module;
-  for (size_t i = 0; i < raw.size(); ++i) by_module[raw[i].first].push_back(i);
-  for (auto& [module, idx] : by_module) {
-    const bool system = module.find("/libc.so") != std::string::npos || module.find("libstdc++") != std::string::npos ||
-                        module.find("libgcc") != std::string::npos || module.find("ld-linux") != std::string::npos ||
-                        module.find("libtorch") != std::string::npos || module.find("libc10") != std::string::npos;
-    if (system || ::access(module.c_str(), R_OK) != 0 || module.find('\'') != std::string::npos) continue;
-    std::ostringstream cmd;
-    cmd << "addr2line -C -f -i -a -e '" << module << "'";
-    // The call instruction before the return address (the line of the call, not the next one).
-    for (size_t i : idx) cmd << " 0x" << std::hex << (raw[i].second > 0 ? raw[i].second - 1 : 0);
-    cmd << " 2>/dev/null";
-    // Output per address: the address ("0x..."), then function and file:line per inlined level.
-    std::istringstream lines(read_command(cmd.str()));
-    size_t k = 0;  // index into idx of the current address
-    bool started = false;
-    std::vector<Frame>* cur = nullptr;
-    for (std::string fn; std::getline(lines, fn);) {
-      if (fn.rfind("0x", 0) == 0) {  // the next address
-        if (started) ++k;
-        started = true;
-        if (k >= idx.size()) break;
-        cur = &per_address[idx[k]];
-        cur->clear();
-        continue;
-      }
-      std::string loc;
-      if (!cur || !std::getline(lines, loc)) break;
-      Frame f;
-      f.module = module;
-      if (fn != "??") f.function = fn;
-      const auto colon = loc.rfind(':');
-      if (colon != std::string::npos && loc.substr(0, colon) != "??") {
-        f.file = std::filesystem::path(loc.substr(0, colon)).lexically_normal().string();  // no "build/../"
-        try {
-          f.line = std::stoi(loc.substr(colon + 1));
-        } catch (const std::exception&) {
-          f.line = -1;  // "?": no line table
-        }
-      }
-      if (f.line <= 0) f.file.clear();
-      cur->push_back(f);
-    }
-    // The function holding each address (the last, outermost, frame of its chain) by its
-    // symbol table name; without a line, with the return address's offset in it.
-    const auto fns = functions_of(module);
-    for (size_t i : idx) {
-      auto& fs = per_address[i];
-      if (fs.empty()) fs.push_back(Frame{module});
-      auto it = std::upper_bound(fns.begin(), fns.end(), raw[i].second - 1,
-                                 [](unsigned long a, const std::pair<unsigned long, std::string>& f) { return a < f.first; });
-      if (it == fns.begin()) continue;
-      --it;
-      Frame& outer = fs.back();
-      outer.function = it->second;
-      if (outer.line <= 0) outer.offset = static_cast<long>(raw[i].second - it->first);
-    }
-  }
-  for (auto& fs : per_address) frames.insert(frames.end(), fs.begin(), fs.end());
-  return frames;
-}
-
-// The harness's own sources: this file's directory's parent (<src>/harness/), as built.
-bool in_harness_source(const std::string& file) {
-  static const std::string dir = [] {
-    std::string f = __FILE__;  // <src>/harness/internal/rank_run.cpp
-    const auto cut = f.rfind("/internal/");
-    return cut == std::string::npos ? std::string() : f.substr(0, cut + 1);
-  }();
-  if (!dir.empty() && dir[0] == '/' && !file.empty() && file[0] == '/') return file.rfind(dir, 0) == 0;
-  return file.find("harness/internal/") != std::string::npos || file.find("harness/multi_rank_test") != std::string::npos ||
-         file.find("harness/harness_main") != std::string::npos;
-}
-
-bool harness_or_library(const Frame& f) {
-  if (f.function.rfind("dtensor::testing::", 0) == 0 || f.function.rfind("testing::", 0) == 0) return true;
-  if (f.function.rfind("std::", 0) == 0 || f.function.rfind("__", 0) == 0) return true;  // library templates
-  return in_harness_source(f.file) || f.file.find("/gtest/") != std::string::npos ||
-         f.file.find("/googletest/") != std::string::npos || f.file.rfind("/usr/include/", 0) == 0;
-}
-
-// The user's frame: the first one with a function that is not the harness's, gtest's, or in
-// a system library or libtorch (those were not symbolised).
-const Frame* user_frame(const std::vector<Frame>& frames) {
-  for (auto& f : frames)
-    if (!f.function.empty() && !harness_or_library(f)) return &f;
-  return nullptr;
-}
-std::string frame_str(const Frame& f) {
-  std::string s = f.function;
-  if (f.line > 0) {
-    s += " (" + f.file + ":" + std::to_string(f.line) + ")";
-  } else if (f.offset >= 0) {
-    std::ostringstream os;
-    os << "+0x" << std::hex << f.offset;
-    s += os.str();
-  }
-  return s;
-}
 // Where to file a crash or a timeout: the user's frame when it has a line, else the test's
 // DTENSOR_TEST_F line; the user's frames (up to the test body) are added to the message.
 std::pair<std::string, int> file_at(const std::string& test_id, const std::vector<Frame>& frames,
@@ -502,128 +339,155 @@ std::string prefixed(int rank, const std::string& text) {
 }
 }  // namespace
 
-void report_outcomes(const std::string& test_id, const std::vector<RankOutcome>& outcomes,
-                     std::chrono::milliseconds timeout, const std::string& stacks) {
-  // 1. Primary problems: failures that are not merely collectives broken by a peer.
-  bool any_primary = false;
-  for (auto& o : outcomes) {
-    if (o.end == RankOutcome::End::kSignaled || o.end == RankOutcome::End::kTimedOut ||
-        (o.end == RankOutcome::End::kExited && !o.result))
-      any_primary = true;
-    if (o.result && o.result->failed() && !o.result->only_collective_errors()) any_primary = true;
-    if (o.result && o.result->skipped()) any_primary = true;  // a skip also breaks peers' collectives
-  }
-  // 2. Group identical assertion failures across ranks: (kind,file,line,message) -> ranks.
+namespace {
+
+// One test's outcomes, sorted for the report.
+struct Tally {
+  // Identical assertion failures across ranks: (file, line, message) -> ranks, in first-seen order.
   std::map<std::tuple<std::string, int, std::string>, std::vector<int>> failures;
   std::vector<std::tuple<std::string, int, std::string>> order;
   std::vector<int> secondary, killed, timed_out, failing;
-  // What secondary ranks said (NOTE: kept, shortened, after the primary failure): message -> ranks.
+  // What secondary ranks said (kept, shortened, after the primary failure): message -> ranks.
   std::map<std::string, std::vector<int>> secondary_messages;
   std::vector<std::string> secondary_order;
   std::vector<int> timed_out_in_body, timed_out_after_body;
   std::vector<std::pair<int, std::string>> skips;
-  for (auto& o : outcomes) {
-    bool failed_rank = false;
-    if (o.result) {
-      const bool sec = any_primary && o.result->only_collective_errors();
-      if (sec) secondary.push_back(o.rank);
-      for (auto& p : o.result->parts) {
-        if (p.kind == Kind::kSkip) {
-          skips.emplace_back(o.rank, p.message);
-          continue;
-        }
-        if (sec) {
-          std::string m = p.message;
-          if (m.size() > 240) m = m.substr(0, 240) + "...";
-          if (!secondary_messages.count(m)) secondary_order.push_back(m);
-          secondary_messages[m].push_back(o.rank);
-          continue;
-        }
-        auto key = std::make_tuple(p.file, p.line, p.message);
-        if (!failures.count(key)) order.push_back(key);
-        failures[key].push_back(o.rank);
-        failed_rank = true;
-      }
-    }
-    switch (o.end) {
-      case RankOutcome::End::kSignaled: {
-        std::string detail;
-        const auto at = file_at(test_id, symbolise_stack(o.output), &detail);
-        ADD_FAILURE_AT(at.first.empty() ? "unknown file" : at.first.c_str(), at.second)
-            << "[rank " << o.rank << "] crashed: killed by signal " << signal_name(o.signal)
-            << " while running " << test_id << detail;
-        failed_rank = true;
-        break;
-      }
-      case RankOutcome::End::kExited:
-        if (!o.result) {
-          ADD_FAILURE() << "[rank " << o.rank << "] exited with code " << o.exit_code
-                        << " before reporting a result for " << test_id;
-          failed_rank = true;
-        }
-        break;
-      case RankOutcome::End::kKilledAfterPeer: killed.push_back(o.rank); break;
-      case RankOutcome::End::kTimedOut:
-        timed_out.push_back(o.rank);
-        (o.body_done ? timed_out_after_body : timed_out_in_body).push_back(o.rank);
-        failed_rank = true;
-        break;
-      case RankOutcome::End::kFinished: break;
-    }
-    if (failed_rank) failing.push_back(o.rank);
+};
+
+// Primary problems: failures that are not merely collectives broken by a peer.
+bool any_primary_problem(const std::vector<RankOutcome>& outcomes) {
+  for (const auto& o : outcomes) {
+    if (o.end == RankOutcome::End::kSignaled || o.end == RankOutcome::End::kTimedOut ||
+        (o.end == RankOutcome::End::kExited && !o.result))
+      return true;
+    if (o.result && o.result->failed() && !o.result->only_collective_errors()) return true;
+    if (o.result && o.result->skipped()) return true;  // a skip also breaks peers' collectives
   }
-  for (auto& key : order) {
-    const auto& rs = failures[key];
+  return false;
+}
+
+// Sorts one rank's parts into `t`; true when one is a failure of this rank's own.
+bool tally_parts(const RankOutcome& o, bool any_primary, Tally& t) {
+  if (!o.result) return false;
+  bool failed_rank = false;
+  const bool sec = any_primary && o.result->only_collective_errors();
+  if (sec) t.secondary.push_back(o.rank);
+  for (const auto& p : o.result->parts) {
+    if (p.kind == Kind::kSkip) {
+      t.skips.emplace_back(o.rank, p.message);
+      continue;
+    }
+    if (sec) {
+      std::string m = p.message;
+      if (m.size() > 240) m = m.substr(0, 240) + "...";
+      if (!t.secondary_messages.count(m)) t.secondary_order.push_back(m);
+      t.secondary_messages[m].push_back(o.rank);
+      continue;
+    }
+    auto key = std::make_tuple(p.file, p.line, p.message);
+    if (!t.failures.count(key)) t.order.push_back(key);
+    t.failures[key].push_back(o.rank);
+    failed_rank = true;
+  }
+  return failed_rank;
+}
+
+// Sorts one rank's end into `t` (reporting a crash or an early exit at once); true when it failed.
+bool tally_end(const std::string& test_id, const RankOutcome& o, Tally& t) {
+  switch (o.end) {
+    case RankOutcome::End::kSignaled: {
+      std::string detail;
+      const auto at = file_at(test_id, symbolise_stack(o.output), &detail);
+      ADD_FAILURE_AT(at.first.empty() ? "unknown file" : at.first.c_str(), at.second)
+          << "[rank " << o.rank << "] crashed: killed by signal " << signal_name(o.signal) << " while running "
+          << test_id << detail;
+      return true;
+    }
+    case RankOutcome::End::kExited:
+      if (o.result) return false;
+      ADD_FAILURE() << "[rank " << o.rank << "] exited with code " << o.exit_code << " before reporting a result for "
+                    << test_id;
+      return true;
+    case RankOutcome::End::kKilledAfterPeer: t.killed.push_back(o.rank); return false;
+    case RankOutcome::End::kTimedOut:
+      t.timed_out.push_back(o.rank);
+      (o.body_done ? t.timed_out_after_body : t.timed_out_in_body).push_back(o.rank);
+      return true;
+    case RankOutcome::End::kFinished: return false;
+  }
+  return false;
+}
+
+// One failure for the timed-out ranks, filed where the first rank still in its body is stuck
+// (its stack dump), when known.
+void report_timeout(const std::string& test_id, const std::vector<RankOutcome>& outcomes, const Tally& t,
+                    std::chrono::milliseconds timeout, const std::string& stacks) {
+  std::ostringstream where;
+  if (!t.timed_out_in_body.empty()) where << "; ranks still in the test body: " << ranks_str(t.timed_out_in_body);
+  if (!t.timed_out_after_body.empty())
+    where << "; ranks that had finished the body and waited for the others: " << ranks_str(t.timed_out_after_body);
+  std::string detail;
+  std::pair<std::string, int> at{"", -1};
+  for (const auto& o : outcomes)
+    if (o.end == RankOutcome::End::kTimedOut && !o.body_done) {
+      at = file_at(test_id, symbolise_stack(o.output), &detail);
+      if (!detail.empty()) detail = " (rank " + std::to_string(o.rank) + " is stuck" + detail + ")";
+      break;
+    }
+  ADD_FAILURE_AT(at.first.empty() ? "unknown file" : at.first.c_str(), at.second)
+      << test_id << " timed out after " << timeout.count() / 1000.0 << " s" << where.str() << detail
+      << (stacks.empty() ? std::string() : "\nTheir stacks:\n" + stacks);
+}
+
+// The ranks that stopped because of the failure: what their collectives said, who was killed.
+void report_secondary(Tally& t) {
+  if (t.secondary.empty() && t.killed.empty()) return;
+  std::ostringstream os;
+  if (!t.secondary.empty()) {
+    os << "ranks " << ranks_str(t.secondary) << " stopped with collective errors caused by the failure above:";
+    for (const auto& m : t.secondary_order) {
+      const auto& rs = t.secondary_messages[m];
+      os << "\n[dtensor]   [rank" << (rs.size() > 1 ? "s " : " ") << ranks_str(rs) << "] " << m;
+    }
+    if (!t.killed.empty()) os << "\n[dtensor] ";
+  }
+  if (!t.killed.empty())
+    os << "ranks " << ranks_str(t.killed) << " were stopped by the harness after rank " << t.failing.front()
+       << " failed";
+  std::cout << "[dtensor] " << os.str() << std::endl;
+}
+
+}  // namespace
+
+void report_outcomes(const std::string& test_id, const std::vector<RankOutcome>& outcomes,
+                     std::chrono::milliseconds timeout, const std::string& stacks) {
+  const bool any_primary = any_primary_problem(outcomes);
+  Tally t;
+  for (const auto& o : outcomes) {
+    const bool failed_parts = tally_parts(o, any_primary, t);
+    const bool failed_end = tally_end(test_id, o, t);
+    if (failed_parts || failed_end) t.failing.push_back(o.rank);
+  }
+  for (const auto& key : t.order) {
+    const auto& rs = t.failures[key];
     const char* file = std::get<0>(key).empty() ? nullptr : std::get<0>(key).c_str();
     ADD_FAILURE_AT(file ? file : "unknown file", std::get<1>(key))
         << "[rank" << (rs.size() > 1 ? "s " : " ") << ranks_str(rs) << "] " << std::get<2>(key);
   }
-  if (!timed_out.empty()) {
-    std::ostringstream where;
-    if (!timed_out_in_body.empty()) where << "; ranks still in the test body: " << ranks_str(timed_out_in_body);
-    if (!timed_out_after_body.empty())
-      where << "; ranks that had finished the body and waited for the others: " << ranks_str(timed_out_after_body);
-    // Filed where the first rank still in its body is stuck (its stack dump), when known.
-    std::string detail;
-    std::pair<std::string, int> at{"", -1};
-    for (auto& o : outcomes)
-      if (o.end == RankOutcome::End::kTimedOut && !o.body_done) {
-        at = file_at(test_id, symbolise_stack(o.output), &detail);
-        if (!detail.empty()) detail = " (rank " + std::to_string(o.rank) + " is stuck" + detail + ")";
-        break;
-      }
-    ADD_FAILURE_AT(at.first.empty() ? "unknown file" : at.first.c_str(), at.second)
-        << test_id << " timed out after " << timeout.count() / 1000.0 << " s" << where.str() << detail
-        << (stacks.empty() ? std::string() : "\nTheir stacks:\n" + stacks);
-  }
-  if (!failing.empty() || !timed_out.empty()) {
-    if (!secondary.empty() || !killed.empty()) {
-      std::ostringstream os;
-      if (!secondary.empty()) {
-        os << "ranks " << ranks_str(secondary)
-           << " stopped with collective errors caused by the failure above:";
-        for (auto& m : secondary_order) {
-          const auto& rs = secondary_messages[m];
-          os << "\n[dtensor]   [rank" << (rs.size() > 1 ? "s " : " ") << ranks_str(rs) << "] " << m;
-        }
-        if (!killed.empty()) os << "\n[dtensor] ";
-      }
-      if (!killed.empty())
-        os << "ranks " << ranks_str(killed)
-           << " were stopped by the harness after rank " << failing.front() << " failed";
-      std::cout << "[dtensor] " << os.str() << std::endl;
-    }
-    ::testing::Test::RecordProperty("failing_ranks", ranks_str(failing));
-  } else if (failing.empty() && !skips.empty()) {
+  if (!t.timed_out.empty()) report_timeout(test_id, outcomes, t, timeout, stacks);
+  if (!t.failing.empty() || !t.timed_out.empty()) {
+    report_secondary(t);
+    ::testing::Test::RecordProperty("failing_ranks", ranks_str(t.failing));
+  } else if (!t.skips.empty()) {
     std::ostringstream os;
     std::set<std::string> seen;
-    for (auto& s : skips)
+    for (const auto& s : t.skips)
       if (seen.insert(s.second).second) os << "[rank " << s.first << "] " << s.second << " ";
     GTEST_SKIP() << os.str();
   }
-  const bool show = !failing.empty() || env_or("DTENSOR_SHOW_RANK_OUTPUT", "0") == "1";
+  const bool show = !t.failing.empty() || env_or("DTENSOR_SHOW_RANK_OUTPUT", "0") == "1";
   if (show) {
-    for (auto& o : outcomes)
+    for (const auto& o : outcomes)
       if (!o.output.empty()) std::cout << prefixed(o.rank, o.output);
     std::cout.flush();
   }

@@ -7,6 +7,7 @@
 #include "dtensor/fsdp/fsdp.h"
 #include "dtensor/nn/nn.h"
 #include "dtensor/parallel/parallel.h"
+#include "dtensor/tensor/random.h"
 #include "harness/harness.h"
 #include "models/models.h"
 #include "suites/parallel/parallel_testing.h"
@@ -325,6 +326,242 @@ DTENSOR_TEST_F(FsdpThreads, GradientAccumulationEqualsOneLargeBatch) {
     }
   }
   expect_sharded_parity(*ref, *model, /*grads=*/true, "accumulated");
+}
+
+// HSDP gradient accumulation (FSDPModule::set_requires_all_reduce, PyTorch's
+// test_fully_shard_grad_accumulation with HSDP): every micro-batch reduce-scatters, only the last
+// all-reduces over the replicate dim; no gradient is written before it; the result equals one
+// step on the whole batch.
+DTENSOR_TEST_F(FsdpThreads, HsdpAccumulationAllReducesOnlyTheLastMicroBatch) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);
+  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"replicate", "shard"}, counting);
+  UnevenMLP ref, model;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  const int groups = shard_uneven(model, mesh, opts);
+  auto root = *fsdp::get_fsdp_module(*model);
+  const at::Tensor global = values({6 * ranks(), 7}, 0.2);
+  mean_square(nn::call(ref, global)).backward();
+  const at::Tensor mine = my_rows(global, rank(), ranks());
+  for (int micro = 0; micro < 3; ++micro) {
+    root.set_requires_all_reduce(micro == 2);
+    counting->reset();
+    (mean_square(nn::call(model, mine.narrow(0, 2 * micro, 2))) / 3).backward();
+    auto counts = counting->counts();
+    EXPECT_EQ(counts["reduce_scatter_into"], groups) << "micro-batch " << micro;
+    EXPECT_EQ(counts["all_reduce"], micro == 2 ? groups : 0) << "micro-batch " << micro;
+    if (micro < 2) {
+      for (auto& p : nn::parameters(*model)) EXPECT_FALSE(p.grad().defined()) << "micro-batch " << micro;
+    }
+  }
+  expect_sharded_parity(*ref, *model, /*grads=*/true, "accumulated over HSDP");
+}
+
+// set_all_reduce_hook: called once per group and backward on the reduced flat gradient, before
+// the divide; what it does in place reaches the sharded gradients (here: doubled).
+DTENSOR_TEST_F(FsdpThreads, AllReduceHookChangesTheReducedGradient) {
+  for (bool hsdp : {false, true}) {
+    SCOPED_TRACE(hsdp ? "HSDP" : "FSDP");
+    if (hsdp && ranks() % 2 != 0) continue;
+    auto mesh = hsdp ? init_device_mesh(device_type(), mesh_shape_2d(), {"replicate", "shard"}, group_ptr())
+                     : init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
+    UnevenMLP ref, model;
+    init_deterministic(*ref);
+    init_deterministic(*model);
+    fsdp::FullyShardOptions opts;
+    opts.mesh = mesh;
+    const int groups = shard_uneven(model, mesh, opts);
+    int calls = 0;
+    auto hook = [&calls](at::Tensor& reduced) {
+      ++calls;
+      reduced.mul_(2);
+    };
+    fsdp::get_fsdp_module(*model)->set_all_reduce_hook(hook);
+    for (size_t i = 0; i < model->layers->size(); ++i) fsdp::get_fsdp_module(*model->layers[i])->set_all_reduce_hook(hook);
+    const at::Tensor global = values({2 * ranks(), 7}, 0.1);
+    (mean_square(nn::call(ref, global)) * 2).backward();
+    mean_square(nn::call(model, my_rows(global, rank(), ranks()))).backward();
+    EXPECT_EQ(calls, groups);
+    expect_sharded_parity(*ref, *model, /*grads=*/true, "doubled by the hook");
+  }
+}
+
+// set_unshard_in_backward(false) on an embedding's group (PyTorch's
+// test_fully_shard_unshard_in_backward): its backward does not all-gather, and the gradients are
+// the single-device ones (an embedding's gradient needs the indices, not the weight).
+class EmbedHeadImpl : public torch::nn::Module {
+ public:
+  EmbedHeadImpl() {
+    emb = register_module("emb", torch::nn::Embedding(13, 6));
+    head = register_module("head", torch::nn::Linear(6, 5));
+  }
+  at::Tensor forward(const at::Tensor& idx) { return nn::call(head, nn::call(emb, idx)); }
+  torch::nn::Embedding emb{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(EmbedHead);
+
+DTENSOR_TEST_F(FsdpThreads, NoUnshardInBackwardSkipsTheEmbeddingsAllGather) {
+  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
+  EmbedHead ref, model;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  fsdp::FSDPModule emb = fsdp::fully_shard(*model->emb, opts);
+  fsdp::fully_shard(model, opts);
+  const at::Tensor global = at::arange(4 * ranks(), at::kLong).mul(5).remainder(13).view({2 * ranks(), 2});
+  for (bool unshard : {true, false}) {
+    SCOPED_TRACE(unshard ? "unshard in backward" : "no unshard in backward");
+    emb.set_unshard_in_backward(unshard);
+    for (auto& p : nn::parameters(*ref)) p.mutable_grad() = at::Tensor();
+    for (auto& p : nn::parameters(*model)) p.mutable_grad() = at::Tensor();
+    mean_square(nn::call(ref, global)).backward();
+    at::Tensor loss = mean_square(nn::call(model, my_rows(global, rank(), ranks())));
+    counting->reset();
+    loss.backward();
+    // The root keeps its parameters after forward: only the embedding's group could all-gather.
+    EXPECT_EQ(counting->counts()["all_gather_into"], unshard ? 1 : 0);
+    EXPECT_EQ(counting->counts()["reduce_scatter_into"], 2);
+    expect_sharded_parity(*ref, *model, /*grads=*/true, unshard ? "unsharded" : "not unsharded");
+  }
+}
+
+// NOTE: [FSDP on the meta device], as PyTorch's test_fully_shard_init.py
+// test_meta_device_1d_init: a model on the meta device, sharded, materialised with to_empty (only
+// the local shards allocated) and initialised with reset_parameters under the DTensor RNG tracker
+// equals the model built on one device from the same seed, and trains like it. Process ranks:
+// the reference draws from each process's default generator.
+DTENSOR_TEST_F(FsdpGloo, MetaDeviceInitMaterializesOnlyTheLocalShards) {
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
+  torch::manual_seed(11);
+  UnevenMLP ref;
+  UnevenMLP model;
+  nn::to_empty(*model, c10::Device(c10::kMeta));  // libtorch modules allocate when built
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  shard_uneven(model, mesh, opts);
+  for (auto& p : nn::parameters(*model)) {
+    ASSERT_TRUE(is_dtensor(p));
+    EXPECT_TRUE(local_tensor(p).is_meta());
+  }
+  const std::string early = testing::error_of([&] { nn::call(model, values({2, 7})); });
+  EXPECT_TRUE(testing::contains(early, "is on the meta device; materialise the model before its forward")) << early;
+  nn::to_empty(*model, c10::Device(device_type()));
+  for (auto& kv : nn::named_parameters(*model)) {
+    const at::Tensor& local = local_tensor(kv.second);
+    EXPECT_EQ(local.device(), c10::Device(device_type())) << kv.first;
+    const DTensorSpec& spec = get_spec(kv.second);
+    EXPECT_EQ(local.sizes().vec(), compute_local_shape_and_global_offset(spec.tensor_meta.shape, mesh, spec.placements).first)
+        << kv.first;
+  }
+  manual_seed(11, mesh);
+  for (const auto& m : model->modules())
+    if (auto* lin = m->as<torch::nn::Linear>()) lin->reset_parameters();
+  expect_sharded_parity(*ref, *model, /*grads=*/false, "initialised");
+  auto opt_ref = make_optimizer(Optim::kSGD, nn::parameters(*ref));
+  auto opt = make_optimizer(Optim::kSGD, nn::parameters(*model));
+  const at::Tensor global = values({2 * ranks(), 7}, 0.3);
+  for (int step = 0; step < 2; ++step) {
+    opt_ref->zero_grad();
+    opt->zero_grad();
+    mean_square(nn::call(ref, global)).backward();
+    mean_square(nn::call(model, my_rows(global, rank(), ranks()))).backward();
+    expect_sharded_parity(*ref, *model, /*grads=*/true, "step " + std::to_string(step));
+    opt_ref->step();
+    opt->step();
+    expect_sharded_parity(*ref, *model, /*grads=*/false, "after step " + std::to_string(step));
+  }
+}
+
+// Activation checkpointing of fully_shard-ed blocks (PyTorch's checkpoint(module) with FSDP2,
+// test_fully_shard_training.py test_train_parity_with_activation_checkpointing, reentrant): the
+// recomputation in backward unshards each block again, and training equals one rank's.
+class CheckpointedMLPImpl : public torch::nn::Module {
+ public:
+  CheckpointedMLPImpl() {
+    layers = register_module("layers", torch::nn::ModuleList());
+    layers->push_back(Block(7, 9));
+    layers->push_back(Block(9, 5));
+    layers->push_back(Block(5, 7));
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (size_t i = 0; i < layers->size(); ++i) {
+      auto layer = layers->ptr<BlockImpl>(i);
+      x = nn::checkpoint([layer](const at::Tensor& in) { return nn::call(layer, in); }, x);
+    }
+    return x;
+  }
+  torch::nn::ModuleList layers{nullptr};
+};
+TORCH_MODULE(CheckpointedMLP);
+
+DTENSOR_TEST_F(FsdpThreads, ActivationCheckpointedBlocksTrainLikeOneRank) {
+  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
+  CheckpointedMLP ref, model;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  for (size_t i = 0; i < model->layers->size(); ++i) fsdp::fully_shard(*model->layers->ptr(i), opts);
+  fsdp::fully_shard(model, opts);
+  auto opt_ref = make_optimizer(Optim::kSGD, nn::parameters(*ref));
+  auto opt = make_optimizer(Optim::kSGD, nn::parameters(*model));
+  const at::Tensor global = values({2 * ranks(), 7}, 0.3);
+  for (int step = 0; step < 2; ++step) {
+    const std::string when = "step " + std::to_string(step);
+    opt_ref->zero_grad();
+    opt->zero_grad();
+    mean_square(nn::call(ref, global)).backward();
+    counting->reset();
+    at::Tensor loss = mean_square(nn::call(model, my_rows(global, rank(), ranks())));
+    EXPECT_EQ(counting->counts()["all_gather_into"], 3) << when << ": one per block (the root has no parameters)";
+    counting->reset();
+    loss.backward();
+    EXPECT_EQ(counting->counts()["all_gather_into"], 6) << when << ": the recomputation's and the backward's";
+    EXPECT_EQ(counting->counts()["reduce_scatter_into"], 3) << when;
+    expect_sharded_parity(*ref, *model, /*grads=*/true, when);
+    opt_ref->step();
+    opt->step();
+    expect_sharded_parity(*ref, *model, /*grads=*/false, when + " after the step");
+  }
+}
+
+// A mesh per parameter group (PyTorch's fully_shard with expert weights on another mesh, e.g.
+// test_fully_shard_training.py's multi-mesh cases): one block HSDP-sharded on a 2-D mesh, the
+// others and the root FSDP-sharded on the 1-D mesh, in one root; training equals one rank's.
+DTENSOR_TEST_F(FsdpThreads, GroupsOnDifferentMeshesTrainTogether) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
+  auto hsdp = init_device_mesh(device_type(), mesh_shape_2d(), {"replicate", "shard"}, group_ptr());
+  UnevenMLP ref, model;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  fsdp::FullyShardOptions flat, two_d;
+  flat.mesh = mesh;
+  two_d.mesh = hsdp;
+  for (size_t i = 0; i < model->layers->size(); ++i) fsdp::fully_shard(*model->layers->ptr(i), i == 1 ? two_d : flat);
+  fsdp::fully_shard(model, flat);
+  EXPECT_EQ(get_spec(model->layers->ptr(1)->parameters()[0]).mesh, hsdp);
+  auto opt_ref = make_optimizer(Optim::kAdam, nn::parameters(*ref));
+  auto opt = make_optimizer(Optim::kAdam, nn::parameters(*model));
+  const at::Tensor global = values({2 * ranks(), 7}, 0.3);
+  for (int step = 0; step < 3; ++step) {
+    const std::string when = "step " + std::to_string(step);
+    opt_ref->zero_grad();
+    opt->zero_grad();
+    mean_square(nn::call(ref, global)).backward();
+    mean_square(nn::call(model, my_rows(global, rank(), ranks()))).backward();
+    expect_sharded_parity(*ref, *model, /*grads=*/true, when);
+    opt_ref->step();
+    opt->step();
+    expect_sharded_parity(*ref, *model, /*grads=*/false, when + " after the step");
+  }
 }
 
 // unshard() all-gathers once and the next forward does not; reshard() swaps the DTensors back.

@@ -789,7 +789,7 @@ TEST(HarnessReports, ExternalRankZeroDyingIsReportedByTheFirstSurvivor) {
   expect_every_rank_ends(runs, /*passed=*/false);
 }
 
-// NOTE: [A peer lost without a word] (harness/internal/external.cpp): rank 2 stops itself
+// NOTE: [A peer lost without a word] (harness/internal/watchdog.cpp): rank 2 stops itself
 // (SIGSTOP) between collectives, its sockets open and silent, as a rank whose host was cut
 // off. Ranks 0 and 1 name it within seconds, far inside the 30 s timeout, and skip the rest
 // of the job. Before: they waited in all_reduce for the timeout. ci/multihost cuts a real link.

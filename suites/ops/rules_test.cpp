@@ -148,7 +148,7 @@ DTENSOR_TEST_F(TensorParallelRules, ChooseCommunicationFreeLayouts) {
   EXPECT_EQ(placements(s.softmax(0)), "(Replicate(),)");
 }
 
-// NOTE: [Propagation cache keys are exact] (dtensor/ops/registry.cpp): calls that differ only in
+// NOTE: [Propagation cache keys are exact] (dtensor/ops/propagation_cache.cpp): calls that differ only in
 // a non-DTensor argument get their own strategies. A Scalar argument True and one of 8 hashed
 // alike in the old key (a bool's hash was its value + 7), as did a causal and a non-causal
 // attention call on libtorch 2.6 (Ops.Matrix1D); a probe rule whose choice depends on that
