@@ -9,6 +9,9 @@
 //  3. collectives per step, counted (CountingGroup) and derived from PyTorch's plan
 //     (NOTE: [Collectives of the Transformer plan] in suites/testing/tp_collectives.h; not for
 //     async_tp, whose fused layers issue one broadcast or gather per rank's block instead).
+//  4. loss parallel (NOTE: [Loss parallel]): cross-entropy and its backward on logits sharded on
+//     the class dim (vocabulary 32k, 256 rows, 4 thread ranks), inside loss_parallel() versus
+//     through the sharding rules (which gather the logits): time and each rank's peak bytes.
 // `wide` 0 is the default ModelArgs; 1 a wider model (dim 256, 8 heads, vocab 1024, seq 64)
 // where the sharded layers dominate. dropout_p is 0 (dropout on sharded activations is the
 // random-ops issue's).
@@ -195,6 +198,66 @@ void tp_args(benchmark::internal::Benchmark* b) {
     for (int sp : {0, 1, 2}) b->Args({sp, wide});
   b->ArgNames({"sp", "wide"})->Unit(benchmark::kMillisecond);
 }
+// ---- loss parallel ---------------------------------------------------------------------------
+
+constexpr int64_t kLossRows = 256, kVocab = 32000;
+
+// One rank's cross-entropy step on its Shard(1) piece of the logits.
+struct LossStep {
+  LossStep(const DeviceMesh& mesh, bool parallel) : parallel(parallel) {
+    const int64_t cols = kVocab / mesh.size();
+    const int64_t r = mesh.get_local_rank();
+    at::Tensor local = (at::arange(kLossRows * cols, at::kFloat).view({kLossRows, cols}) * 0.37 + r).sin();
+    logits = from_local(local, mesh, {Shard{1}}).detach().requires_grad_(true);
+    target = (at::arange(kLossRows, at::kLong) * 7919).remainder(kVocab);
+    target_dt = distribute_tensor(target, mesh, {Replicate{}});
+  }
+  void step() {
+    logits.mutable_grad() = at::Tensor();
+    if (parallel) {
+      auto guard = loss_parallel();
+      torch::nn::functional::cross_entropy(logits, target).backward();
+    } else {
+      torch::nn::functional::cross_entropy(logits, target_dt).backward();
+    }
+  }
+  bool parallel;
+  at::Tensor logits, target, target_dt;
+};
+
+// mode 0: loss_parallel(); 1: the sharding rules (the logits gathered).
+void BM_LossParallelThreads(benchmark::State& state) {
+  const bool parallel = state.range(0) == 0;
+  TrackingAllocator::install();
+  auto world = comm::ThreadWorld::create(kWorld);
+  ThreadFigures fig;
+  bench::RankThreads ranks(kWorld, [&](int r) -> bench::RankThreads::Step {
+    TrackingAllocator::set_slot(r + 1);
+    auto counting = std::make_shared<testing::CountingGroup>(std::make_shared<comm::ThreadGroup>(world, r));
+    auto t = std::make_shared<LossStep>(init_device_mesh("cpu", {kWorld}, {}, counting), parallel);
+    t->step();  // warm-up: the propagation cache
+    counting->reset();
+    auto& mem = TrackingAllocator::install();
+    mem.reset_peak(r + 1);
+    const int64_t before = mem.current(r + 1);
+    t->step();
+    const int64_t peak = mem.peak(r + 1) - before;
+    std::lock_guard<std::mutex> lk(fig.mu);
+    if (r == 0) fig.collectives = counting->collectives();
+    fig.peak_bytes = std::max(fig.peak_bytes, peak);
+    return [t] { t->step(); };
+  });
+  if (!ranks.error().empty()) {
+    state.SkipWithError(ranks.error().c_str());
+    return;
+  }
+  state.counters["collectives"] = static_cast<double>(fig.collectives);
+  state.counters["step_peak_bytes"] = static_cast<double>(fig.peak_bytes);
+  state.counters["logits_bytes"] = static_cast<double>(kLossRows * kVocab * 4);
+  for (auto _ : state) ranks.step();
+}
+
+BENCHMARK(BM_LossParallelThreads)->ArgName("gather")->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.5);
 BENCHMARK(BM_StepSingleRank)->ArgName("wide")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->MinTime(0.5);
 BENCHMARK(BM_StepThreads)->Apply(tp_args)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_StepProcesses)->Apply(tp_args)->UseManualTime()->Iterations(1);

@@ -110,6 +110,16 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
 // The plan of PyTorch's Transformer.parallelize (common_dtensor.py).
 Transformer Transformer::parallelize(Transformer module, const DeviceMesh& mesh, bool use_seq_parallel,
                                      bool local_output_for_attn, bool async_tp) {
+  ParallelOptions o;
+  o.use_seq_parallel = use_seq_parallel;
+  o.local_output_for_attn = local_output_for_attn;
+  o.async_tp = async_tp;
+  return parallelize(std::move(module), mesh, o);
+}
+
+Transformer Transformer::parallelize(Transformer module, const DeviceMesh& mesh, const ParallelOptions& options) {
+  const bool use_seq_parallel = options.use_seq_parallel, local_output_for_attn = options.local_output_for_attn,
+             async_tp = options.async_tp;
   const ModelArgs& args = module->model_args;
   TORCH_CHECK(!async_tp || use_seq_parallel, "Transformer::parallelize: async_tp fuses the sequence-parallel ",
               "all-gathers and reduce-scatters with the matmuls; it needs use_seq_parallel");
@@ -139,13 +149,22 @@ Transformer Transformer::parallelize(Transformer module, const DeviceMesh& mesh,
     plan.emplace_back("layers.*.attention.wo", RowwiseParallel().output_layouts(Shard{1}).async_tp(async_tp));
     plan.emplace_back("layers.*.feed_forward.w1", ColwiseParallel().input_layouts(Shard{1}).async_tp(async_tp));
     plan.emplace_back("layers.*.feed_forward.w2", RowwiseParallel().output_layouts(Shard{1}).async_tp(async_tp));
-    plan.emplace_back("output",
-                      ColwiseParallel().input_layouts(Shard{1}).output_layouts(Replicate{}).async_tp(async_tp));
+    plan.emplace_back("output", options.loss_parallel ? ColwiseParallel()
+                                                            .input_layouts(Shard{1})
+                                                            .output_layouts(Shard{-1})
+                                                            .use_local_output(false)
+                                                            .async_tp(async_tp)
+                                                      : ColwiseParallel()
+                                                            .input_layouts(Shard{1})
+                                                            .output_layouts(Replicate{})
+                                                            .async_tp(async_tp));
   } else {
     plan.emplace_back("layers.*.attention.wo", RowwiseParallel());
     plan.emplace_back("layers.*.feed_forward.w1", ColwiseParallel());
     plan.emplace_back("layers.*.feed_forward.w2", RowwiseParallel());
-    plan.emplace_back("output", ColwiseParallel().output_layouts(Replicate{}));
+    plan.emplace_back("output", options.loss_parallel
+                                    ? ColwiseParallel().output_layouts(Shard{-1}).use_local_output(false)
+                                    : ColwiseParallel().output_layouts(Replicate{}));
   }
   if (args.n_layers == 0) {  // no "layers.*" entries can match
     plan.erase(std::remove_if(plan.begin(), plan.end(), [](const PlanEntry& e) { return e.path.rfind("layers.", 0) == 0; }),

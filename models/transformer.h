@@ -122,6 +122,17 @@ class Transformer : public torch::nn::ModuleHolder<TransformerImpl> {
   // `module`.
   static Transformer parallelize(Transformer module, const DeviceMesh& mesh, bool use_seq_parallel,
                                  bool local_output_for_attn = false, bool async_tp = false);
+
+  struct ParallelOptions {
+    bool use_seq_parallel = false;
+    bool local_output_for_attn = false;
+    bool async_tp = false;
+    // The output layer keeps its logits sharded on the vocabulary (a DTensor, Shard(-1),
+    // torchtitan's loss-parallel plan): compute the loss inside dtensor::loss_parallel() on
+    // logits.flatten(0, 1), which never gathers them (NOTE: [Loss parallel]).
+    bool loss_parallel = false;
+  };
+  static Transformer parallelize(Transformer module, const DeviceMesh& mesh, const ParallelOptions& options);
 };
 
 }  // namespace models

@@ -394,6 +394,37 @@ DeviceMesh DeviceMesh::get_root_mesh() const {
   return DeviceMesh(std::move(s));
 }
 
+DeviceMesh DeviceMesh::_unflatten(int64_t dim, const std::vector<int64_t>& mesh_sizes,
+                                  const std::vector<std::string>& mesh_dim_names) const {
+  const State& me = *state_;
+  const int64_t d = checked_dim(dim, "_unflatten");
+  std::ostringstream sizes;
+  sizes << c10::IntArrayRef(mesh_sizes);
+  const std::string call = "_unflatten(" + std::to_string(dim) + ", " + sizes.str() + ") on " + me.repr;
+  TORCH_CHECK(!me.parent, call, ": unflatten a root mesh (one built by init_device_mesh or the constructor); this "
+              "one was sliced or flattened from ", me.parent ? me.parent->repr : std::string());
+  TORCH_CHECK(!me.names.empty(), call, ": the mesh has no dim names; build it with names");
+  TORCH_CHECK(!mesh_sizes.empty() && mesh_dim_names.size() == mesh_sizes.size(), call, ": give one name per size (",
+              mesh_dim_names.size(), " names for ", mesh_sizes.size(), " sizes)");
+  int64_t product = 1;
+  for (int64_t n : mesh_sizes) {
+    TORCH_CHECK(n >= 1, call, ": sizes must be positive");
+    product *= n;
+  }
+  TORCH_CHECK(product == size(d), call, ": the sizes multiply to ", product, " but dim ", d, " ('", me.names[size_t(d)],
+              "') has ", size(d), " ranks");
+  std::vector<std::string> names(me.names.begin(), me.names.begin() + d);
+  names.insert(names.end(), mesh_dim_names.begin(), mesh_dim_names.end());
+  names.insert(names.end(), me.names.begin() + d + 1, me.names.end());
+  for (size_t i = 0; i < names.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      TORCH_CHECK(names[i] != names[j], call, ": the dim name '", names[i], "' would appear twice");
+  std::vector<int64_t> shape(me.mesh.sizes().begin(), me.mesh.sizes().begin() + d);
+  shape.insert(shape.end(), mesh_sizes.begin(), mesh_sizes.end());
+  shape.insert(shape.end(), me.mesh.sizes().begin() + d + 1, me.mesh.sizes().end());
+  return DeviceMesh(me.device_type, me.mesh.reshape(shape), std::move(names), me.world);
+}
+
 DeviceMesh DeviceMesh::_flatten(const std::string& mesh_dim_name) const {
   const State& me = *state_;
   TORCH_CHECK(!me.names.empty(), "_flatten on ", me.repr,

@@ -133,6 +133,21 @@ class DeviceMesh {
   DeviceMesh _flatten(const std::string& mesh_dim_name = "") const;
   DeviceMesh flatten(const std::string& mesh_dim_name = "") const { return _flatten(mesh_dim_name); }
 
+  // PyTorch's DeviceMesh._unflatten: this mesh with dim `dim` split into dims of sizes
+  // `mesh_sizes` (their product is size(dim)) named `mesh_dim_names`, ranks in row-major order:
+  // on the 1-D mesh [0..7] ('world',), _unflatten(0, {2, 2, 2}, {"dp", "cp", "tp"}) is
+  // [[[0, 1], [2, 3]], [[4, 5], [6, 7]]] ('dp', 'cp', 'tp'). The other dims keep their names; the
+  // result is a new root mesh over the same world (its groups are new: collective over the world,
+  // as the constructor is). A root mesh only (the same on every rank); a negative dim counts
+  // from the end. Throws, on every rank, for sizes whose product is not size(dim), names that
+  // are not one per size or that clash with the other dims, or a mesh without names.
+  DeviceMesh _unflatten(int64_t dim, const std::vector<int64_t>& mesh_sizes,
+                        const std::vector<std::string>& mesh_dim_names) const;
+  DeviceMesh _unflatten(const std::string& mesh_dim_name, const std::vector<int64_t>& mesh_sizes,
+                        const std::vector<std::string>& mesh_dim_names) const {
+    return _unflatten(get_mesh_dim(mesh_dim_name), mesh_sizes, mesh_dim_names);
+  }
+
   // PyTorch's repr: DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))
   std::string to_string() const;
 

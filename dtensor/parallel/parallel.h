@@ -3,4 +3,5 @@
 #pragma once
 #include "dtensor/parallel/api.h"
 #include "dtensor/parallel/fused_matmul.h"
+#include "dtensor/parallel/loss.h"
 #include "dtensor/parallel/style.h"

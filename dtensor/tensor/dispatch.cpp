@@ -1,8 +1,10 @@
 // dtensor/tensor/dispatch.cpp: the boxed fallback behind kDTensorKey (DESIGN.md D1).
 //
 // NOTE: [DTensor fallback]
-// Autograd has already recorded the op when we get here (the key is below it). The fallback
-// runs these stages, each a function below (FallbackCall holds what they share):
+// Autograd has already recorded the op when we get here (the key is below it). An op with a
+// handler of its own in scope on this thread goes to it (op_handlers_internal.h: loss_parallel()).
+// Otherwise the fallback runs these stages, each a function below (FallbackCall holds what they
+// share):
 //   1. collect_arguments: the schema's arguments off the stack; DTensors give specs, plain
 //      0-dim tensors are scalars, any other plain tensor is an error naming the op (or
 //      Replicate inside an ImplicitReplicationGuard or a backward pass: NOTE: [Plain tensors
@@ -40,6 +42,7 @@
 #include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/tensor/dtensor_impl.h"
+#include "dtensor/tensor/op_handlers_internal.h"
 #include "dtensor/tensor/output_meta_internal.h"
 #include "dtensor/tensor/random.h"
 #include "dtensor/tensor/redistribute.h"
@@ -553,6 +556,7 @@ void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t begin = stack->size() - schema.arguments().size();
   if (schema.name() == "aten::set_" && schema.overload_name() == "source_Tensor" && load_whole_tensor(stack, begin))
     return;
+  if (detail::run_op_handler(op, stack)) return;  // loss_parallel() and the like
   FallbackCall f(op, stack);
   collect_arguments(f);
   replicate_plain_tensors(f);

@@ -463,6 +463,35 @@ DTENSOR_TEST_F(DeviceMeshThreaded, FlattenMakesA1DMeshTheRootKnows) {
   EXPECT_EQ(reduce_world_rank_over(m3[{"cp", "tp"}]._flatten("cp_tp"), 0), rank_sum(n));
 }
 
+// DeviceMesh._unflatten (PyTorch 2.9's test_device_mesh.py test_unflatten_mesh_*): a dim split
+// into named dims in row-major order, with groups that reduce over the right ranks.
+DTENSOR_TEST_F(DeviceMeshThreaded, UnflattenSplitsADimIntoNamedDims) {
+  const int r = rank();
+  const int64_t n = ranks(), half = n / 2;
+  DeviceMesh world = init_device_mesh(device_type(), {n}, {"world"});
+  DeviceMesh m = world._unflatten(0, {half, 2}, {"dp", "tp"});
+  EXPECT_TRUE(at::equal(m.mesh(), rank_range(0, n).reshape({half, 2}))) << m;
+  EXPECT_EQ(m.mesh_dim_names(), (std::vector<std::string>{"dp", "tp"}));
+  EXPECT_EQ(*m.get_coordinate(), (Shape{r / 2, r % 2}));
+  EXPECT_EQ(reduce_world_rank_over(m, 1), 2 * (r / 2) * 2 + 1);  // {2k, 2k + 1}
+  EXPECT_EQ(reduce_world_rank_over(m, 0), rank_sum(half) * 2 + half * (r % 2));  // {c, c + 2, ...}
+  EXPECT_FALSE(m.get_parent_mesh().has_value());
+  // A middle dim of a 2-D mesh, by name; the other dim keeps its name.
+  DeviceMesh m2 = init_device_mesh(device_type(), {half, 2}, {"dp", "tp"});
+  DeviceMesh m3 = m2._unflatten("dp", {1, half}, {"pp", "dp_shard"});
+  EXPECT_EQ(m3.mesh_dim_names(), (std::vector<std::string>{"pp", "dp_shard", "tp"}));
+  EXPECT_EQ(m3.shape(), (Shape{1, half, 2}));
+  EXPECT_EQ(m3.get_local_rank("tp"), r % 2);
+  expect_errors({
+      {"sizes that do not multiply to the dim", [&] { world._unflatten(0, {half, 3}, {"a", "b"}); },
+       "the sizes multiply to " + std::to_string(half * 3) + " but dim 0 ('world') has " + std::to_string(n) + " ranks"},
+      {"names not one per size", [&] { world._unflatten(0, {half, 2}, {"a"}); }, "give one name per size"},
+      {"a clashing name", [&] { m2._unflatten("dp", {1, half}, {"tp", "x"}); }, "the dim name 'tp' would appear twice"},
+      {"a sliced mesh", [&] { m2["dp"]._unflatten(0, {half}, {"x"}); }, "unflatten a root mesh"},
+  });
+}
+
+
 // test_device_mesh.py TestDeviceMeshCollectives (world 8 and mesh (2, 2, 2) there; here a 1-D
 // mesh over the n ranks and an (n/2, 2) one).
 DTENSOR_TEST_F(DeviceMeshThreaded, MeshBroadcastAndScatterAlongEachDim) {

@@ -142,6 +142,51 @@ void check_transformer(testing::MultiRankTest& t, const TransformerCase& c, int 
       steps);
 }
 
+// Loss parallel (ParallelOptions::loss_parallel, NOTE: [Loss parallel]): the logits stay sharded
+// on the vocabulary; the cross-entropy inside loss_parallel() equals the single-device one, its
+// forward gathers no logits, and training matches the single device.
+void check_transformer_loss_parallel(testing::MultiRankTest& t, bool seq_parallel, int steps = 3) {
+  SCOPED_TRACE(::testing::Message() << "seq_parallel=" << seq_parallel << " world=" << t.group().size());
+  auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, counting);
+  ModelArgs args;
+  args.dropout_p = 0.0;
+  const at::Tensor tokens = tokens_for(args, 2, 8);
+  const at::Tensor targets = tokens_for(args, 2, 8).roll(1, 1).flatten();
+  models::Transformer ref(args), tp(args);
+  init_deterministic(*ref);
+  init_deterministic(*tp);
+  models::Transformer::ParallelOptions o;
+  o.use_seq_parallel = seq_parallel;
+  o.loss_parallel = true;
+  models::Transformer::parallelize(tp, mesh, o);
+  auto opt_ref = make_optimizer(Optim::kSGD, nn::parameters(*ref));
+  auto opt_tp = make_optimizer(Optim::kSGD, nn::parameters(*tp));
+  for (int step = 0; step < steps; ++step) {
+    const std::string when = "step " + std::to_string(step);
+    opt_ref->zero_grad();
+    opt_tp->zero_grad();
+    at::Tensor loss_ref =
+        torch::nn::functional::cross_entropy(nn::call(ref, tokens).view({-1, args.vocab_size}), targets);
+    at::Tensor logits = nn::call(tp, tokens);
+    ASSERT_TRUE(is_dtensor(logits)) << when;
+    EXPECT_EQ(get_spec(logits).placements, std::vector<Placement>{Shard{2}}) << when;
+    {
+      auto guard = loss_parallel();
+      counting->reset();
+      at::Tensor loss = torch::nn::functional::cross_entropy(logits.flatten(0, 1), targets);
+      EXPECT_EQ(counting->counts().count("all_gather_into"), 0u) << when << ": the logits were gathered";
+      EXPECT_TRUE(testing::tensors_close(loss_ref, full_tensor(loss), kRtol, kAtol)) << when << " loss";
+      loss.backward();
+    }
+    loss_ref.backward();
+    if (step == 0) expect_parameters_match(*ref, *tp, /*grads=*/true, when);
+    opt_ref->step();
+    opt_tp->step();
+  }
+  expect_parameters_match(*ref, *tp, /*grads=*/false, "after " + std::to_string(steps) + " steps");
+}
+
 class TpModelsThreads4 : public testing::DTensorOpTestBase {};
 class TpModelsThreads2 : public testing::DTensorOpTestBase {
  public:
@@ -168,6 +213,8 @@ TP_MODEL_TEST(TransformerLocalAttentionOutputMatchesSingleDevice, check_transfor
 TP_MODEL_TEST(TransformerCheckpointedMatchesSingleDevice, check_transformer(*this, {true, true, false, true}, 2))
 TP_MODEL_TEST(TransformerAsyncTensorParallelMatchesSingleDevice,
               check_transformer(*this, {true, true, false, false, true}))
+TP_MODEL_TEST(TransformerLossParallelMatchesSingleDevice, check_transformer_loss_parallel(*this, false))
+TP_MODEL_TEST(TransformerSequenceAndLossParallelMatchesSingleDevice, check_transformer_loss_parallel(*this, true))
 TP_MODEL_TEST(TransformerAsyncTensorParallelUntiedMatchesSingleDevice,
               check_transformer(*this, {true, false, false, false, true}))
 
