@@ -37,7 +37,8 @@ constexpr double kAtol = 1e-5;
 
 // Every (deduplicated) parameter of `tp`, gathered, equals the one of `ref` with the same name;
 // with `grads`, their gradients instead.
-void expect_parameters_match(torch::nn::Module& ref, torch::nn::Module& tp, bool grads, const std::string& when) {
+void expect_parameters_match(torch::nn::Module& ref, torch::nn::Module& tp, bool grads, const std::string& when,
+                             double atol = kAtol) {
   auto r = nn::named_parameters(ref), t = nn::named_parameters(tp);
   ASSERT_EQ(r.size(), t.size()) << when;
   for (size_t i = 0; i < r.size(); ++i) {
@@ -46,7 +47,7 @@ void expect_parameters_match(torch::nn::Module& ref, torch::nn::Module& tp, bool
     const at::Tensor& a = grads ? r[i].second.grad() : r[i].second;
     const at::Tensor& b = grads ? t[i].second.grad() : t[i].second;
     ASSERT_TRUE(a.defined() && b.defined());
-    EXPECT_TRUE(testing::tensors_close(a, gathered(b), kRtol, kAtol)) << "max " << a.abs().max().item<float>();
+    EXPECT_TRUE(testing::tensors_close(a, gathered(b), kRtol, atol)) << "max " << a.abs().max().item<float>();
   }
 }
 
@@ -54,7 +55,7 @@ void expect_parameters_match(torch::nn::Module& ref, torch::nn::Module& tp, bool
 template <class Model>
 void check_equivalence(const std::function<Model()>& make, const std::function<void(Model&)>& parallelize,
                        const at::Tensor& input, const std::function<at::Tensor(const at::Tensor&)>& loss_of,
-                       int steps = 3) {
+                       int steps = 3, double params_atol = kAtol) {
   for (Optim o : {Optim::kSGD, Optim::kAdam}) {
     SCOPED_TRACE(o == Optim::kSGD ? "SGD" : "Adam");
     Model ref = make(), tp = make();
@@ -77,7 +78,7 @@ void check_equivalence(const std::function<Model()>& make, const std::function<v
       opt_ref->step();
       opt_tp->step();
     }
-    expect_parameters_match(*ref, *tp, /*grads=*/false, "after " + std::to_string(steps) + " steps");
+    expect_parameters_match(*ref, *tp, /*grads=*/false, "after " + std::to_string(steps) + " steps", params_atol);
   }
 }
 
@@ -139,7 +140,10 @@ void check_transformer(testing::MultiRankTest& t, const TransformerCase& c, int 
       [&](const at::Tensor& logits) {
         return torch::nn::functional::cross_entropy(logits.view({-1, args.vocab_size}), targets);
       },
-      steps);
+      // Async TP sums its block-wise matmuls in another order than the unfused matmul: with the
+      // PyTorch wheel's CPU kernels (MKL) Adam's parameters after 3 steps differ by up to 1.2e-5
+      // here (libtorch 1.13: within 1e-5). Gradients and outputs keep the default tolerance.
+      steps, c.async_tp ? 3e-5 : kAtol);
 }
 
 // Loss parallel (ParallelOptions::loss_parallel, NOTE: [Loss parallel]): the logits stay sharded
