@@ -37,7 +37,9 @@ using testing::tokens_for;
 using testing::values;
 
 constexpr double kRtol = 1e-4;
-constexpr double kAtol = 1e-5;
+// 3e-5: with the PyTorch wheel's CPU kernels (MKL) on some CPUs, the Transformer's sharded and
+// single-device parameters after a few steps at 8 ranks are 1.7e-5 apart (float summation order).
+constexpr double kAtol = 3e-5;
 
 
 // Dims 7 -> 15 -> 17 -> 3 -> 7, none divisible by 2, 4 or 8, so the shards are uneven at every
