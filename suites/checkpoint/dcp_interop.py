@@ -155,16 +155,28 @@ def init_world(rank, world, port):
     return init_device_mesh("cpu", (world,))
 
 
+def leave_world(code):
+    """Every rank waits for the others, then ends the process with `code`, skipping the
+    interpreter's teardown.
+
+    Not dist.destroy_process_group() or a normal return: either can drop the last reference to
+    the ProcessGroupGloo on this thread, whose destructor joins its worker threads while holding
+    the GIL. A worker still releasing a finished collective's tensors (which have Python objects)
+    waits for the GIL, so the two wait on each other. PyTorch 2.6 (Debian 13's python3-torch)
+    deadlocks so about once in 12 runs of this script; os._exit leaves nothing to destroy."""
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def finish(rank, bad, summary):
     """Rank 0 prints every mismatch and `summary`; every rank leaves the world, failing on a mismatch."""
     if rank == 0:
         for b in bad:
             print("MISMATCH", b, flush=True)
         print(summary, flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
-    if bad:
-        sys.exit(1)
+    leave_world(1 if bad else 0)
 
 
 def rank_main(rank, world, out_dir, port):
@@ -212,8 +224,7 @@ def rank_main(rank, world, out_dir, port):
             json.dump(expected, f)
         os.rename(os.path.join(out_dir, "expected.json.partial"), os.path.join(out_dir, "expected.json"))
         print(f"saved {len(expected)} entries", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_world(0)
 
 
 def destinations(expected, mesh):
