@@ -12,6 +12,15 @@
 //  4. loss parallel (NOTE: [Loss parallel]): cross-entropy and its backward on logits sharded on
 //     the class dim (vocabulary 32k, 256 rows, 4 thread ranks), inside loss_parallel() versus
 //     through the sharding rules (which gather the logits): time and each rank's peak bytes.
+//  5. context parallel (NOTE: [Ring attention]): causal attention forward + backward on a
+//     sequence of 4096 sharded over 4 thread ranks (head-tail layout; batch 1, 4 heads of 32),
+//     ring attention versus all-gathering K and V (and reduce-scattering their gradients) and
+//     running libtorch's attention with the causal mask of the tokens' global positions: time,
+//     each rank's peak bytes and the collectives;
+//  6. the 3-D layout of torchtitan on 8 thread ranks: the wide Transformer's training step (the
+//     single-rank step's batch, 8 x 64 tokens) with FSDP over the flattened (dp, cp) dims,
+//     tensor parallel on tp and context parallel on cp, a 2x2x2 (dp, cp, tp) mesh; compare
+//     with BM_StepSingleRank/wide:1.
 // `wide` 0 is the default ModelArgs; 1 a wider model (dim 256, 8 heads, vocab 1024, seq 64)
 // where the sharded layers dominate. dropout_p is 0 (dropout on sharded activations is the
 // random-ops issue's).
@@ -19,6 +28,9 @@
 //   build/benchmarks/tp_benchmark --benchmark_repetitions=5 --benchmark_report_aggregates_only
 #include "benchmarks/process_bench.h"
 #include "dtensor/comm/comm.h"
+#include "dtensor/compat.h"
+#include "dtensor/experimental/experimental.h"
+#include "dtensor/fsdp/fully_shard.h"
 #include "dtensor/nn/nn.h"
 #include "dtensor/parallel/parallel.h"
 #include "dtensor/tensor/dtensor.h"
@@ -257,7 +269,150 @@ void BM_LossParallelThreads(benchmark::State& state) {
   for (auto _ : state) ranks.step();
 }
 
+// ---- context parallel ------------------------------------------------------------------------
+
+constexpr int64_t kCpSeq = 4096, kCpHeads = 4, kCpHeadDim = 32;
+
+// One rank's causal attention step on its head-tail part of the sequence.
+struct RingStep {
+  RingStep(const DeviceMesh& mesh, bool ring) : mesh(mesh), ring(ring) {
+    const int64_t r = mesh.get_local_rank(), local = kCpSeq / mesh.size();
+    auto make = [&](double salt) {
+      return (at::arange(kCpHeads * local * kCpHeadDim, at::kFloat).view({1, kCpHeads, local, kCpHeadDim}) * 0.37 +
+              salt + r)
+          .sin()
+          .requires_grad_(true);
+    };
+    q = make(0.1), k = make(1.3), v = make(2.7);
+    dout = make(4.2).detach();
+    const experimental::HeadTailLoadBalancer lb(kCpSeq, mesh.size());
+    // The gathered keys are in rank order: key j is token generate_indices()[j].
+    mask = lb.positions(r).unsqueeze(1) >= lb.generate_indices().unsqueeze(0);
+  }
+  void step() {
+    for (auto* t : {&q, &k, &v}) t->mutable_grad() = at::Tensor();
+    at::Tensor out;
+    if (ring) {
+      experimental::RingAttentionOptions o;
+      o.is_causal = true;
+      out = experimental::ring_attention(q, k, v, mesh.get_group(), o);
+    } else {
+      // All-gather K and V along the sequence; their gradients come back reduce-scattered.
+      auto gather = [&](const at::Tensor& t) {
+        return to_local(redistribute(from_local(t, mesh, {Shard{2}}), mesh, {Replicate{}}),
+                        std::vector<Placement>{Partial{}});
+      };
+      out = compat::scaled_dot_product_attention(q, gather(k), gather(v), mask, 0.0, false);
+    }
+    out.backward(dout);
+  }
+  DeviceMesh mesh;
+  bool ring;
+  at::Tensor q, k, v, dout, mask;
+};
+
+// mode 0: ring attention; 1: K and V all-gathered.
+void BM_RingAttentionThreads(benchmark::State& state) {
+  const bool ring = state.range(0) == 0;
+  TrackingAllocator::install();
+  auto world = comm::ThreadWorld::create(kWorld);
+  ThreadFigures fig;
+  bench::RankThreads ranks(kWorld, [&](int r) -> bench::RankThreads::Step {
+    TrackingAllocator::set_slot(r + 1);
+    auto counting = std::make_shared<testing::CountingGroup>(std::make_shared<comm::ThreadGroup>(world, r));
+    auto t = std::make_shared<RingStep>(init_device_mesh("cpu", {kWorld}, {}, counting), ring);
+    t->step();  // warm-up
+    counting->reset();
+    auto& mem = TrackingAllocator::install();
+    mem.reset_peak(r + 1);
+    const int64_t before = mem.current(r + 1);
+    t->step();
+    const int64_t peak = mem.peak(r + 1) - before;
+    std::lock_guard<std::mutex> lk(fig.mu);
+    if (r == 0) fig.collectives = counting->collectives();
+    fig.peak_bytes = std::max(fig.peak_bytes, peak);
+    return [t] { t->step(); };
+  });
+  if (!ranks.error().empty()) {
+    state.SkipWithError(ranks.error().c_str());
+    return;
+  }
+  state.counters["collectives"] = static_cast<double>(fig.collectives);
+  state.counters["step_peak_bytes"] = static_cast<double>(fig.peak_bytes);
+  for (auto _ : state) ranks.step();
+}
+
+// ---- FSDP x TP x CP ------------------------------------------------------------------------------
+
+// One rank's share of the wide Transformer's step on a (dp, cp, tp) mesh: rows of its dp rank,
+// tokens of its cp rank (inside context_parallel), heads of its tp rank, FSDP over (dp, cp).
+struct ThreeDTrainer {
+  explicit ThreeDTrainer(const DeviceMesh& mesh) : args(bench_args(true)), mesh(mesh) {
+    model = models::Transformer(args);
+    models::Transformer::parallelize(model, mesh["tp"], models::Transformer::ParallelOptions{});
+    fsdp::FullyShardOptions fo;
+    fo.mesh = mesh[{"dp", "cp"}]._flatten("dp_cp");
+    for (size_t i = 0; i < model->layers->size(); ++i) fsdp::fully_shard(*model->layers->ptr(i), fo);
+    fsdp::fully_shard(model, fo);
+    opt = std::make_unique<torch::optim::SGD>(nn::parameters(*model), torch::optim::SGDOptions(0.01).momentum(0.9));
+    const int64_t seq = args.max_seq_len, rows = kBatch / mesh.size(0), d = mesh.get_local_rank("dp");
+    const at::Tensor all = (at::arange(kBatch * seq, at::kLong) * 7 + 1).remainder(args.vocab_size).view({kBatch, seq});
+    tokens = all.narrow(0, d * rows, rows).clone();
+    targets = tokens.roll(1, 1);
+  }
+  void step() {
+    opt->zero_grad();
+    at::Tensor t = tokens.clone(), y = targets.clone(), pos = at::arange(args.max_seq_len, at::kLong);
+    {
+      auto cp = experimental::context_parallel(mesh["cp"], {t, y, pos}, {1, 1, 0});
+      at::Tensor logits = nn::call(model, t, pos);
+      torch::nn::functional::cross_entropy(logits.reshape({-1, args.vocab_size}), y.flatten()).backward();
+    }
+    opt->step();
+  }
+
+  models::ModelArgs args;
+  DeviceMesh mesh;
+  models::Transformer model{nullptr};
+  std::unique_ptr<torch::optim::SGD> opt;
+  at::Tensor tokens, targets;
+};
+
+void BM_FsdpTpCpStepThreads(benchmark::State& state) {
+  constexpr int kRanks = 8;
+  TrackingAllocator::install();
+  auto world = comm::ThreadWorld::create(kRanks);
+  ThreadFigures fig;
+  bench::RankThreads ranks(kRanks, [&](int r) -> bench::RankThreads::Step {
+    TrackingAllocator::set_slot(r + 1);
+    auto counting = std::make_shared<testing::CountingGroup>(std::make_shared<comm::ThreadGroup>(world, r));
+    auto t = std::make_shared<ThreeDTrainer>(init_device_mesh("cpu", {2, 2, 2}, {"dp", "cp", "tp"}, counting));
+    t->step();  // warm-up: the optimizer state, the propagation cache
+    counting->reset();
+    auto& mem = TrackingAllocator::install();
+    mem.reset_peak(r + 1);
+    t->step();
+    std::lock_guard<std::mutex> lk(fig.mu);
+    if (r == 0) fig.collectives = counting->collectives();
+    fig.peak_bytes = std::max(fig.peak_bytes, mem.peak(r + 1));
+    int64_t bytes = 0;
+    for (const auto& p : nn::parameters(*t->model)) bytes += local_bytes(p);
+    fig.param_bytes = std::max(fig.param_bytes, bytes);
+    return [t] { t->step(); };
+  });
+  if (!ranks.error().empty()) {
+    state.SkipWithError(ranks.error().c_str());
+    return;
+  }
+  state.counters["collectives"] = static_cast<double>(fig.collectives);
+  state.counters["param_bytes"] = static_cast<double>(fig.param_bytes);
+  state.counters["peak_bytes"] = static_cast<double>(fig.peak_bytes);
+  for (auto _ : state) ranks.step();
+}
+
 BENCHMARK(BM_LossParallelThreads)->ArgName("gather")->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.5);
+BENCHMARK(BM_RingAttentionThreads)->ArgName("gather")->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.5);
+BENCHMARK(BM_FsdpTpCpStepThreads)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.5);
 BENCHMARK(BM_StepSingleRank)->ArgName("wide")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->MinTime(0.5);
 BENCHMARK(BM_StepThreads)->Apply(tp_args)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_StepProcesses)->Apply(tp_args)->UseManualTime()->Iterations(1);

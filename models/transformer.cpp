@@ -88,12 +88,18 @@ TransformerImpl::TransformerImpl(const ModelArgs& args)
 
 at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
   TORCH_CHECK(tokens.dim() == 2, "Transformer: expected tokens of shape [batch, seq], got ", tokens.sizes());
+  return forward(tokens, at::arange(0, tokens.size(1), at::TensorOptions().dtype(at::kLong).device(tokens.device())));
+}
+
+at::Tensor TransformerImpl::forward(const at::Tensor& tokens, const at::Tensor& positions) {
+  TORCH_CHECK(tokens.dim() == 2, "Transformer: expected tokens of shape [batch, seq], got ", tokens.sizes());
+  TORCH_CHECK(positions.dim() == 1 && positions.size(0) == tokens.size(1), "Transformer: expected one position per "
+              "token, got positions of shape ", positions.sizes(), " for tokens of shape ", tokens.sizes());
   const int64_t seq_len = tokens.size(1);
   TORCH_CHECK(seq_len <= max_seq_len, "Transformer: sequence length ", seq_len, " exceeds max_seq_len ",
               max_seq_len);
   at::Tensor h = nn::call(tok_embeddings, tokens);
-  at::Tensor pos = at::arange(0, seq_len, at::TensorOptions().dtype(at::kLong).device(tokens.device()));
-  at::Tensor p = nn::call(pos_embeddings, pos);  // [seq, dim]
+  at::Tensor p = nn::call(pos_embeddings, positions);  // [seq, dim]
   h = nn::call(dropout, h + p);
   for (size_t i = 0; i < layers->size(); ++i) {
     auto layer = layers->ptr<TransformerBlockImpl>(i);

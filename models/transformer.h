@@ -92,6 +92,10 @@ class TransformerImpl : public torch::nn::Module {
   explicit TransformerImpl(const ModelArgs& args);
   // tokens: [batch, seq] int64, seq <= max_seq_len. Returns float logits [batch, seq, vocab].
   at::Tensor forward(const at::Tensor& tokens);
+  // The same with each token's position given ([seq], long; the plain overload uses
+  // 0..seq-1): under context parallel the tokens of a rank are not contiguous, so the positions
+  // are a buffer sharded with them (NOTE: [Context parallel]).
+  at::Tensor forward(const at::Tensor& tokens, const at::Tensor& positions);
 
   ModelArgs model_args;
   int64_t max_seq_len;

@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -71,7 +72,9 @@ std::shared_ptr<FSDPState> StateRegistry::by_id(int64_t id) const {
 //      (NOTE: [FSDP parameter layout]); the TP collectives of forward and backward are untouched.
 //   2. The sharded parameter is a DTensor on the PARENT mesh of the dp and tp meshes (both must
 //      be sliced from it, dp dims first) with placements (<FSDP placement>, <TP placement>)
-//      (HSDP: (Replicate(), <FSDP placement>, <TP placement>)): the FSDP placement is Shard(d),
+//      (HSDP: (Replicate(), <FSDP placement>, <TP placement>)). The FSDP mesh may also be the
+//      root's leading dims flattened into one (root[{"dp", "cp"}]._flatten("dp_cp"), torchtitan's
+//      FSDP x CP): the parent is then root[{"dp_cp", "tp"}]. The FSDP placement is Shard(d),
 //      or _StridedShard(d, split_factor) when tp also shards dim d (split_factor: the tp mesh
 //      size), since the dim is then split by tp FIRST and by dp second, the reverse of what
 //      (Shard(d), Shard(d)) means. Its full_tensor() is the original parameter.
@@ -111,6 +114,45 @@ std::string dims_to_string(const std::vector<int64_t>& dims) {
   return os.str();
 }
 
+// The placements of a tensor-parallel parameter sharded by FSDP on `parent` (the mesh of the
+// FSDP and tensor-parallel dims, FSDP's first), or an error naming what is not supported.
+TPSharding tp_layout(const torch::nn::Module& module, const std::string& what, const DTensorSpec& spec,
+                     const DeviceMesh& parent, int64_t shard_dim, bool hsdp) {
+  const Placement& tp_placement = spec.placements[0];
+  if (is_partial(tp_placement)) {
+    fail(module, what + "a Partial parameter cannot be sharded; redistribute it to Shard or Replicate first");
+  }
+  if (!is_shard(tp_placement) && !is_replicate(tp_placement)) {
+    fail(module, what + "FSDP shards parameters whose tensor-parallel placement is Shard or Replicate, not " +
+                     to_string(tp_placement));
+  }
+  // Tensor parallelism splits shard_dim first: dp then splits each tp piece (PyTorch's
+  // split_factor = num_shards_map[shard_dim]).
+  const int64_t split_factor = is_shard(tp_placement, shard_dim) ? spec.mesh.size(0) : 1;
+  const Placement fsdp_placement = StridedShard(shard_dim, split_factor);  // a plain Shard when 1
+  TPSharding out{spec, parent, {}};
+  if (hsdp) out.spmd_placements.push_back(Replicate{});
+  out.spmd_placements.push_back(fsdp_placement);
+  out.spmd_placements.push_back(tp_placement);
+  return out;
+}
+
+// An FSDP mesh made by _flatten of the root's leading dims (root[{"dp", "cp"}]._flatten(), as
+// torchtitan shards over "dp_shard_cp") with the tensor-parallel mesh the root's last dim: the
+// 2-D mesh root[{<flattened name>, <tp name>}] the parameters then live on. nullopt for any
+// other FSDP mesh.
+std::optional<DeviceMesh> flattened_dp_mesh(const DeviceMesh& dp_mesh, const DeviceMesh& root, const DeviceMesh& tp) {
+  if (dp_mesh.ndim() != 1 || !dp_mesh.get_parent_mesh_dims().empty() || root.get_parent_mesh()) return std::nullopt;
+  const auto& tp_dims = tp.get_parent_mesh_dims();
+  if (tp.ndim() != 1 || tp_dims.size() != 1 || tp_dims[0] != root.ndim() - 1) return std::nullopt;
+  if (dp_mesh.size() * tp.size() != root.size() || dp_mesh.mesh_dim_names().empty()) return std::nullopt;
+  try {
+    return root[{dp_mesh.mesh_dim_names()[0], tp.mesh_dim_names()[0]}];
+  } catch (const c10::Error&) {
+    return std::nullopt;  // not a flattened dim of the root, or not before the tp dim
+  }
+}
+
 // The layout of a tensor-parallel parameter (NOTE: [FSDP over tensor-parallel parameters]),
 // or an error naming the parameter, the meshes and what would work.
 TPSharding tp_sharding(const torch::nn::Module& module, const std::string& fqn, const DeviceMesh& dp_mesh,
@@ -118,7 +160,8 @@ TPSharding tp_sharding(const torch::nn::Module& module, const std::string& fqn, 
   const std::string what = "parameter '" + fqn + "' is a DTensor " + to_string(spec.placements) + " on " +
                            spec.mesh.to_string() + " and the FSDP mesh is " + dp_mesh.to_string() + ": ";
   const std::string how = " (slice both from one mesh: mesh = init_device_mesh(\"cpu\", {dp, tp}, {\"dp\", \"tp\"}); "
-                          "parallelize on mesh[\"tp\"], fully_shard on mesh[\"dp\"])";
+                          "parallelize on mesh[\"tp\"], fully_shard on mesh[\"dp\"]; or, with context parallel, fully_shard on "
+                          "mesh[{\"dp\", \"cp\"}]._flatten() of a (dp, cp, tp) mesh)";
   auto dp_parent = dp_mesh.get_parent_mesh();
   auto tp_parent = spec.mesh.get_parent_mesh();
   if (!dp_parent || !tp_parent) {
@@ -134,6 +177,9 @@ TPSharding tp_sharding(const torch::nn::Module& module, const std::string& fqn, 
     fail(module, what + "FSDP supports 1-D tensor parallelism only, but the parameter's mesh has " +
                      std::to_string(spec.mesh.ndim()) + " dims");
   }
+  if (auto flat = flattened_dp_mesh(dp_mesh, *dp_parent, spec.mesh)) {
+    return tp_layout(module, what, spec, *flat, shard_dim, /*hsdp=*/false);
+  }
   std::vector<int64_t> dims = dp_mesh.get_parent_mesh_dims();
   for (int64_t d : spec.mesh.get_parent_mesh_dims()) dims.push_back(d);
   std::vector<int64_t> expected(static_cast<size_t>(dp_parent->ndim()));
@@ -144,23 +190,7 @@ TPSharding tp_sharding(const torch::nn::Module& module, const std::string& fqn, 
                      dims_to_string(dp_mesh.get_parent_mesh_dims()) + " and " +
                      dims_to_string(spec.mesh.get_parent_mesh_dims()) + how);
   }
-  const Placement& tp_placement = spec.placements[0];
-  if (is_partial(tp_placement)) {
-    fail(module, what + "a Partial parameter cannot be sharded; redistribute it to Shard or Replicate first");
-  }
-  if (!is_shard(tp_placement) && !is_replicate(tp_placement)) {
-    fail(module, what + "FSDP shards parameters whose tensor-parallel placement is Shard or Replicate, not " +
-                     to_string(tp_placement));
-  }
-  // Tensor parallelism splits shard_dim first: dp then splits each tp piece (PyTorch's
-  // split_factor = num_shards_map[shard_dim]).
-  const int64_t split_factor = is_shard(tp_placement, shard_dim) ? spec.mesh.size(0) : 1;
-  const Placement fsdp_placement = StridedShard(shard_dim, split_factor);  // a plain Shard when 1
-  TPSharding out{spec, *dp_parent, {}};
-  if (dp_mesh.ndim() == 2) out.spmd_placements.push_back(Replicate{});
-  out.spmd_placements.push_back(fsdp_placement);
-  out.spmd_placements.push_back(tp_placement);
-  return out;
+  return tp_layout(module, what, spec, *dp_parent, shard_dim, dp_mesh.ndim() == 2);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // dtensor/nn/functional.cpp: see NOTE: [Attention on DTensors].
 #include "dtensor/nn/functional.h"
 
+#include "dtensor/nn/functional_internal.h"
+
 #include "dtensor/compat.h"
 #include "dtensor/tensor/dtensor.h"
 
@@ -13,8 +15,15 @@ namespace functional {
 
 namespace {
 
+// The calling thread's attention override (context_parallel's ring attention), if any.
+detail::AttentionOverride& attention_override() {
+  thread_local detail::AttentionOverride f;
+  return f;
+}
+
 at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                            double dropout_p, bool is_causal) {
+  if (const auto& f = attention_override()) return f(q, k, v, mask, dropout_p, is_causal);
   c10::optional<at::Tensor> m;
   if (mask.defined()) m = mask;
   return compat::scaled_dot_product_attention(q, k, v, m, dropout_p, is_causal);
@@ -32,6 +41,11 @@ std::vector<Placement> attention_layout(const DTensorSpec& q) {
 }
 
 }  // namespace
+
+detail::AttentionOverride detail::exchange_attention_override(AttentionOverride f) {
+  std::swap(f, attention_override());
+  return f;
+}
 
 at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                         const at::Tensor& attn_mask, double dropout_p, bool is_causal) {
