@@ -78,6 +78,20 @@ bool FSDPState::holds_original(const c10::TensorImpl* impl) const {
   return false;
 }
 
+std::vector<torch::nn::Module*> FSDPState::modules() const {
+  std::vector<torch::nn::Module*> out{module_};
+  for (const auto& m : more_modules_) out.push_back(m.first);
+  return out;
+}
+
+bool FSDPState::is_group_module(const torch::nn::Module* module) const {
+  if (module == module_) return module_alive() == module;
+  for (const auto& m : more_modules_) {
+    if (m.first == module) return !m.second.expired();
+  }
+  return false;
+}
+
 const torch::nn::Module* FSDPState::module_alive() const {
   auto m = module_weak_.lock();
   return m ? m.get() : nullptr;
@@ -418,7 +432,7 @@ void FSDPState::lazy_init() {
       visit(fqn, *item.value());
     }
   };
-  visit("", *module_);
+  for (torch::nn::Module* m : modules()) visit("", *m);
 }
 
 FSDPState& FSDPState::root_or_self() {
@@ -467,7 +481,7 @@ std::vector<std::shared_ptr<FSDPState>> FSDPState::states_below(bool include_sel
       visit(*child);
     }
   };
-  visit(*module_);
+  for (torch::nn::Module* m : modules()) visit(*m);
   return out;
 }
 

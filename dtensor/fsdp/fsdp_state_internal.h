@@ -224,6 +224,12 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
 
   // Read by FSDPModule and the state-dict functions.
   torch::nn::Module& module() const { return *module_; }
+  // Every module of the group: the one it was made for, then those added by fully_shard over a
+  // list of modules (one group for several, NOTE: [FSDP over several modules]).
+  std::vector<torch::nn::Module*> modules() const;
+  void add_module(torch::nn::Module& module) { more_modules_.emplace_back(&module, module.shared_from_this()); }
+  // `module` is one of the group's modules and alive (not a new module at a dead one's address).
+  bool is_group_module(const torch::nn::Module* module) const;
   const DeviceMesh& mesh() const { return mesh_; }
   int64_t shard_size() const { return shard_size_; }
   int64_t shard_rank() const { return shard_rank_; }
@@ -251,6 +257,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
  private:
   torch::nn::Module* module_;
   std::weak_ptr<torch::nn::Module> module_weak_;
+  std::vector<std::pair<torch::nn::Module*, std::weak_ptr<torch::nn::Module>>> more_modules_;
   FullyShardOptions options_;
   DeviceMesh mesh_;
   c10::Device device_{c10::kCPU};

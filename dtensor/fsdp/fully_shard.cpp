@@ -33,7 +33,7 @@ std::shared_ptr<FSDPState> StateRegistry::lookup(const torch::nn::Module& module
   auto it = by_module_.find(&module);
   if (it == by_module_.end()) return nullptr;
   auto state = it->second.lock();
-  if (!state || state->module_alive() != &module) return nullptr;
+  if (!state || !state->is_group_module(&module)) return nullptr;
   return state;
 }
 
@@ -199,13 +199,17 @@ namespace {
 
 // The mesh fully_shard shards over, after the checks made before anything changes; resolves
 // the FSDP extension (NOTE: [FSDP extensions]) into `options`.
-DeviceMesh checked_mesh(torch::nn::Module& module, FullyShardOptions& options) {
+void check_module(torch::nn::Module& module) {
   if (StateRegistry::instance().lookup(module)) fail(module, "fully_shard was already applied to this module");
   try {
     (void)module.shared_from_this();
   } catch (const std::bad_weak_ptr&) {
     fail(module, "the module must be owned by a std::shared_ptr (a ModuleHolder or std::make_shared)");
   }
+}
+
+DeviceMesh checked_mesh(torch::nn::Module& module, FullyShardOptions& options) {
+  check_module(module);
   DeviceMesh mesh = options.mesh ? *options.mesh : init_device_mesh("cpu", {comm::default_group()->size()});
   if (mesh.ndim() != 1 && mesh.ndim() != 2) {
     fail(module, "the mesh must have 1 dim (FSDP) or 2 dims (replicate, shard) for HSDP, got " +
@@ -345,28 +349,106 @@ std::vector<PendingParam> pending_params(const torch::nn::Module& module, const 
   return pending;
 }
 
+// A new group over `modules` with the parameters `pending` (no communication).
+std::shared_ptr<FSDPState> make_state(const std::vector<torch::nn::Module*>& modules, FullyShardOptions options,
+                                      const DeviceMesh& mesh, std::vector<PendingParam> pending) {
+  auto state = std::make_shared<FSDPState>(*modules.front(), std::move(options), mesh);
+  for (size_t i = 1; i < modules.size(); ++i) state->add_module(*modules[i]);
+  state->set_orig_dtype(pending.empty() ? at::kFloat : pending.front().tensor.scalar_type());
+  for (auto& p : pending) {
+    state->remember_original(p.tensor);
+    state->add_param(p.fqn, std::move(p.regs), p.flat, p.shard_dim, std::move(p.tp));
+  }
+  return state;
+}
+
+// NOTE: [FSDP over several modules]
+// fully_shard over a list of modules (PyTorch's fully_shard([m1, m2]) and its
+// _register_group_forward_hooks) makes one group of all their parameters: one all-gather before
+// the first of them runs forward (its inputs carry the post-backward), one reshard after the last
+// of them has run (its output carries the pre-backward), one reduce-scatter in backward. A
+// forward must run each of them once, in any order; get_fsdp_module of any of them is the group.
+void register_hooks(const std::vector<torch::nn::Module*>& modules, const std::shared_ptr<FSDPState>& state) {
+  std::weak_ptr<FSDPState> weak = state;
+  if (modules.size() == 1) {
+    // The hooks hold the state (alive as long as the module).
+    nn::register_forward_pre_hook(*modules[0], [state](torch::nn::Module&, nn::ForwardInputs& inputs) {
+      state->pre_forward(inputs);
+    });
+    nn::register_forward_hook(*modules[0], [weak](torch::nn::Module&, const nn::ForwardInputs&, c10::IValue& output) {
+      if (auto s = weak.lock()) s->post_forward(output);
+    });
+  } else {
+    // The modules of the group that have not run in the current forward. A module that is not
+    // among them starts the next forward: this also recovers from a forward that raised
+    // half-way (its set never emptied).
+    auto to_run = std::make_shared<std::unordered_set<const torch::nn::Module*>>();
+    const std::unordered_set<const torch::nn::Module*> all(modules.begin(), modules.end());
+    for (torch::nn::Module* m : modules) {
+      nn::register_forward_pre_hook(*m, [state, to_run, all](torch::nn::Module& self, nn::ForwardInputs& inputs) {
+        if (to_run->count(&self) && to_run->size() < all.size()) return;  // another module began this forward
+        *to_run = all;
+        state->pre_forward(inputs);
+      });
+      nn::register_forward_hook(*m, [weak, to_run](torch::nn::Module& self, const nn::ForwardInputs&,
+                                                   c10::IValue& output) {
+        to_run->erase(&self);
+        if (!to_run->empty()) return;
+        if (auto s = weak.lock()) s->post_forward(output);
+      });
+    }
+  }
+  state->set_id(StateRegistry::instance().add(*modules.front(), state));
+  for (size_t i = 1; i < modules.size(); ++i) StateRegistry::instance().add(*modules[i], state);
+}
+
+// The modules of a list given to fully_shard, checked: none null, repeated, or inside another.
+std::vector<torch::nn::Module*> checked_modules(const std::vector<std::shared_ptr<torch::nn::Module>>& list) {
+  TORCH_CHECK(!list.empty(), "fully_shard: the list of modules is empty");
+  std::vector<torch::nn::Module*> out;
+  for (size_t i = 0; i < list.size(); ++i) {
+    TORCH_CHECK(list[i], "fully_shard: module ", i, " of the list is null");
+    for (size_t j = 0; j < i; ++j) {
+      TORCH_CHECK(list[j] != list[i], "fully_shard: module ", i, " of the list is module ", j, " again");
+      for (const auto* outer : {list[i].get(), list[j].get()}) {
+        const auto* inner = outer == list[i].get() ? list[j].get() : list[i].get();
+        for (const auto& d : outer->modules(/*include_self=*/false)) {
+          TORCH_CHECK(d.get() != inner, "fully_shard: module ", outer == list[i].get() ? j : i, " of the list (",
+                      module_type(*inner), ") is inside module ", outer == list[i].get() ? i : j, " (",
+                      module_type(*outer), "); give the list modules that do not contain each other");
+        }
+      }
+    }
+    out.push_back(list[i].get());
+  }
+  return out;
+}
+
 }  // namespace
 
 FSDPModule fully_shard(torch::nn::Module& module, FullyShardOptions options) {
   // Checks, before anything changes.
   DeviceMesh mesh = checked_mesh(module, options);
   std::vector<PendingParam> pending = pending_params(module, options, mesh, managed_modules(module));
-  // Sharding (no communication).
-  auto state = std::make_shared<FSDPState>(module, std::move(options), mesh);
-  state->set_orig_dtype(pending.empty() ? at::kFloat : pending.front().tensor.scalar_type());
-  for (auto& p : pending) {
-    state->remember_original(p.tensor);
-    state->add_param(p.fqn, std::move(p.regs), p.flat, p.shard_dim, std::move(p.tp));
+  auto state = make_state({&module}, std::move(options), mesh, std::move(pending));
+  register_hooks({&module}, state);
+  return FSDPModuleAccess::make(state);
+}
+
+FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules, FullyShardOptions options) {
+  const std::vector<torch::nn::Module*> list = checked_modules(modules);
+  DeviceMesh mesh = checked_mesh(*list.front(), options);
+  Managed managed;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (i > 0) check_module(*list[i]);
+    for (auto& entry : managed_modules(*list[i])) {
+      const std::string prefix = "modules[" + std::to_string(i) + "]";
+      managed.emplace_back(entry.first.empty() ? prefix : prefix + "." + entry.first, entry.second);
+    }
   }
-  std::weak_ptr<FSDPState> weak = state;
-  // The hooks hold the state (alive as long as the module).
-  nn::register_forward_pre_hook(module, [state](torch::nn::Module&, nn::ForwardInputs& inputs) {
-    state->pre_forward(inputs);
-  });
-  nn::register_forward_hook(module, [weak](torch::nn::Module&, const nn::ForwardInputs&, c10::IValue& output) {
-    if (auto s = weak.lock()) s->post_forward(output);
-  });
-  state->set_id(StateRegistry::instance().add(module, state));
+  std::vector<PendingParam> pending = pending_params(*list.front(), options, mesh, managed);
+  auto state = make_state(list, std::move(options), mesh, std::move(pending));
+  register_hooks(list, state);
   return FSDPModuleAccess::make(state);
 }
 

@@ -305,6 +305,15 @@ FSDPModule fully_shard(const torch::nn::ModuleHolder<Impl>& module, FullyShardOp
   return fully_shard(*module.ptr(), std::move(options));
 }
 
+// PyTorch's fully_shard([m1, m2, ...]): one group over the parameters of several modules
+// (NOTE: [FSDP over several modules]): one all-gather before the first of them runs forward,
+// one reshard after the last, one reduce-scatter in backward. Each forward must run every
+// module of the list once. The returned FSDPModule (and get_fsdp_module of each of them) is the
+// group; its module() is the first. Throws, before anything changes, for an empty list, a null
+// or repeated module, a module inside another of the list, and everything the one-module form
+// throws for.
+FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules, FullyShardOptions options = {});
+
 // The FSDP state of `module`, if fully_shard was applied to it.
 std::optional<FSDPModule> get_fsdp_module(const torch::nn::Module& module);
 

@@ -256,6 +256,62 @@ DTENSOR_TEST_F(FsdpThreads, MLPStackedTrainingMatchesOneRank) {
   DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // reshard_after_forward=2
   stacked_parity(*this, parity_cases());
 }
+// fully_shard over a list of modules (NOTE: [FSDP over several modules]; PyTorch's
+// fully_shard([m1, m2])): layers 0 and 1 of a 3-layer MLPStacked as one group, layer 2 alone.
+// 2 groups: 2 all-gathers in forward, 2 reduce-scatters in backward, and training matches one
+// rank; the pair reports one group, unsharded and resharded together.
+int shard_stacked_pair(models::MLPStacked& m, const DeviceMesh&, const fsdp::FullyShardOptions& opts) {
+  fsdp::fully_shard({m->layers->ptr(0), m->layers->ptr(1)}, opts);
+  fsdp::fully_shard(*m->layers->ptr(2), opts);
+  fsdp::fully_shard(m, opts);  // no parameters of its own: no group
+  return 2;
+}
+
+void list_group_parity(testing::MultiRankTest& t, const std::vector<Optim>& optims) {
+  for (Optim o : optims) {
+    const ParityCase c{std::nullopt, o, 3};
+    check_parity<models::MLPStacked>(
+        t, [] { return models::MLPStacked(c10::Device(c10::kCPU), 3); }, shard_stacked_pair, values({8, 10}, 0.1), c,
+        [](int g) { return g; });
+  }
+}
+
+DTENSOR_TEST_F(FsdpGloo, ListOfModulesIsOneGroup) { list_group_parity(*this, {Optim::kAdam}); }
+DTENSOR_TEST_F(FsdpThreads, ListOfModulesIsOneGroup) {
+  list_group_parity(*this, {Optim::kSGD, Optim::kAdam});
+  models::MLPStacked m(c10::Device(c10::kCPU), 3);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = build_device_mesh();
+  opts.reshard_after_forward = fsdp::ReshardAfterForward(true);  // the pair is a root here
+  fsdp::FSDPModule pair = fsdp::fully_shard({m->layers->ptr(0), m->layers->ptr(1)}, opts);
+  EXPECT_EQ(&pair.module(), m->layers->ptr(0).get());
+  EXPECT_EQ(pair.sharded_parameters().size(),
+            m->layers->ptr(0)->parameters().size() + m->layers->ptr(1)->parameters().size());
+  auto second = fsdp::get_fsdp_module(*m->layers->ptr(1));
+  ASSERT_TRUE(second.has_value());
+  pair.unshard();
+  EXPECT_TRUE(second->is_unsharded());
+  second->reshard();
+  EXPECT_FALSE(pair.is_unsharded());
+  // Unsharded from the first module's forward to the last one's. A forward that stops half-way
+  // (as one that raises does) leaves layer 1 to run; layer 0 running again starts a new forward.
+  at::NoGradGuard no_grad;
+  const at::Tensor x = values({2, 10});
+  auto l0 = m->layers->ptr<models::MLPModuleImpl>(0), l1 = m->layers->ptr<models::MLPModuleImpl>(1);
+  nn::call(*l0, x);
+  EXPECT_TRUE(pair.is_unsharded());
+  const at::Tensor y = nn::call(*l0, x);
+  EXPECT_TRUE(pair.is_unsharded());
+  nn::call(*l1, y);
+  EXPECT_FALSE(pair.is_unsharded());
+  // A forward that raises in the first module, then a reshard: the next forward all-gathers again.
+  const at::Tensor expected = nn::call(*l1, nn::call(*l0, x));
+  EXPECT_THROW(nn::call(*l0, values({2, 7})), c10::Error);
+  pair.reshard();
+  EXPECT_TRUE(at::allclose(nn::call(*l1, nn::call(*l0, x)), expected));
+  EXPECT_FALSE(pair.is_unsharded());
+}
+
 DTENSOR_TEST_F(FsdpThreads, TransformerTrainingMatchesOneRank) {
   DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // reshard_after_forward=2
   transformer_parity(*this, parity_cases());
@@ -1968,5 +2024,22 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpShardedTensorStateDictRoundTrips) {
   expect_error([&] { fsdp::load_sharded_tensor_state_dict(*other, missing); },
                "fsdp::load_sharded_tensor_state_dict: missing entry 'tok_embeddings.weight'");
 }
+// Bad lists raise before anything changes, naming the module.
+DTENSOR_TEST_F(FsdpThreads, BadListsOfModulesAreErrors) {
+  models::MLPStacked m(c10::Device(c10::kCPU), 3);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = build_device_mesh();
+  std::shared_ptr<torch::nn::Module> l0 = m->layers->ptr(0), l1 = m->layers->ptr(1);
+  expect_error([&] { fsdp::fully_shard(std::vector<std::shared_ptr<torch::nn::Module>>{}, opts); },
+               "the list of modules is empty");
+  expect_error([&] { fsdp::fully_shard({l0, l0}, opts); }, "module 1 of the list is module 0 again");
+  expect_error([&] { fsdp::fully_shard({m->layers.ptr(), l1}, opts); }, "module 1 of the list (");
+  expect_error([&] { fsdp::fully_shard({l0, m.ptr()}, opts); }, "is inside module 1");
+  fsdp::fully_shard(*l1, opts);
+  expect_error([&] { fsdp::fully_shard({l0, l1}, opts); }, "fully_shard was already applied to this module");
+  EXPECT_FALSE(fsdp::get_fsdp_module(*l0).has_value());  // nothing changed
+  fsdp::fully_shard({l0, m->layers->ptr(2)}, opts);
+}
+
 }  // namespace
 }  // namespace dtensor
