@@ -111,15 +111,21 @@ at::Tensor reduce_scatter_input(const std::vector<FSDPParam>& params, std::vecto
 // float64) risk overflow: the factor (default: the data-parallel size) is split into a
 // power-of-two pre-divisor near its square root, applied to the input, and the rest, applied to
 // the reduced output. Pre-scaling rounds differently from dividing the sum (by ~1e-7 relative in
-// float32 for a factor that is not a power of two), which exact-parity tests see.
+// float32 for a factor that is not a power of two), which exact-parity tests see. With
+// set_force_sum_reduction_for_comms(true) (PyTorch's force_sum_reduction_for_comms: sum-only
+// collectives), float32 and bfloat16 sums are divided after the reduction instead.
 struct GradientDivide {
   double premul = 1, pre_divide = 1, all_reduce_premul = 1, post_divide = 1;
 };
 
 GradientDivide gradient_divide(at::ScalarType reduce_dtype, int64_t shard, int64_t replicate,
-                               std::optional<double> factor) {
+                               std::optional<double> factor, bool force_sum) {
   GradientDivide d;
   const bool overflow_risk = reduce_dtype != at::kFloat && reduce_dtype != at::kBFloat16;
+  if (!overflow_risk && force_sum) {
+    d.post_divide = factor.value_or(static_cast<double>(shard * replicate));
+    return d;
+  }
   if (!overflow_risk) {
     if (!factor) {
       d.premul = 1.0 / static_cast<double>(shard);
@@ -355,7 +361,7 @@ void FSDPState::post_backward() {
 
 void FSDPState::reduce_scatter_grads(std::vector<at::Tensor> grads) {
   at::NoGradGuard no_grad;
-  const GradientDivide divide = gradient_divide(reduce_dtype(), shard_size_, replicate_size_, divide_factor_);
+  const GradientDivide divide = gradient_divide(reduce_dtype(), shard_size_, replicate_size_, divide_factor_, force_sum_);
   PendingReduceScatter rs;
   rs.all_reduce_premul = divide.all_reduce_premul;
   rs.post_divide = divide.post_divide;

@@ -249,6 +249,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   void set_forward_prefetch(std::vector<std::weak_ptr<FSDPState>> states) { forward_prefetch_ = std::move(states); }
   void set_backward_prefetch(std::vector<std::weak_ptr<FSDPState>> states) { backward_prefetch_ = std::move(states); }
   void set_divide_factor(double factor) { divide_factor_ = factor; }
+  void set_force_sum(bool value) { force_sum_ = value; }
   void set_unshard_in_backward(bool value) { unshard_in_backward_ = value; }
   void set_requires_all_reduce(bool value) { requires_all_reduce_ = value; }
   void set_all_reduce_hook(std::function<void(at::Tensor&)> hook) { all_reduce_hook_ = std::move(hook); }
@@ -273,6 +274,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   bool requires_gradient_sync_ = true;
   bool is_last_backward_ = true;
   std::optional<double> divide_factor_;
+  bool force_sum_ = false;
   bool unshard_in_backward_ = true;
   bool requires_all_reduce_ = true;
   std::function<void(at::Tensor&)> all_reduce_hook_;

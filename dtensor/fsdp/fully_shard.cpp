@@ -508,6 +508,7 @@ void FSDPModule::set_gradient_divide_factor(double factor) {
   TORCH_CHECK(factor > 0, "set_gradient_divide_factor: the factor must be positive, got ", factor);
   state_->set_divide_factor(factor);
 }
+void FSDPModule::set_force_sum_reduction_for_comms(bool enable) { state_->set_force_sum(enable); }
 void FSDPModule::set_unshard_in_backward(bool unshard_in_backward) {
   state_->set_unshard_in_backward(unshard_in_backward);
 }

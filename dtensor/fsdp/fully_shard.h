@@ -251,6 +251,11 @@ class FSDPModule {
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
   // Gradients are summed then divided by `factor` instead of the data-parallel size.
   void set_gradient_divide_factor(double factor);
+  // true: the gradient collectives only sum, and the division by the data-parallel size (or the
+  // factor above) is applied to the reduced gradient, where by default each rank's gradient is
+  // scaled before the sum as NCCL's AVG / PREMUL_SUM do (NOTE: [FSDP gradient divide]). This
+  // group only, as PyTorch.
+  void set_force_sum_reduction_for_comms(bool enable);
   // false: this group's pre-backward does not all-gather its parameters, for a group whose
   // backward does not read them (an embedding's gradient needs only the indices). Its
   // gradients are still reduced. Set it only when that holds: a backward that reads the

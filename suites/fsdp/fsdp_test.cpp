@@ -702,6 +702,40 @@ DTENSOR_TEST_F(FsdpThreads, GradientDivideFactorPreScalesAsPyTorch) {
   ASSERT_TRUE(rounding_differs) << "these gradients cannot tell pre-scaling from dividing the sum";
 }
 
+// set_force_sum_reduction_for_comms(true) with the factor 3: the collectives sum the unscaled
+// gradients and the sum is divided by 3 after (PyTorch's force_sum_reduction_for_comms), so every
+// sharded gradient equals rank 0's gradient divided by 3 bit for bit (not times 1/3, as above).
+DTENSOR_TEST_F(FsdpThreads, ForceSumReductionDividesTheSum) {
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
+  UnevenMLP ref, model;
+  init_deterministic(*ref);
+  init_deterministic(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  shard_uneven(model, mesh, opts);
+  constexpr double kFactor = 3;
+  std::vector<torch::nn::Module*> groups{model.ptr().get()};
+  for (size_t i = 0; i < model->layers->size(); ++i) groups.push_back(model->layers[i].get());
+  for (auto* m : groups) {
+    fsdp::get_fsdp_module(*m)->set_gradient_divide_factor(kFactor);
+    fsdp::get_fsdp_module(*m)->set_force_sum_reduction_for_comms(true);
+  }
+  const at::Tensor global = values({2 * ranks(), 7}, 0.4);
+  mean_square(nn::call(ref, my_rows(global, 0, ranks()))).backward();
+  (mean_square(nn::call(model, my_rows(global, rank(), ranks()))) * (rank() == 0 ? 1.0 : 0.0)).backward();
+  bool rounding_differs = false;
+  auto r = nn::named_parameters(*ref), s = nn::named_parameters(*model);
+  ASSERT_EQ(r.size(), s.size());
+  for (size_t i = 0; i < r.size(); ++i) {
+    const at::Tensor g = r[i].second.grad();
+    rounding_differs = rounding_differs || !(g * (1.0 / kFactor)).equal(g / kFactor);
+    const DTensorSpec& spec = get_spec(s[i].second);
+    const at::Tensor expected = local_tensor(distribute_tensor(g / kFactor, spec.mesh, spec.placements));
+    EXPECT_TRUE(expected.equal(local_tensor(s[i].second.grad()))) << r[i].first;
+  }
+  ASSERT_TRUE(rounding_differs) << "these gradients cannot tell dividing the sum from pre-scaling";
+}
+
 // Gradient accumulation under bf16 compute / fp32 reduction: PyTorch keeps the gradients of
 // micro-batches run without gradient sync in the reduce dtype (FSDPParam's
 // to_accumulated_grad_if_needed), so 4 micro-batches are summed in fp32. Reference: a bf16 copy
