@@ -47,6 +47,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <functional>
 #include <mutex>
 
 namespace dtensor {
@@ -237,16 +238,18 @@ struct LossStep {
   at::Tensor logits, target, target_dt;
 };
 
-// mode 0: loss_parallel(); 1: the sharding rules (the logits gathered).
-void BM_LossParallelThreads(benchmark::State& state) {
-  const bool parallel = state.range(0) == 0;
+// Runs one rank's step (made by `make` on a 1-D mesh of kWorld thread ranks): a warm-up step,
+// then one step measured (rank 0's collectives; the largest per-rank peak above what the rank
+// held before), then the timed loop. A rank that fails skips the benchmark with its error.
+template <class Step>
+void run_thread_steps(benchmark::State& state, const std::function<std::shared_ptr<Step>(const DeviceMesh&)>& make) {
   TrackingAllocator::install();
   auto world = comm::ThreadWorld::create(kWorld);
   ThreadFigures fig;
   bench::RankThreads ranks(kWorld, [&](int r) -> bench::RankThreads::Step {
     TrackingAllocator::set_slot(r + 1);
     auto counting = std::make_shared<testing::CountingGroup>(std::make_shared<comm::ThreadGroup>(world, r));
-    auto t = std::make_shared<LossStep>(init_device_mesh("cpu", {kWorld}, {}, counting), parallel);
+    std::shared_ptr<Step> t = make(init_device_mesh("cpu", {kWorld}, {}, counting));
     t->step();  // warm-up: the propagation cache
     counting->reset();
     auto& mem = TrackingAllocator::install();
@@ -265,8 +268,14 @@ void BM_LossParallelThreads(benchmark::State& state) {
   }
   state.counters["collectives"] = static_cast<double>(fig.collectives);
   state.counters["step_peak_bytes"] = static_cast<double>(fig.peak_bytes);
-  state.counters["logits_bytes"] = static_cast<double>(kLossRows * kVocab * 4);
   for (auto _ : state) ranks.step();
+}
+
+// mode 0: loss_parallel(); 1: the sharding rules (the logits gathered).
+void BM_LossParallelThreads(benchmark::State& state) {
+  const bool parallel = state.range(0) == 0;
+  state.counters["logits_bytes"] = static_cast<double>(kLossRows * kVocab * 4);
+  run_thread_steps<LossStep>(state, [parallel](const DeviceMesh& mesh) { return std::make_shared<LossStep>(mesh, parallel); });
 }
 
 // ---- context parallel ------------------------------------------------------------------------
@@ -314,32 +323,7 @@ struct RingStep {
 // mode 0: ring attention; 1: K and V all-gathered.
 void BM_RingAttentionThreads(benchmark::State& state) {
   const bool ring = state.range(0) == 0;
-  TrackingAllocator::install();
-  auto world = comm::ThreadWorld::create(kWorld);
-  ThreadFigures fig;
-  bench::RankThreads ranks(kWorld, [&](int r) -> bench::RankThreads::Step {
-    TrackingAllocator::set_slot(r + 1);
-    auto counting = std::make_shared<testing::CountingGroup>(std::make_shared<comm::ThreadGroup>(world, r));
-    auto t = std::make_shared<RingStep>(init_device_mesh("cpu", {kWorld}, {}, counting), ring);
-    t->step();  // warm-up
-    counting->reset();
-    auto& mem = TrackingAllocator::install();
-    mem.reset_peak(r + 1);
-    const int64_t before = mem.current(r + 1);
-    t->step();
-    const int64_t peak = mem.peak(r + 1) - before;
-    std::lock_guard<std::mutex> lk(fig.mu);
-    if (r == 0) fig.collectives = counting->collectives();
-    fig.peak_bytes = std::max(fig.peak_bytes, peak);
-    return [t] { t->step(); };
-  });
-  if (!ranks.error().empty()) {
-    state.SkipWithError(ranks.error().c_str());
-    return;
-  }
-  state.counters["collectives"] = static_cast<double>(fig.collectives);
-  state.counters["step_peak_bytes"] = static_cast<double>(fig.peak_bytes);
-  for (auto _ : state) ranks.step();
+  run_thread_steps<RingStep>(state, [ring](const DeviceMesh& mesh) { return std::make_shared<RingStep>(mesh, ring); });
 }
 
 // ---- FSDP x TP x CP ------------------------------------------------------------------------------

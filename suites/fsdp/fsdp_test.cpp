@@ -669,71 +669,52 @@ DTENSOR_TEST_F(FsdpThreads, GradientDivideFactor) {
   expect_sharded_parity(*ref, *model, /*grads=*/true, "sum");
 }
 
-// set_gradient_divide_factor(3): PyTorch reduces float32 with ReduceOp.PREMUL_SUM(1/3), each
-// rank's gradient scaled by 1/3 before the sum (_get_gradient_divide_factors in
-// _fsdp_collectives.py), which rounds differently from dividing the sum by 3. Only rank 0's loss
-// counts (the others' is multiplied by 0), so the sum is exact whatever its order, and every
-// sharded gradient equals rank 0's gradient times 1/3 bit for bit.
-DTENSOR_TEST_F(FsdpThreads, GradientDivideFactorPreScalesAsPyTorch) {
-  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
+// set_gradient_divide_factor(3) on every group, with force_sum_reduction_for_comms or not, then
+// one backward where only rank 0's loss counts (the others' is multiplied by 0), so the sum is
+// exact whatever its order: every sharded gradient must equal `expected_of(rank 0's gradient)`
+// bit for bit. The gradients are checked to tell g * (1/3) from g / 3.
+void check_divided_gradients(testing::MultiRankTest& t, bool force_sum,
+                             const std::function<at::Tensor(const at::Tensor&)>& expected_of) {
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, t.group_ptr());
   UnevenMLP ref, model;
   init_deterministic(*ref);
   init_deterministic(*model);
   fsdp::FullyShardOptions opts;
   opts.mesh = mesh;
   shard_uneven(model, mesh, opts);
-  constexpr double kFactor = 3;
-  fsdp::get_fsdp_module(*model)->set_gradient_divide_factor(kFactor);
-  for (size_t i = 0; i < model->layers->size(); ++i) fsdp::get_fsdp_module(*model->layers[i])->set_gradient_divide_factor(kFactor);
-  const at::Tensor global = values({2 * ranks(), 7}, 0.4);
-  mean_square(nn::call(ref, my_rows(global, 0, ranks()))).backward();
-  (mean_square(nn::call(model, my_rows(global, rank(), ranks()))) * (rank() == 0 ? 1.0 : 0.0)).backward();
+  std::vector<torch::nn::Module*> groups{model.ptr().get()};
+  for (size_t i = 0; i < model->layers->size(); ++i) groups.push_back(model->layers[i].get());
+  for (auto* m : groups) {
+    fsdp::get_fsdp_module(*m)->set_gradient_divide_factor(3);
+    if (force_sum) fsdp::get_fsdp_module(*m)->set_force_sum_reduction_for_comms(true);
+  }
+  const at::Tensor global = values({2 * t.ranks(), 7}, 0.4);
+  mean_square(nn::call(ref, my_rows(global, 0, t.ranks()))).backward();
+  (mean_square(nn::call(model, my_rows(global, t.rank(), t.ranks()))) * (t.rank() == 0 ? 1.0 : 0.0)).backward();
   bool rounding_differs = false;
   auto r = nn::named_parameters(*ref), s = nn::named_parameters(*model);
   ASSERT_EQ(r.size(), s.size());
   for (size_t i = 0; i < r.size(); ++i) {
     const at::Tensor g = r[i].second.grad();
-    const at::Tensor prescaled = g * (1.0 / kFactor);
-    rounding_differs = rounding_differs || !prescaled.equal(g / kFactor);
+    rounding_differs = rounding_differs || !(g * (1.0 / 3)).equal(g / 3);
     const DTensorSpec& spec = get_spec(s[i].second);
-    const at::Tensor expected = local_tensor(distribute_tensor(prescaled, spec.mesh, spec.placements));
+    const at::Tensor expected = local_tensor(distribute_tensor(expected_of(g), spec.mesh, spec.placements));
     EXPECT_TRUE(expected.equal(local_tensor(s[i].second.grad()))) << r[i].first;
   }
   ASSERT_TRUE(rounding_differs) << "these gradients cannot tell pre-scaling from dividing the sum";
 }
 
-// set_force_sum_reduction_for_comms(true) with the factor 3: the collectives sum the unscaled
-// gradients and the sum is divided by 3 after (PyTorch's force_sum_reduction_for_comms), so every
-// sharded gradient equals rank 0's gradient divided by 3 bit for bit (not times 1/3, as above).
+// PyTorch reduces float32 with ReduceOp.PREMUL_SUM(1/3): each rank's gradient scaled by 1/3
+// before the sum (_get_gradient_divide_factors in _fsdp_collectives.py), which rounds
+// differently from dividing the sum by 3.
+DTENSOR_TEST_F(FsdpThreads, GradientDivideFactorPreScalesAsPyTorch) {
+  check_divided_gradients(*this, /*force_sum=*/false, [](const at::Tensor& g) { return g * (1.0 / 3); });
+}
+
+// set_force_sum_reduction_for_comms(true): the collectives sum the unscaled gradients and the
+// sum is divided by 3 after (PyTorch's force_sum_reduction_for_comms).
 DTENSOR_TEST_F(FsdpThreads, ForceSumReductionDividesTheSum) {
-  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
-  UnevenMLP ref, model;
-  init_deterministic(*ref);
-  init_deterministic(*model);
-  fsdp::FullyShardOptions opts;
-  opts.mesh = mesh;
-  shard_uneven(model, mesh, opts);
-  constexpr double kFactor = 3;
-  std::vector<torch::nn::Module*> groups{model.ptr().get()};
-  for (size_t i = 0; i < model->layers->size(); ++i) groups.push_back(model->layers[i].get());
-  for (auto* m : groups) {
-    fsdp::get_fsdp_module(*m)->set_gradient_divide_factor(kFactor);
-    fsdp::get_fsdp_module(*m)->set_force_sum_reduction_for_comms(true);
-  }
-  const at::Tensor global = values({2 * ranks(), 7}, 0.4);
-  mean_square(nn::call(ref, my_rows(global, 0, ranks()))).backward();
-  (mean_square(nn::call(model, my_rows(global, rank(), ranks()))) * (rank() == 0 ? 1.0 : 0.0)).backward();
-  bool rounding_differs = false;
-  auto r = nn::named_parameters(*ref), s = nn::named_parameters(*model);
-  ASSERT_EQ(r.size(), s.size());
-  for (size_t i = 0; i < r.size(); ++i) {
-    const at::Tensor g = r[i].second.grad();
-    rounding_differs = rounding_differs || !(g * (1.0 / kFactor)).equal(g / kFactor);
-    const DTensorSpec& spec = get_spec(s[i].second);
-    const at::Tensor expected = local_tensor(distribute_tensor(g / kFactor, spec.mesh, spec.placements));
-    EXPECT_TRUE(expected.equal(local_tensor(s[i].second.grad()))) << r[i].first;
-  }
-  ASSERT_TRUE(rounding_differs) << "these gradients cannot tell dividing the sum from pre-scaling";
+  check_divided_gradients(*this, /*force_sum=*/true, [](const at::Tensor& g) { return g / 3; });
 }
 
 // Gradient accumulation under bf16 compute / fp32 reduction: PyTorch keeps the gradients of
