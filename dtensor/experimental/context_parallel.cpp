@@ -47,6 +47,9 @@ void check_buffers(const DeviceMesh& mesh, const std::vector<at::Tensor>& buffer
     TORCH_CHECK(dims[i] >= -b.dim() && dims[i] < b.dim(), what, " of shape ", b.sizes(), " has no dim ", dims[i]);
     TORCH_CHECK(!b.requires_grad(), what, " requires grad; context_parallel shards inputs (tokens, labels, "
                 "positional tables), not parameters");
+    for (size_t j = 0; j < i; ++j) {
+      TORCH_CHECK(!buffers[j].is_same(b), what, " is buffer ", j, " again; give each tensor once");
+    }
     const int64_t n = b.size(c10::maybe_wrap_dim(dims[i], b.dim()));
     TORCH_CHECK(n % pieces(world, o) == 0, what, " has sequence length ", n, " along dim ", dims[i],
                 ", not divisible by ", pieces(world, o), o.load_balance ? " (2 chunks per rank for the head-tail "

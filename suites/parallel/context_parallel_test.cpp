@@ -127,6 +127,8 @@ DTENSOR_TEST_F(ContextParallelTest, BadInputIsAnErrorOnEveryRank) {
   EXPECT_PRED2(contains, error_of([&] { auto cp = context_parallel(mesh, {p}, {0}); }), "requires grad");
   EXPECT_PRED2(contains, error_of([&] { auto cp = context_parallel(mesh, {x}, {1}, {y}); }),
                "not one of the buffers");
+  EXPECT_PRED2(contains, error_of([&] { auto cp = context_parallel(mesh, {x, y, x}, {1, 1, 1}); }),
+               "buffer 2 is buffer 0 again");
   EXPECT_EQ(x.size(1), 4 * w);
   if (w % 2 == 0) {
     auto mesh2 = init_device_mesh(device_type(), {2, w / 2}, {"dp", "cp"}, group_ptr());
