@@ -108,6 +108,7 @@ class ExternalJob {
   void shutdown();
 
  private:
+  void check_out();
   void join(const comm::RendezvousInfo& info);
   void host_backup_store(const comm::RendezvousInfo& info);
   void join_failed(const comm::RendezvousInfo& info, const std::exception& e, Clock::time_point join_start);
@@ -128,7 +129,8 @@ class ExternalJob {
   bool checked_ = false;
   comm::GroupPtr group_;
   std::vector<comm::GroupPtr> retired_;        // NOTE: [The external job is never destroyed]
-  c10::intrusive_ptr<c10d::Store> store_;      // the main thread's connection (rank 0: the server)
+  c10::intrusive_ptr<c10d::Store> store_;      // the main thread's connection
+  c10::intrusive_ptr<c10d::Store> server_;     // rank 0: the job's store (NOTE: [Rank 0 stops its store before it exits])
   c10::intrusive_ptr<c10d::TCPStore> backup_;  // rank 1: the backup store it hosts
   std::string backup_host_;
   int backup_port_ = 0;
@@ -136,6 +138,7 @@ class ExternalJob {
   int test_ = 0;
   std::string broken_;  // non-empty: no further test can run, and why
   int live_ = 0;        // ranks expected to check out at the end (not stuck, not gone)
+  bool checked_out_ = false;  // rank 0: every rank checked out at the end
   bool rank_zero_gone_ = false;
   bool joined_ = false;
   std::string join_error_;             // joining the job failed: the first test fails with this
@@ -295,7 +298,9 @@ void ExternalJob::join(const comm::RendezvousInfo& info) {
   // several, or whose hostname does not resolve to the one the job uses).
   const std::string ifname = env_or("GLOO_SOCKET_IFNAME", "");
   if (!ifname.empty()) group_options_.gloo_hostname = interface_address(ifname);
-  store_ = comm::make_tcp_store(info.master_addr, info.master_port, info.rank, info.world_size, group_options_.timeout);
+  if (info.rank == 0)
+    server_ = comm::make_tcp_store(info.master_addr, info.master_port, 0, info.world_size, group_options_.timeout);
+  store_ = connect_store(info.master_addr, info.master_port, group_options_.timeout);
   store_->set(kPrefix + "arrived/" + std::to_string(info.rank), str_bytes("1"));  // NOTE: [Who could not join]
   // Everything that needs every rank alive happens before the group's creation, which no
   // rank leaves before all have arrived: a rank 0 failing in its first test cannot stop a
@@ -522,9 +527,26 @@ void ExternalJob::after_test(const TestRun& t, const Gathered& g) {
   }
 }
 
+// NOTE: [Rank 0 stops its store before it exits]
+// The job's store is served by a thread of rank 0 (TCPStore's daemon), which reads every peer's
+// requests and notices each peer's connection close. Left running into exit(), it met a peer
+// that closed while libtorch's statics were being destroyed, built the c10::Error it raises
+// for a closed connection, and called c10's stack-trace fetcher, already gone: a segfault after
+// rank 0 had reported every test passed (about 1 run in 10 of ci/multihost with PyTorch 2.x).
+// So rank 0 hosts the store in an object of its own (server_; its own requests go through a
+// connection like any peer's) and destroys it, which stops and joins the daemon, once every
+// rank has checked out: then no peer has a request in flight, so the daemon cannot be in the
+// middle of reading one. When a rank did not check out (stuck, gone, cut off, a request may
+// be half read), the server is left running, as before. Rank 1's backup store, asked only
+// when rank 0 is gone, is stopped likewise when rank 0 was not.
 void ExternalJob::shutdown() {
   watchdog_.stop();
-  if (!joined_) return;
+  if (joined_) check_out();
+  if (checked_out_ && server_) server_.reset();
+  if (!rank_zero_gone_ && backup_) backup_.reset();
+}
+
+void ExternalJob::check_out() {
   const int me = info_->rank, n = info_->world_size;
   if (live_ == 0) live_ = n;
   try {
@@ -544,8 +566,10 @@ void ExternalJob::shutdown() {
       store_->add(kPrefix + "done", 1);
       if (me == 0) {
         const auto until = Clock::now() + kReportWait;
-        while (Clock::now() < until && store_->add(kPrefix + "done", 0) < live_)
+        int64_t done = 0;
+        while (Clock::now() < until && (done = store_->add(kPrefix + "done", 0)) < live_)
           std::this_thread::sleep_for(kExternalPoll);
+        checked_out_ = done == n;
       }
     }
   } catch (const std::exception&) {

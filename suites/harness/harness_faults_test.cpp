@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -114,6 +115,25 @@ DTENSOR_TEST_F(Faults, DISABLED_EveryRankSkips) { GTEST_SKIP() << "nothing to do
 DTENSOR_TEST_F(Faults, DISABLED_EveryRankSkipsAfterMesh) {
   DeviceMesh mesh = init_device_mesh("cpu", {group().size()});
   GTEST_SKIP() << "mesh of " << mesh.size() << " made";
+}
+
+// Run under an external launcher: rank 0 leaves a probe for its exit(), which runs after the
+// harness's last word (every test reported, the job left). The probe connects to the job's
+// store (MASTER_PORT on 127.0.0.1) and says whether it still accepts connections.
+void probe_the_store_at_exit() {
+  const char* port = std::getenv("MASTER_PORT");
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port ? std::atoi(port) : 0));
+  const bool serving = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  if (fd >= 0) ::close(fd);
+  std::fprintf(stderr, "[probe] the job's store at exit: %s\n", serving ? "still serving" : "stopped");
+}
+
+DTENSOR_TEST_F(Faults, DISABLED_RankZeroProbesTheStoreAtExit) {
+  if (rank() == 0) std::atexit(probe_the_store_at_exit);
 }
 
 // A plain 1-D mesh creation in a passing test.
@@ -876,6 +896,17 @@ TEST(HarnessReports, ExternalStoreHostLostWithoutAWordIsReportedByTheFirstSurviv
     EXPECT_LT(runs[r].seconds, 20) << "found at the timeout, not when the store stopped answering:\n"
                                    << runs[r].output;
   }
+}
+
+// NOTE: [Rank 0 stops its store before it exits] (harness/internal/external.cpp): once every
+// rank checked out, rank 0's store is stopped before its exit() begins. Before, its daemon
+// thread still served then, into the teardown of libtorch's statics, where a peer's
+// connection closing crashed rank 0 after it had reported every test passed.
+TEST(HarnessReports, ExternalStoreIsStoppedBeforeRankZeroExits) {
+  auto runs = run_external_job("Faults.DISABLED_RankZeroProbesTheStoreAtExit", 2);
+  EXPECT_CONTAINS(runs[0].output, "[       OK ] Faults.DISABLED_RankZeroProbesTheStoreAtExit");
+  EXPECT_CONTAINS(runs[0].output, "[probe] the job's store at exit: stopped");
+  expect_every_rank_ends(runs, /*passed=*/true);
 }
 
 // GLOO_SOCKET_IFNAME names the interface Gloo binds to, as under PyTorch; a name the host
