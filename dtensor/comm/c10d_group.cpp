@@ -365,6 +365,7 @@ WorkPtr issue(const C10dGroup& g, const C10dGroup::Impl& impl, const char* op, c
 }  // namespace
 
 WorkPtr C10dGroup::all_reduce_async(const at::Tensor& tensor, ReduceOp op) {
+  const detail::ObservedCollective observed(*this, "all_reduce", detail::nbytes(tensor), detail::nbytes(tensor));
   at::Tensor t = tensor;
   if (guard::all_reduce(*this, t, op)) return Work::completed("all_reduce", name());
   detail::check_avg(*this, "all_reduce", tensor, op);
@@ -381,6 +382,7 @@ WorkPtr C10dGroup::all_reduce_async(const at::Tensor& tensor, ReduceOp op) {
 }
 
 WorkPtr C10dGroup::all_gather_into_async(const at::Tensor& output, const at::Tensor& input) {
+  const detail::ObservedCollective observed(*this, "all_gather_into", detail::nbytes(input), detail::nbytes(output));
   at::Tensor out_arg = output;
   if (guard::all_gather_into(*this, out_arg, input)) return Work::completed("all_gather_into", name());
   detail::check_all_gather_shapes(*this, output, input);
@@ -422,6 +424,7 @@ static bool reduce_scatter_through_all_reduce() {
 }
 
 WorkPtr C10dGroup::reduce_scatter_into_async(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  const detail::ObservedCollective observed(*this, "reduce_scatter_into", detail::nbytes(input), detail::nbytes(output));
   at::Tensor out_arg = output;
   if (guard::reduce_scatter_into(*this, out_arg, input, op)) return Work::completed("reduce_scatter_into", name());
   detail::check_reduce_scatter_shapes(*this, output, input);
@@ -469,6 +472,7 @@ WorkPtr C10dGroup::reduce_scatter_into_async(const at::Tensor& output, const at:
 WorkPtr C10dGroup::all_to_all_single_async(const at::Tensor& output, const at::Tensor& input,
                                            const std::vector<int64_t>& output_splits,
                                            const std::vector<int64_t>& input_splits) {
+  const detail::ObservedCollective observed(*this, "all_to_all_single", detail::nbytes(input), detail::nbytes(output));
   at::Tensor out_arg = output;
   if (guard::all_to_all_single(*this, out_arg, input, output_splits, input_splits)) return Work::completed("all_to_all_single", name());
   auto splits = detail::resolve_all_to_all_splits(*this, output, input, output_splits, input_splits);
@@ -480,6 +484,7 @@ WorkPtr C10dGroup::all_to_all_single_async(const at::Tensor& output, const at::T
 }
 
 WorkPtr C10dGroup::broadcast_async(const at::Tensor& tensor, int src) {
+  const detail::ObservedCollective observed(*this, "broadcast", detail::nbytes(tensor), detail::nbytes(tensor));
   at::Tensor t = tensor;
   if (guard::broadcast(*this, t, src)) return Work::completed("broadcast", name());
   detail::check_rank_arg(*this, "broadcast", "src", src);
@@ -491,11 +496,13 @@ WorkPtr C10dGroup::broadcast_async(const at::Tensor& tensor, int src) {
 }
 
 WorkPtr C10dGroup::barrier_async() {
+  const detail::ObservedCollective observed(*this, "barrier", 0, 0);
   if (guard::barrier(*this)) return Work::completed("barrier", name());
   return issue(*this, *impl_, "barrier", impl_->default_pg().barrier(), nullptr);
 }
 
 WorkPtr C10dGroup::send_async(const at::Tensor& tensor, int dst, int tag) {
+  const detail::ObservedCollective observed(*this, "send", detail::nbytes(tensor), 0);
   if (guard::send(*this, tensor, dst, tag)) return Work::completed("send", name());
   detail::check_rank_arg(*this, "send", "dst", dst);
   TORCH_CHECK(dst != rank(), "send on ", describe(), ": a rank cannot send to itself");
@@ -505,6 +512,7 @@ WorkPtr C10dGroup::send_async(const at::Tensor& tensor, int dst, int tag) {
 }
 
 WorkPtr C10dGroup::recv_async(const at::Tensor& tensor, int src, int tag) {
+  const detail::ObservedCollective observed(*this, "recv", 0, detail::nbytes(tensor));
   at::Tensor t = tensor;
   if (guard::recv(*this, t, src, tag)) return Work::completed("recv", name());
   detail::check_rank_arg(*this, "recv", "src", src);
@@ -515,6 +523,7 @@ WorkPtr C10dGroup::recv_async(const at::Tensor& tensor, int src, int tag) {
 }
 
 WorkPtr C10dGroup::gather_async(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int dst) {
+  const detail::ObservedCollective observed(*this, "gather", detail::nbytes(input), detail::nbytes(outputs));
   detail::check_rank_arg(*this, "gather", "dst", dst);
   if (rank() == dst) {
     TORCH_CHECK(static_cast<int>(outputs.size()) == size(), "gather on ", describe(), ": dst rank passed ",
@@ -551,6 +560,7 @@ WorkPtr C10dGroup::gather_async(const at::Tensor& input, const std::vector<at::T
 }
 
 WorkPtr C10dGroup::scatter_async(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) {
+  const detail::ObservedCollective observed(*this, "scatter", detail::nbytes(inputs), detail::nbytes(output));
   at::Tensor out_arg = output;
   if (guard::scatter(*this, out_arg, inputs, src)) return Work::completed("scatter", name());
   detail::check_rank_arg(*this, "scatter", "src", src);

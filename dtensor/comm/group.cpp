@@ -159,6 +159,40 @@ void check_subgroup_ranks(const Group& g, const std::vector<int>& ranks) {
 
 }  // namespace detail
 
+// ---- observers (NOTE: [Collective observers]) ---------------------------------------------
+namespace {
+thread_local CollectiveObserver* t_observer = nullptr;
+thread_local int t_observed_depth = 0;
+}  // namespace
+
+CollectiveObserver* collective_observer() { return t_observer; }
+CollectiveObserver* set_collective_observer(CollectiveObserver* observer) {
+  CollectiveObserver* previous = t_observer;
+  t_observer = observer;
+  return previous;
+}
+
+namespace detail {
+ObservedCollective::ObservedCollective(const Group& g, const char* op, int64_t input_bytes, int64_t output_bytes) {
+  if (t_observed_depth++ == 0 && t_observer) {
+    try {
+      t_observer->on_collective(CollectiveCall{op, g, input_bytes, output_bytes});
+    } catch (...) {
+      --t_observed_depth;  // no destructor runs for a constructor that throws
+      throw;
+    }
+  }
+}
+ObservedCollective::~ObservedCollective() { --t_observed_depth; }
+
+int64_t nbytes(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.numel() * t.element_size()) : 0; }
+int64_t nbytes(const std::vector<at::Tensor>& ts) {
+  int64_t n = 0;
+  for (const auto& t : ts) n += nbytes(t);
+  return n;
+}
+}  // namespace detail
+
 // ---- default group -----------------------------------------------------------------------
 namespace {
 std::mutex g_default_mu;

@@ -145,6 +145,42 @@ void check_subgroup_ranks(const Group& g, const std::vector<int>& ranks);
 void check_avg(const Group& g, const char* op, const at::Tensor& t, ReduceOp r);
 }  // namespace detail
 
+// NOTE: [Collective observers]
+// What a debugging or accounting tool (dtensor::debug::CommDebugMode) sees of communication:
+// every public collective of a Group implementation (C10dGroup, ThreadGroup) opens an
+// ObservedCollective first, which tells the observer installed on the calling thread, if any,
+// which collective is issued, on which group, with which tensors. Calls made inside one (a
+// composed reduce_scatter's all_reduce, the call check's exchange) are not told again, so one
+// call is one record. A rank's collectives are issued on its thread (autograd's backward on
+// CPU runs on the thread that called backward()). Costs one thread-local load when no
+// observer is installed.
+struct CollectiveCall {
+  const char* op;        // the Group method: "all_reduce", "all_gather_into", "send", ...
+  const Group& group;
+  int64_t input_bytes;   // what this rank passes in (0 where it passes nothing: recv, barrier)
+  int64_t output_bytes;  // what this rank receives (0 for send and barrier)
+};
+class CollectiveObserver {
+ public:
+  virtual ~CollectiveObserver() = default;
+  virtual void on_collective(const CollectiveCall& call) = 0;
+};
+// The calling thread's observer (nullptr: none); set returns the previous one.
+CollectiveObserver* collective_observer();
+CollectiveObserver* set_collective_observer(CollectiveObserver* observer);
+
+namespace detail {
+class ObservedCollective {
+ public:
+  ObservedCollective(const Group& g, const char* op, int64_t input_bytes, int64_t output_bytes);
+  ~ObservedCollective();
+  ObservedCollective(const ObservedCollective&) = delete;
+  ObservedCollective& operator=(const ObservedCollective&) = delete;
+};
+int64_t nbytes(const at::Tensor& t);
+int64_t nbytes(const std::vector<at::Tensor>& ts);
+}  // namespace detail
+
 // ---- Process-wide default group (PyTorch's default process group) ----------------------
 // A thread may install its own default group (the threaded harness gives each rank thread
 // one); default_group() returns the thread's if set, else the process-wide one, else throws

@@ -365,6 +365,7 @@ ThreadGroup::ThreadGroup(std::shared_ptr<ThreadWorld> world, int rank, std::vect
 int ThreadGroup::size() const { return world_->size(); }
 
 WorkPtr ThreadGroup::all_reduce_async(const at::Tensor& tensor, ReduceOp op) {
+  const detail::ObservedCollective observed(*this, "all_reduce", detail::nbytes(tensor), detail::nbytes(tensor));
   detail::check_avg(*this, "all_reduce", tensor, op);
   auto c = make_call("all_reduce", sig_of(tensor) + "," + to_string(op), run_all_reduce);
   c->inputs = {tensor};
@@ -374,6 +375,7 @@ WorkPtr ThreadGroup::all_reduce_async(const at::Tensor& tensor, ReduceOp op) {
 }
 
 WorkPtr ThreadGroup::all_gather_into_async(const at::Tensor& output, const at::Tensor& input) {
+  const detail::ObservedCollective observed(*this, "all_gather_into", detail::nbytes(input), detail::nbytes(output));
   detail::check_all_gather_shapes(*this, output, input);
   auto c = make_call("all_gather_into", sig_of(input), run_all_gather);
   c->inputs = {input};
@@ -382,6 +384,7 @@ WorkPtr ThreadGroup::all_gather_into_async(const at::Tensor& output, const at::T
 }
 
 WorkPtr ThreadGroup::reduce_scatter_into_async(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  const detail::ObservedCollective observed(*this, "reduce_scatter_into", detail::nbytes(input), detail::nbytes(output));
   detail::check_reduce_scatter_shapes(*this, output, input);
   detail::check_avg(*this, "reduce_scatter_into", input, op);
   auto c = make_call("reduce_scatter_into", sig_of(input) + "," + to_string(op), run_reduce_scatter);
@@ -394,6 +397,7 @@ WorkPtr ThreadGroup::reduce_scatter_into_async(const at::Tensor& output, const a
 WorkPtr ThreadGroup::all_to_all_single_async(const at::Tensor& output, const at::Tensor& input,
                                              const std::vector<int64_t>& output_splits,
                                              const std::vector<int64_t>& input_splits) {
+  const detail::ObservedCollective observed(*this, "all_to_all_single", detail::nbytes(input), detail::nbytes(output));
   auto splits = detail::resolve_all_to_all_splits(*this, output, input, output_splits, input_splits);
   // Shapes differ across ranks by design; the splits are checked against each other in step 2.
   auto c = make_call("all_to_all_single", std::string(c10::toString(input.scalar_type())), run_all_to_all);
@@ -405,6 +409,7 @@ WorkPtr ThreadGroup::all_to_all_single_async(const at::Tensor& output, const at:
 }
 
 WorkPtr ThreadGroup::broadcast_async(const at::Tensor& tensor, int src) {
+  const detail::ObservedCollective observed(*this, "broadcast", detail::nbytes(tensor), detail::nbytes(tensor));
   detail::check_rank_arg(*this, "broadcast", "src", src);
   auto c = make_call("broadcast", sig_of(tensor) + ",src=" + std::to_string(src), run_broadcast);
   c->inputs = {tensor};
@@ -414,10 +419,12 @@ WorkPtr ThreadGroup::broadcast_async(const at::Tensor& tensor, int src) {
 }
 
 WorkPtr ThreadGroup::barrier_async() {
+  const detail::ObservedCollective observed(*this, "barrier", 0, 0);
   return issue(world_, rank_, name(), make_call("barrier", "", run_nothing));
 }
 
 WorkPtr ThreadGroup::gather_async(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int dst) {
+  const detail::ObservedCollective observed(*this, "gather", detail::nbytes(input), detail::nbytes(outputs));
   detail::check_rank_arg(*this, "gather", "dst", dst);
   auto c = make_call("gather", sig_of(input) + ",dst=" + std::to_string(dst), run_gather);
   c->inputs = {input};
@@ -434,6 +441,7 @@ WorkPtr ThreadGroup::gather_async(const at::Tensor& input, const std::vector<at:
 }
 
 WorkPtr ThreadGroup::scatter_async(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int src) {
+  const detail::ObservedCollective observed(*this, "scatter", detail::nbytes(inputs), detail::nbytes(output));
   detail::check_rank_arg(*this, "scatter", "src", src);
   auto c = make_call("scatter", sig_of(output) + ",src=" + std::to_string(src), run_scatter);
   c->outputs = {output};
@@ -513,6 +521,7 @@ class RecvSource final : public WorldSource {
 }  // namespace
 
 WorkPtr ThreadGroup::send_async(const at::Tensor& tensor, int dst, int tag) {
+  const detail::ObservedCollective observed(*this, "send", detail::nbytes(tensor), 0);
   detail::check_rank_arg(*this, "send", "dst", dst);
   TORCH_CHECK(dst != rank_, "send on ", describe(), ": a rank cannot send to itself");
   at::Tensor message;
@@ -532,6 +541,7 @@ WorkPtr ThreadGroup::send_async(const at::Tensor& tensor, int dst, int tag) {
 }
 
 WorkPtr ThreadGroup::recv_async(const at::Tensor& tensor, int src, int tag) {
+  const detail::ObservedCollective observed(*this, "recv", 0, detail::nbytes(tensor));
   detail::check_rank_arg(*this, "recv", "src", src);
   TORCH_CHECK(src != rank_, "recv on ", describe(), ": a rank cannot receive from itself");
   const GroupName& where = name();

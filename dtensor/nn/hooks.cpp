@@ -159,6 +159,61 @@ void run_post_hooks(torch::nn::Module& module, const Hooks& hooks, const Forward
   for (const auto& hook : hooks.post) hook(module, inputs, output);
 }
 
+// ---- NOTE: [Module path] ------------------------------------------------------------------
+namespace {
+thread_local ModuleTracker* t_tracker = nullptr;
+thread_local std::vector<ModuleFrame> t_stack;
+
+// The path of `child` below `parent` ("layers.0"), or "" when it is not a descendant.
+std::string path_below(const torch::nn::Module& parent, const torch::nn::Module& child) {
+  for (const auto& item : parent.named_modules("", /*include_self=*/false))
+    if (item.value().get() == &child) return item.key();
+  return "";
+}
+}  // namespace
+
+ModuleTracker* module_tracker() { return t_tracker; }
+ModuleTracker* set_module_tracker(ModuleTracker* tracker) {
+  ModuleTracker* previous = t_tracker;
+  t_tracker = tracker;
+  if (!tracker) t_stack.clear();
+  return previous;
+}
+const std::vector<ModuleFrame>& module_stack() { return t_stack; }
+
+std::string module_type_name(const torch::nn::Module& module) {
+  std::string n = module.name();
+  const auto colon = n.rfind("::");
+  if (colon != std::string::npos) n = n.substr(colon + 2);
+  if (n.size() > 4 && n.compare(n.size() - 4, 4, "Impl") == 0) n.resize(n.size() - 4);
+  return n;
+}
+
+ModuleStackScope::ModuleStackScope(std::vector<ModuleFrame> stack) : saved_(std::move(stack)) {
+  std::swap(saved_, t_stack);
+}
+ModuleStackScope::~ModuleStackScope() { std::swap(saved_, t_stack); }
+
+ModuleCallFrame::ModuleCallFrame(const torch::nn::Module& module) {
+  if (!t_tracker) return;
+  ModuleFrame f;
+  f.module = &module;
+  f.type = module_type_name(module);
+  std::string below = t_stack.empty() ? "" : path_below(*t_stack.back().module, module);
+  f.fqn = below.empty() ? f.type : t_stack.back().fqn + "." + below;
+  t_stack.push_back(std::move(f));
+  pushed_ = true;
+  try {
+    t_tracker->on_module_enter(t_stack);
+  } catch (...) {
+    t_stack.pop_back();
+    throw;
+  }
+}
+ModuleCallFrame::~ModuleCallFrame() {
+  if (pushed_ && !t_stack.empty()) t_stack.pop_back();
+}
+
 }  // namespace detail
 }  // namespace nn
 }  // namespace dtensor

@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -95,7 +96,56 @@ RemovableHandle register_forward_override(torch::nn::Module& module, ForwardOver
 // Number of hooks (pre, post and override) registered on `module`.
 size_t num_forward_hooks(const torch::nn::Module& module);
 
+// NOTE: [Module path]
+// While a module tracker is installed on a thread (dtensor::debug::CommDebugMode installs one),
+// call() keeps the stack of modules being called on that thread, each with its fully qualified
+// name as PyTorch's ModTracker gives it: a module called with no tracked module above it is
+// named by its class ("Transformer"), one called inside another by the other's name and its
+// path below it ("Transformer.layers.0.attention"). A module's hooks run inside its frame, so
+// what they do (a parallel style's redistribution) is attributed to it. A module called
+// directly (module->forward) is not seen: call the root through call() as well.
 namespace detail {
+struct ModuleFrame {
+  std::string fqn;   // "Transformer.layers.0"
+  std::string type;  // the class, without namespace or Impl: "TransformerBlock"
+  const torch::nn::Module* module = nullptr;
+};
+class ModuleTracker {
+ public:
+  virtual ~ModuleTracker() = default;
+  // A module was entered; `stack` ends with it.
+  virtual void on_module_enter(const std::vector<ModuleFrame>& stack) = 0;
+};
+// This thread's tracker (nullptr: none); set returns the previous one.
+ModuleTracker* module_tracker();
+ModuleTracker* set_module_tracker(ModuleTracker* tracker);
+// This thread's stack of modules being called (empty without a tracker).
+const std::vector<ModuleFrame>& module_stack();
+// Makes `stack` this thread's stack while alive (a backward step runs where its forward ran).
+class ModuleStackScope {
+ public:
+  explicit ModuleStackScope(std::vector<ModuleFrame> stack);
+  ~ModuleStackScope();
+  ModuleStackScope(const ModuleStackScope&) = delete;
+  ModuleStackScope& operator=(const ModuleStackScope&) = delete;
+
+ private:
+  std::vector<ModuleFrame> saved_;
+};
+// call()'s frame: pushes `module` while alive when a tracker is installed.
+class ModuleCallFrame {
+ public:
+  explicit ModuleCallFrame(const torch::nn::Module& module);
+  ~ModuleCallFrame();
+  ModuleCallFrame(const ModuleCallFrame&) = delete;
+  ModuleCallFrame& operator=(const ModuleCallFrame&) = delete;
+
+ private:
+  bool pushed_ = false;
+};
+// "Linear" for torch::nn::LinearImpl (PyTorch's class name).
+std::string module_type_name(const torch::nn::Module& module);
+
 struct Hooks {
   std::vector<ForwardPreHook> pre;
   std::vector<ForwardHook> post;
@@ -123,8 +173,9 @@ template <class Impl, class... Args,
           class = std::enable_if_t<std::is_base_of<torch::nn::Module, Impl>::value>>
 auto call(Impl& module, Args&&... args) -> decltype(module.forward(std::forward<Args>(args)...)) {
   using Result = decltype(module.forward(std::forward<Args>(args)...));
-  if (!detail::any_hooks()) return module.forward(std::forward<Args>(args)...);
+  if (!detail::any_hooks() && !detail::module_tracker()) return module.forward(std::forward<Args>(args)...);
   torch::nn::Module& base = module;
+  const detail::ModuleCallFrame frame(base);
   detail::Hooks hooks = detail::hooks_of(base);
   if (hooks.empty()) return module.forward(std::forward<Args>(args)...);
   ForwardInputs inputs{c10::IValue(args)...};

@@ -8,6 +8,7 @@
 #include "dtensor/mesh/mesh_collectives.h"
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/tensor/dtensor_impl.h"
+#include "dtensor/debug/comm_mode_internal.h"
 #include "dtensor/tensor/redistribute.h"
 
 #include <ATen/ATen.h>
@@ -63,36 +64,44 @@ std::vector<Placement> backward_placements(const std::vector<Placement>& grad, c
 }
 
 // redistribute without the public API's refusal of Partial targets (ops and backward use it).
+// `cause` names it to a CommDebugMode (NOTE: [CommDebugMode]).
+const std::string kRedistribute = "redistribute";
 at::Tensor redistribute_unchecked(const at::Tensor& dt, const DeviceMesh& mesh, std::vector<Placement> placements,
-                                  const RedistributeOptions& options);
+                                  const RedistributeOptions& options, const std::string& cause = kRedistribute);
 
 struct RedistributeBackward : Node {
+  static inline const std::string kName = "dtensor::RedistributeBackward";
   std::optional<DTensorSpec> input_spec;
   std::optional<at::ScalarType> backward_dtype;
+  std::vector<nn::detail::ModuleFrame> modules;  // where the forward ran (a CommDebugMode's)
   std::string name() const override { return "dtensor::RedistributeBackward"; }
   variable_list apply(variable_list&& grads) override {
     if (!grads[0].defined()) return {at::Tensor()};
+    const nn::detail::ModuleStackScope where(modules);
     at::Tensor g = grads[0];
     if (!is_dtensor(g)) g = make_dtensor(g, *input_spec);  // a plain zero/ones gradient: same layout
     const at::ScalarType original = input_spec->tensor_meta.dtype;
     RedistributeOptions o;
     o.forward_dtype = backward_dtype.value_or(original);
     at::Tensor out = redistribute_unchecked(
-        g, input_spec->mesh, backward_placements(get_spec(g).placements, input_spec->placements), o);
+        g, input_spec->mesh, backward_placements(get_spec(g).placements, input_spec->placements), o, kName);
     if (out.scalar_type() != original) out = out.to(original);
     return {out};
   }
 };
 
 struct FromLocalBackward : Node {
+  static inline const std::string kName = "dtensor::FromLocalBackward";
   std::optional<DTensorSpec> spec;
-  std::string name() const override { return "dtensor::FromLocalBackward"; }
+  std::vector<nn::detail::ModuleFrame> modules;  // where the forward ran (a CommDebugMode's)
+  std::string name() const override { return kName; }
   variable_list apply(variable_list&& grads) override {
     if (!grads[0].defined()) return {at::Tensor()};
     at::Tensor g = grads[0];
     if (!is_dtensor(g)) return {g};
+    const nn::detail::ModuleStackScope where(modules);
     return {to_local(redistribute_unchecked(g, spec->mesh, backward_placements(get_spec(g).placements, spec->placements),
-                                            {}))};
+                                            {}, kName))};
   }
 };
 
@@ -367,6 +376,7 @@ at::Tensor from_local(const at::Tensor& local_in, const DeviceMesh& mesh, std::v
   // otherwise fail to view). The autograd edge stays on `local`.
   at::Tensor out = make_dtensor(local.is_contiguous() ? local : local.contiguous(), spec);
   auto node = new_node<FromLocalBackward>();
+  node->modules = debug::detail::module_stack_to_save();
   node->spec = spec;
   connect(local_in, out, node);
   return out;
@@ -396,7 +406,7 @@ at::Tensor to_local(const at::Tensor& dt, std::optional<std::vector<Placement>> 
 namespace {
 
 at::Tensor redistribute_unchecked(const at::Tensor& dt, const DeviceMesh& mesh, std::vector<Placement> placements,
-                                  const RedistributeOptions& options) {
+                                  const RedistributeOptions& options, const std::string& cause) {
   auto* impl = maybe_get_dtensor_impl(dt);
   TORCH_CHECK(impl != nullptr, "redistribute: expected a DTensor");
   TORCH_CHECK(mesh == impl->spec().mesh, "redistribute: moving to another mesh is not supported (from ",
@@ -404,6 +414,7 @@ at::Tensor redistribute_unchecked(const at::Tensor& dt, const DeviceMesh& mesh, 
   placements = normalize_placements(placements, dt.dim());
   at::Tensor local, out;
   DTensorSpec from = impl->spec();
+  const debug::detail::CollectiveCause why(cause, -1, from.placements, placements, mesh);
   {
     at::NoGradGuard no_grad;
     local = impl->local();
@@ -435,6 +446,7 @@ at::Tensor redistribute_unchecked(const at::Tensor& dt, const DeviceMesh& mesh, 
     }
   }
   auto node = new_node<RedistributeBackward>();
+  node->modules = debug::detail::module_stack_to_save();
   node->input_spec = impl->spec();
   node->backward_dtype = options.backward_dtype;
   connect(dt, out, node);

@@ -39,6 +39,7 @@
 // gradient, using the views' storage offsets: DTensors carry them (TensorMeta::storage_offset),
 // and both ops keep that buffer replicated so that as_strided aliases it (view_rules.cpp,
 // NOTE: [as_strided on DTensors]).
+#include "dtensor/debug/comm_mode_internal.h"
 #include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/tensor/dtensor_impl.h"
@@ -351,6 +352,10 @@ bool reduce_partial_target(FallbackCall& f) {
     }
   if (!partial || impl->is_detached_view() || !impl->local().has_storage() || impl->local().storage().use_count() != 1)
     return false;
+  debug::detail::check_implicit_redistribution(f.call.name, static_cast<int>(f.written_arg), from.placements, to,
+                                               from.mesh);
+  const debug::detail::CollectiveCause why(f.call.name, static_cast<int>(f.written_arg), from.placements, to,
+                                           from.mesh);
   at::Tensor local = detail::redistribute_local(impl->local(), from, to);
   impl->set_local_and_spec(std::move(local), DTensorSpec(from.mesh, to, from.tensor_meta));
   return true;
@@ -437,10 +442,20 @@ void return_outside_the_mesh(FallbackCall& f) {
 // Stage 6: inputs redistributed to the strategy's placements, their locals onto the stack.
 void redistribute_inputs(FallbackCall& f) {
   f.redistributed_arg.assign(f.n_args, false);
+  if (debug::detail::recording()) {  // a strict CommDebugMode refuses before anything moves
+    for (size_t k = 0; k < f.dargs.size(); ++k) {
+      const DTensorSpec& spec = unsafe_get_dtensor_impl(f.dargs[k].dtensor)->spec();
+      if (!(spec.placements == f.sharding.inputs[k]))
+        debug::detail::check_implicit_redistribution(f.call.name, static_cast<int>(f.dargs[k].arg), spec.placements,
+                                                     f.sharding.inputs[k], spec.mesh);
+    }
+  }
   for (size_t k = 0; k < f.dargs.size(); ++k) {
     auto* impl = unsafe_get_dtensor_impl(f.dargs[k].dtensor);
     at::Tensor local = impl->local();
     if (!(impl->spec().placements == f.sharding.inputs[k])) {
+      const debug::detail::CollectiveCause why(f.call.name, static_cast<int>(f.dargs[k].arg), impl->spec().placements,
+                                               f.sharding.inputs[k], impl->spec().mesh);
       local = detail::redistribute_local(local, impl->spec(), f.sharding.inputs[k]);
       f.redistributed_arg[f.dargs[k].arg] = true;
       if (static_cast<int>(k) == f.call.written_input) f.relaid_written_local = local;
