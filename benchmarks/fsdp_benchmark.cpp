@@ -47,6 +47,7 @@
 #include <torch/optim/adam.h>
 
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 
 namespace dtensor {
@@ -174,7 +175,8 @@ struct Trainer {
 };
 
 // Peak bytes of `slot` during one step, and the bytes allocated before it.
-std::pair<int64_t, int64_t> step_peak(Trainer& t, int slot) {
+template <class T>
+std::pair<int64_t, int64_t> step_peak(T& t, int slot) {
   auto& mem = TrackingAllocator::install();
   const int64_t before = mem.current(slot);
   mem.reset_peak(slot);
@@ -252,6 +254,69 @@ void BM_StepThreads(benchmark::State& state) {
   for (auto _ : state) ranks.step();
 }
 
+// ---- large thread worlds ---------------------------------------------------------------------
+// The suites' small Transformer (ModelArgs' defaults, dropout 0) fully sharded (blocks, then the
+// root) over `ranks` thread ranks in this process, one sequence per rank (the global batch grows
+// with the world), Adam: the time of one step of the whole world. Counters: s_per_rank (seconds: the
+// step over the ranks: what one more rank costs on this machine, whose cores the threads
+// share), setup_ms (the world, every rank's model and fully_shard, the warm-up step), peak_bytes
+// (the largest rank's peak of allocated memory during a step: NOTE: [Per-rank memory
+// accounting]).
+void BM_StepThreadWorld(benchmark::State& state) {
+  const int world_size = static_cast<int>(state.range(0));
+  TrackingAllocator::install();
+  models::ModelArgs args;
+  args.dropout_p = 0.0;
+  struct SmallTrainer {
+    SmallTrainer(const models::ModelArgs& args, const DeviceMesh& mesh) : args(args) {
+      model = models::Transformer(args);
+      fsdp::FullyShardOptions opts;
+      opts.mesh = mesh;
+      for (size_t i = 0; i < model->layers->size(); ++i) fsdp::fully_shard(*model->layers->ptr(i), opts);
+      fsdp::fully_shard(model, opts);
+      opt = std::make_unique<torch::optim::Adam>(nn::parameters(*model), torch::optim::AdamOptions(1e-3));
+      const int64_t r = mesh.get_local_rank();
+      tokens = (at::arange(args.max_seq_len, at::kLong) * 7 + r + 1).remainder(args.vocab_size).view({1, -1});
+      targets = tokens.roll(1, 1).flatten();
+    }
+    void step() {
+      opt->zero_grad();
+      at::Tensor logits = nn::call(model, tokens);
+      torch::nn::functional::cross_entropy(logits.view({-1, args.vocab_size}), targets).backward();
+      opt->step();
+    }
+    models::ModelArgs args;
+    models::Transformer model{nullptr};
+    std::unique_ptr<torch::optim::Adam> opt;
+    at::Tensor tokens, targets;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  auto world = comm::ThreadWorld::create(world_size);
+  std::mutex mu;
+  int64_t peak_bytes = 0;
+  bench::RankThreads ranks(world_size, [&](int r) -> bench::RankThreads::Step {
+    TrackingAllocator::set_slot(r + 1);
+    auto mesh = init_device_mesh("cpu", {world_size}, {}, std::make_shared<comm::ThreadGroup>(world, r));
+    auto t = std::make_shared<SmallTrainer>(args, mesh);
+    t->step();  // warm-up: Adam's state, the propagation cache
+    const int64_t peak = step_peak(*t, r + 1).first;
+    std::lock_guard<std::mutex> lk(mu);
+    peak_bytes = std::max(peak_bytes, peak);
+    return [t] { t->step(); };
+  });
+  const double setup_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (!ranks.error().empty()) {
+    state.SkipWithError(ranks.error().c_str());
+    return;
+  }
+  for (auto _ : state) ranks.step();
+  state.counters["setup_ms"] = setup_ms;
+  state.counters["peak_bytes"] = static_cast<double>(peak_bytes);
+  // Seconds per step and rank (printed with an SI prefix: 250u is 250 microseconds).
+  state.counters["s_per_rank"] = benchmark::Counter(world_size, benchmark::Counter::kIsIterationInvariantRate |
+                                                                    benchmark::Counter::kInvert);
+}
+
 constexpr int kProcessIters = 9;
 class FsdpBenchProcess : public testing::MultiProcessTest {};
 
@@ -279,6 +344,7 @@ void BM_StepProcesses(benchmark::State& state) {
 
 BENCHMARK(BM_StepOneRank)->Unit(benchmark::kMillisecond)->MinTime(0.5);
 BENCHMARK(BM_StepThreads)->ArgName("mode")->Arg(kFsdp)->Arg(kDdp)->Arg(kFsdpTp)->Arg(kTp)->Arg(kFsdpNoPrefetch)->Arg(kFsdpPrefetch)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_StepThreadWorld)->ArgName("ranks")->RangeMultiplier(4)->Range(4, 1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_StepProcesses)->ArgName("mode")->Arg(kFsdp)->Arg(kDdp)->Arg(kFsdpTp)->Arg(kTp)->Arg(kFsdpNoPrefetch)->Arg(kFsdpPrefetch)->Unit(benchmark::kMillisecond)->UseManualTime()->Iterations(1);
 
 }  // namespace

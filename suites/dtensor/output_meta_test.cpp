@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace dtensor {
@@ -174,6 +175,37 @@ TEST(OutputMeta, StandInLimitBelowZeroIsRefused) {
   EXPECT_PRED2(testing::contains, testing::error_of([] { ops::set_stand_in_limit_bytes(-1); }),
                "set_stand_in_limit_bytes: the limit must be at least 0 bytes, got -1");
   EXPECT_EQ(ops::set_stand_in_limit_bytes(ops::kStandInLimitBytes), ops::kStandInLimitBytes);
+}
+
+// The accounting itself: an allocation is charged to the slot of the thread that made it, for
+// ranks far past 8 (thread worlds of 64 and more ranks), and refunded when freed; a slot past
+// the last rank's is refused with its range (before, ranks from 8 on were charged past the end
+// of the counters).
+TEST(TrackingAllocator, ChargesEachRanksSlotUpToItsLimitAndRefusesSlotsPastIt) {
+  auto& mem = TrackingAllocator::install();
+  for (const int rank : {8, 63, TrackingAllocator::kMaxRanks - 1}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const int slot = rank + 1;
+    const int64_t before = mem.current(slot), main_before = mem.current(0);
+    at::Tensor kept;
+    std::thread([&] {
+      TrackingAllocator::set_slot(slot);
+      mem.reset_peak(slot);
+      kept = at::empty({1000}, at::kFloat);
+      { at::Tensor freed = at::empty({3000}, at::kFloat); }
+    }).join();
+    EXPECT_EQ(mem.current(slot) - before, 4000);
+    EXPECT_EQ(mem.peak(slot) - before, 16000);
+    EXPECT_EQ(mem.current(0), main_before);
+    kept = at::Tensor();  // freed on this thread, refunded to the rank's slot
+    EXPECT_EQ(mem.current(slot), before);
+  }
+  for (const int bad : {TrackingAllocator::kSlots, -1}) {
+    const std::string what = testing::error_of([bad] { TrackingAllocator::set_slot(bad); });
+    EXPECT_PRED2(testing::contains, what, "TrackingAllocator: slot " + std::to_string(bad) + " is out of range");
+    EXPECT_PRED2(testing::contains, what, "for ranks 0 to " + std::to_string(TrackingAllocator::kMaxRanks - 1));
+    EXPECT_PRED2(testing::contains, testing::error_of([&] { (void)mem.peak(bad); }), "is out of range");
+  }
 }
 
 }  // namespace

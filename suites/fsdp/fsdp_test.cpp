@@ -236,11 +236,17 @@ void stacked_parity(testing::MultiRankTest& t, const std::vector<ParityCase>& ca
   }
 }
 
+// Rows of a global batch that `dp` data-parallel ranks split evenly: 8 where dp divides 8 (2, 4
+// and 8 ranks keep the figures they always had), else the multiple of dp just above 8 (a row
+// each from 8 ranks on: 64 thread ranks train on 64 rows).
+int64_t global_rows(int64_t dp) { return 8 % dp == 0 ? 8 : dp * ((8 + dp - 1) / dp); }
+
 void transformer_parity(testing::MultiRankTest& t, const std::vector<ParityCase>& cases) {
   const ModelArgs args = uneven_args();
   for (const auto& c : cases) {
     check_parity<models::Transformer>(t, [args] { return models::Transformer(args); }, shard_transformer,
-                                      tokens_for(args, 8, 6), c, [&](int g) { return backward_all_gathers(c, g); });
+                                      tokens_for(args, global_rows(t.ranks()), 6), c,
+                                      [&](int g) { return backward_all_gathers(c, g); });
   }
 }
 
@@ -1509,11 +1515,12 @@ int shard_2d_transformer(models::Transformer& m, const DeviceMesh& dp, const fsd
 void transformer_2d_parity(testing::MultiRankTest& t, const std::vector<Optim>& optims,
                            const std::vector<int64_t>& mesh_shape) {
   const ModelArgs args = uneven_args();
+  const int64_t dp = t.ranks() / mesh_shape.back();  // the data-parallel ranks split the batch
   for (Optim o : optims) {
     check_2d_parity<models::Transformer>(
         t, [args] { return models::Transformer(args); },
         [](models::Transformer& m, const DeviceMesh& tp) { models::Transformer::parallelize(m, tp, false); },
-        shard_2d_transformer, tokens_for(args, 8, 6), o, 3, [](int g) { return g - 1; },
+        shard_2d_transformer, tokens_for(args, global_rows(dp), 6), o, 3, [](int g) { return g - 1; },
         [args] { return testing::transformer_plan_collectives(args.n_layers, false); }, mesh_shape);
   }
 }
@@ -1545,6 +1552,23 @@ DTENSOR_TEST_F(FsdpThreads8, HsdpTpTransformerTrainingMatchesOneRank) {
   // DTENSOR_WORLD_SIZE (ci/main sets 4) overrides the fixture's 8: a 2x2x2 mesh needs 8 ranks.
   DTENSOR_REQUIRE_WORLD_SIZE(8);
   transformer_2d_parity(*this, {Optim::kAdam}, {2, 2, 2});
+}
+
+// Large thread worlds: 64 ranks in one process (the fixture's size; DTENSOR_WORLD_SIZE, 4 in
+// ci/main, overrides it) train the Transformer like one rank, its parameters sharded mostly into
+// empty shards (7 and 15 rows over 64 ranks), one row of the batch per data-parallel rank;
+// FSDP x TP on a (ranks/4, 4) mesh. The figures (the largest world that trains, the step time
+// and the cost per rank) are fsdp_benchmark's BM_StepThreadWorld.
+class FsdpThreads64 : public testing::DTensorOpTestBase {
+ public:
+  int world_size() const override { return 64; }
+};
+DTENSOR_TEST_F(FsdpThreads64, TransformerTrainingMatchesOneRank) {
+  transformer_parity(*this, {{std::nullopt, Optim::kAdam, 3}, {fsdp::ReshardAfterForward(false), Optim::kSGD, 2}});
+}
+DTENSOR_TEST_F(FsdpThreads64, FsdpTpTransformerTrainingMatchesOneRank) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(4);  // tp = 4: the Transformer's 4 heads
+  transformer_2d_parity(*this, {Optim::kAdam}, {ranks() / 4, 4});
 }
 
 // The placements PyTorch's FSDP2 chooses for the Transformer's TP parameters.

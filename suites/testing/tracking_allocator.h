@@ -22,7 +22,9 @@ namespace testing {
 // context as raw_allocate requires), so there is no lock.
 class TrackingAllocator final : public compat::Allocator {
  public:
-  static constexpr int kSlots = 9;  // slot 0 and up to 8 ranks
+  // Slot 0 and one slot per rank, ranks 0 to kMaxRanks - 1 (rank r sets slot r + 1).
+  static constexpr int kMaxRanks = 1024;
+  static constexpr int kSlots = kMaxRanks + 1;
 
   static TrackingAllocator& install() {
     static TrackingAllocator* a = [] {
@@ -33,10 +35,11 @@ class TrackingAllocator final : public compat::Allocator {
     }();
     return *a;
   }
-  static void set_slot(int s) { slot() = s; }
-  int64_t current(int s) const { return current_[s].load(); }
-  int64_t peak(int s) const { return peak_[s].load(); }
-  void reset_peak(int s) { peak_[s].store(current_[s].load()); }
+  // Raises for a slot outside [0, kSlots): a rank beyond kMaxRanks has no slot.
+  static void set_slot(int s) { slot() = checked(s); }
+  int64_t current(int s) const { return current_[checked(s)].load(); }
+  int64_t peak(int s) const { return peak_[checked(s)].load(); }
+  void reset_peak(int s) { peak_[checked(s)].store(current_[s].load()); }
 
   c10::DataPtr do_allocate(size_t n) const override {
     auto* raw = static_cast<char*>(inner_->raw_allocate(n + kHeader));
@@ -59,6 +62,11 @@ class TrackingAllocator final : public compat::Allocator {
     int slot;
   };
   explicit TrackingAllocator(c10::Allocator* inner) : inner_(inner) {}
+  static int checked(int s) {
+    TORCH_CHECK(s >= 0 && s < kSlots, "TrackingAllocator: slot ", s, " is out of range [0, ", kSlots,
+                "): slot 0 and one per rank, for ranks 0 to ", kMaxRanks - 1);
+    return s;
+  }
   static TrackingAllocator*& instance() {
     static TrackingAllocator* t = nullptr;
     return t;
