@@ -6,7 +6,7 @@
 //     (ThreadGroup) and as processes (Gloo, the harness's worker pool);
 //  2. per rank: parameter bytes and the peak of allocated CPU memory during a step (a tracking
 //     allocator attributes every allocation to the rank that made it), TP versus the full model;
-//  3. collectives per step, counted (CountingGroup) and derived from PyTorch's plan
+//  3. collectives per step, counted (CommDebugMode) and derived from PyTorch's plan
 //     (NOTE: [Collectives of the Transformer plan] in suites/testing/tp_collectives.h; not for
 //     async_tp, whose fused layers issue one broadcast or gather per rank's block instead).
 //  4. loss parallel (NOTE: [Loss parallel]): cross-entropy and its backward on logits sharded on
@@ -35,7 +35,7 @@
 #include "dtensor/parallel/parallel.h"
 #include "dtensor/tensor/dtensor.h"
 #include "models/models.h"
-#include "suites/testing/counting_group.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/tp_collectives.h"
 #include "suites/testing/tracking_allocator.h"
 
@@ -140,12 +140,15 @@ void BM_StepThreads(benchmark::State& state) {
   ThreadFigures fig;
   bench::RankThreads ranks(kWorld, [&](int r) -> bench::RankThreads::Step {
     TrackingAllocator::set_slot(r + 1);
-    auto counting = std::make_shared<testing::CountingGroup>(std::make_shared<comm::ThreadGroup>(world, r));
-    auto t = std::make_shared<Trainer>(wide, init_device_mesh("cpu", {kWorld}, {}, counting), sp);
+    auto t = std::make_shared<Trainer>(
+        wide, init_device_mesh("cpu", {kWorld}, {}, std::make_shared<comm::ThreadGroup>(world, r)), sp);
     t->step();  // warm-up: optimizer state, propagation cache
-    counting->reset();
-    t->step();
-    const int64_t collectives = counting->collectives();
+    int64_t collectives = 0;
+    {
+      testing::CommCounter counting;  // one step's
+      t->step();
+      collectives = counting.collectives();
+    }
     const int64_t peak = step_peak(*t, r + 1);
     std::lock_guard<std::mutex> lk(fig.mu);
     if (r == 0) {
@@ -177,12 +180,14 @@ class TpBenchProcess : public testing::MultiProcessTest {};
 // its parameter and peak bytes.
 void process_body(testing::MultiRankTest& t, int sp, bool wide) {
   TrackingAllocator::install();
-  auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
-  Trainer trainer(wide, init_device_mesh("cpu", {t.group().size()}, {}, counting), sp);
+  Trainer trainer(wide, init_device_mesh("cpu", {t.group().size()}, {}, t.group_ptr()), sp);
   trainer.step();
-  counting->reset();
-  trainer.step();
-  const int64_t collectives = counting->collectives();
+  int64_t collectives = 0;
+  {
+    testing::CommCounter counting;  // one step's, not the timed ones'
+    trainer.step();
+    collectives = counting.collectives();
+  }
   const int64_t peak = step_peak(trainer, 0);
   std::vector<std::pair<std::string, double>> counters{
       {"collectives", static_cast<double>(collectives)},
@@ -248,17 +253,17 @@ void run_thread_steps(benchmark::State& state, const std::function<std::shared_p
   ThreadFigures fig;
   bench::RankThreads ranks(kWorld, [&](int r) -> bench::RankThreads::Step {
     TrackingAllocator::set_slot(r + 1);
-    auto counting = std::make_shared<testing::CountingGroup>(std::make_shared<comm::ThreadGroup>(world, r));
-    std::shared_ptr<Step> t = make(init_device_mesh("cpu", {kWorld}, {}, counting));
+    std::shared_ptr<Step> t =
+        make(init_device_mesh("cpu", {kWorld}, {}, std::make_shared<comm::ThreadGroup>(world, r)));
     t->step();  // warm-up: the propagation cache
-    counting->reset();
+    testing::CommCounter counting;  // the measured step's (the setup returns before the timed ones)
     auto& mem = TrackingAllocator::install();
     mem.reset_peak(r + 1);
     const int64_t before = mem.current(r + 1);
     t->step();
     const int64_t peak = mem.peak(r + 1) - before;
     std::lock_guard<std::mutex> lk(fig.mu);
-    if (r == 0) fig.collectives = counting->collectives();
+    if (r == 0) fig.collectives = counting.collectives();
     fig.peak_bytes = std::max(fig.peak_bytes, peak);
     return [t] { t->step(); };
   });
@@ -369,15 +374,15 @@ void BM_FsdpTpCpStepThreads(benchmark::State& state) {
   ThreadFigures fig;
   bench::RankThreads ranks(kRanks, [&](int r) -> bench::RankThreads::Step {
     TrackingAllocator::set_slot(r + 1);
-    auto counting = std::make_shared<testing::CountingGroup>(std::make_shared<comm::ThreadGroup>(world, r));
-    auto t = std::make_shared<ThreeDTrainer>(init_device_mesh("cpu", {2, 2, 2}, {"dp", "cp", "tp"}, counting));
+    auto t = std::make_shared<ThreeDTrainer>(
+        init_device_mesh("cpu", {2, 2, 2}, {"dp", "cp", "tp"}, std::make_shared<comm::ThreadGroup>(world, r)));
     t->step();  // warm-up: the optimizer state, the propagation cache
-    counting->reset();
+    testing::CommCounter counting;  // the measured step's (the setup returns before the timed ones)
     auto& mem = TrackingAllocator::install();
     mem.reset_peak(r + 1);
     t->step();
     std::lock_guard<std::mutex> lk(fig.mu);
-    if (r == 0) fig.collectives = counting->collectives();
+    if (r == 0) fig.collectives = counting.collectives();
     fig.peak_bytes = std::max(fig.peak_bytes, mem.peak(r + 1));
     int64_t bytes = 0;
     for (const auto& p : nn::parameters(*t->model)) bytes += local_bytes(p);

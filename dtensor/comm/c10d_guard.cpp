@@ -57,8 +57,23 @@ bool via_gloo(const Group& g, const at::Tensor& t) {
 // one small collective that every rank makes whatever it was about to call, so ranks that
 // disagree all see it and all throw the same CollectiveError, in the format of ThreadGroup's.
 constexpr int64_t kCallBytes = 192;
+// The check's all-gather is not a collective the caller issued: collective observers
+// (CommDebugMode) do not see it. Inside an observed collective it is hidden already; new_subgroup
+// is not one (NOTE: [Collective observers]).
+class HiddenFromObservers {
+ public:
+  HiddenFromObservers() : saved_(set_collective_observer(nullptr)) {}
+  ~HiddenFromObservers() { set_collective_observer(saved_); }
+  HiddenFromObservers(const HiddenFromObservers&) = delete;
+  HiddenFromObservers& operator=(const HiddenFromObservers&) = delete;
+
+ private:
+  CollectiveObserver* saved_;
+};
+
 void check_call(Group& g, const std::string& op, const std::string& args) {
   if (g.size() <= 1 || !check_collectives_enabled()) return;
+  const HiddenFromObservers hidden;
   const std::string mine = op + "(" + args + ")";
   at::Tensor in = at::zeros({kCallBytes}, at::kByte);
   std::memcpy(in.data_ptr<uint8_t>(), mine.data(),

@@ -5,7 +5,7 @@
 #include "dtensor/comm/comm.h"
 #include "harness/harness.h"
 #include "suites/testing/checkpoint_errors.h"
-#include "suites/testing/counting_group.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/errors.h"
 #include "suites/testing/rank_modes.h"
 
@@ -18,6 +18,8 @@
 
 namespace dtensor {
 namespace {
+
+namespace funcol = debug::c10d_functional;  // PyTorch's alias of the functional collectives
 
 using checkpoint::CheckpointException;
 using checkpoint::DistWrapper;
@@ -79,15 +81,16 @@ DTENSOR_RANK_FIXTURES(DistWrapperGloo, DistWrapperThreads);
 
 // PyTorch's _DistWrapper.barrier(): dist.barrier(group) when use_dist, nothing otherwise.
 DTENSOR_TEST_F(DistWrapperThreads, Barrier) {
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  DistWrapper dist(counting, /*use_dist=*/true);
-  dist.barrier();
-  EXPECT_EQ(counting->counts()["barrier"], 1);
-  EXPECT_EQ(counting->collectives(), 1);
-  counting->reset();
-  DistWrapper local(counting, /*use_dist=*/false);
+  {
+    testing::CallCounter counter;
+    DistWrapper dist(group_ptr(), /*use_dist=*/true);
+    dist.barrier();
+    EXPECT_EQ(counter.calls, (std::map<std::string, int>{{"barrier", 1}}));
+  }
+  testing::CallCounter counter;
+  DistWrapper local(group_ptr(), /*use_dist=*/false);
   local.barrier();
-  EXPECT_EQ(counting->collectives(), 0);
+  EXPECT_TRUE(counter.calls.empty());
 }
 
 DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, ObjectCollectives) {
@@ -282,8 +285,8 @@ DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllGatherAndBroadcast) {
 DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllGatherUnlessQuiet) {
   DTENSOR_BOTH_REQUIRE_WORLD_SIZE_AT_LEAST(4);  // ranks 1, 2 and 3 play parts
   const int r = t.rank();
-  auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
-  DistWrapper dist(counting, /*use_dist=*/true, /*coordinator_rank=*/0);
+  testing::CommCounter counting;
+  DistWrapper dist(t.group_ptr(), /*use_dist=*/true, /*coordinator_rank=*/0);
   auto empty = [](const std::vector<int>& v) { return v.empty(); };
   int map_calls = 0;
   auto quiet = dist.all_gather_unless_quiet(
@@ -295,17 +298,17 @@ DTENSOR_TEST_BOTH(DistWrapperGloo, DistWrapperThreads, AllGatherUnlessQuiet) {
       empty);
   EXPECT_FALSE(quiet.has_value());
   EXPECT_EQ(map_calls, 1);
-  EXPECT_EQ(counting->counts(), (std::map<std::string, int64_t>{{"all_reduce", 1}}));
+  EXPECT_EQ(counting.counts(), (std::map<std::string, int64_t>{{funcol::all_reduce, 1}}));
   // One rank with something to say: every rank gets every value.
-  counting->reset();
+  counting.reset();
   auto loud = dist.all_gather_unless_quiet(
       "read", [&] { return r == 2 ? std::vector<int>{7} : std::vector<int>{}; }, empty);
   ASSERT_TRUE(loud.has_value());
   std::vector<std::vector<int>> only_rank_2(static_cast<size_t>(t.ranks()));
   only_rank_2[2] = {7};
   EXPECT_EQ(*loud, only_rank_2);
-  EXPECT_EQ(counting->counts()["all_reduce"], 1);
-  EXPECT_GE(counting->counts()["all_gather_into"], 1);
+  EXPECT_EQ(counting.counts()[funcol::all_reduce], 1);
+  EXPECT_GE(counting.counts()[funcol::all_gather_into_tensor], 1);
   // A rank's failure (in map_fun or in quiet) is raised on every rank, naming it.
   auto e = checkpoint_error_of([&] {
     dist.all_gather_unless_quiet(

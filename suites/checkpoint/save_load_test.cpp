@@ -10,7 +10,7 @@
 #include "harness/harness.h"
 #include "suites/testing/checkpoint_errors.h"
 #include "suites/testing/child_process.h"
-#include "suites/testing/counting_group.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/errors.h"
 #include "suites/testing/rank_modes.h"
 #include "suites/testing/shared_dir.h"
@@ -27,6 +27,8 @@
 
 namespace dtensor {
 namespace {
+
+namespace funcol = debug::c10d_functional;  // PyTorch's alias of the functional collectives
 
 namespace fs = std::filesystem;
 using checkpoint::CheckpointException;
@@ -141,11 +143,11 @@ DTENSOR_TEST_BOTH(CheckpointGloo, CheckpointThreads, SavesAndLoadsEveryKindOfVal
   EXPECT_EQ(got.at("inner").toGenericDict().at("k").toStringRef(), "v");
   // A load with nothing to report takes one collective: the all_reduce telling every rank that
   // no rank failed (the keys, dtypes and shapes matched everywhere).
-  auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
+  testing::CommCounter counting;
   LoadOptions counted;
-  counted.process_group = counting;
+  counted.process_group = t.group_ptr();
   checkpoint::load(dest, dir.sub("ckpt"), counted);
-  EXPECT_EQ(counting->counts(), (std::map<std::string, int64_t>{{"all_reduce", 1}}));
+  EXPECT_EQ(counting.counts(), (std::map<std::string, int64_t>{{funcol::all_reduce, 1}}));
   expect_holds(dest.at("dt_2d"), m75, "dt_2d (second load)");
 
   // A None placeholder receives the whole tensor, whatever layout saved it.

@@ -6,7 +6,7 @@
 #include "dtensor/comm/work.h"
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
-#include "suites/testing/counting_group.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/rank_modes.h"
 
 #include <ATen/ATen.h>
@@ -18,7 +18,8 @@
 namespace dtensor {
 namespace {
 
-using testing::CountingGroup;
+namespace funcol = debug::c10d_functional;  // PyTorch's alias of the functional collectives
+
 
 DTENSOR_RANK_FIXTURES(AsyncRedistributeGloo, AsyncRedistributeThreads);
 
@@ -31,8 +32,8 @@ RedistributeOptions async_op() {
 // test_dtensor_async_output: Shard(0) -> Replicate, async. The result is pending until it is
 // used; the first use waits, and the values and the one all_gather are the blocking call's.
 DTENSOR_TEST_BOTH(AsyncRedistributeGloo, AsyncRedistributeThreads, ResultIsPendingUntilItsFirstUse) {
-  auto counting = std::make_shared<CountingGroup>(t.group_ptr());
-  DeviceMesh mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, counting);
+  testing::CommCounter counting;
+  DeviceMesh mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, t.group_ptr());
   const at::Tensor x = at::arange(16, at::kFloat).reshape({8, 2});
   at::Tensor dt = distribute_tensor(x, mesh, {Shard{0}});
 
@@ -48,7 +49,7 @@ DTENSOR_TEST_BOTH(AsyncRedistributeGloo, AsyncRedistributeThreads, ResultIsPendi
   };
   for (const auto& use : uses) {
     SCOPED_TRACE(use.first);
-    counting->reset();
+    counting.reset();
     at::Tensor y = redistribute(dt, mesh, {Replicate{}}, async_op());
     EXPECT_TRUE(is_async_pending(y));  // nobody used it yet
     EXPECT_EQ(y.sizes(), x.sizes());   // metadata needs no wait
@@ -56,7 +57,7 @@ DTENSOR_TEST_BOTH(AsyncRedistributeGloo, AsyncRedistributeThreads, ResultIsPendi
     at::Tensor local = use.second(y);
     EXPECT_FALSE(is_async_pending(y));
     EXPECT_TRUE(at::equal(local.cpu(), x));
-    EXPECT_EQ(counting->counts()["all_gather_into"], 1);
+    EXPECT_EQ(counting.counts()[funcol::all_gather_into_tensor], 1);
   }
 
   // async_op = false (the default) is never pending.
@@ -70,26 +71,26 @@ DTENSOR_TEST_BOTH(AsyncRedistributeGloo, AsyncRedistributeThreads, ResultIsPendi
 // The other transitions, a 2-D mesh (several collectives, the last one async), forward_dtype, and the
 // backward of an async redistribute (test_redistribute.py's *_forward_backward cases).
 DTENSOR_TEST_BOTH(AsyncRedistributeGloo, AsyncRedistributeThreads, TransitionsAndBackwardMatchTheBlockingCall) {
-  auto counting = std::make_shared<CountingGroup>(t.group_ptr());
-  DeviceMesh mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, counting);
+  testing::CommCounter counting;
+  DeviceMesh mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, t.group_ptr());
   const int r = t.rank(), n = t.ranks();
 
   // Partial -> Replicate: one all_reduce.
   at::Tensor partial = from_local(at::full({3, 2}, r + 1.0), mesh, {Partial{}});
-  counting->reset();
+  counting.reset();
   at::Tensor summed = redistribute(partial, {Replicate{}}, async_op());
   EXPECT_TRUE(is_async_pending(summed));
   EXPECT_TRUE(at::equal(to_local(summed).cpu(), at::full({3, 2}, n * (n + 1) / 2.0)));  // 1 + ... + n
-  EXPECT_EQ(counting->counts()["all_reduce"], 1);
+  EXPECT_EQ(counting.counts()[funcol::all_reduce], 1);
 
   // Shard(1) -> Shard(0) on uneven sizes: one all_to_all, values as the blocking call's.
   const at::Tensor full = at::arange(63, at::kDouble).reshape({9, 7}) / 7;
   at::Tensor s1 = distribute_tensor(full, mesh, {Shard{1}});
   at::Tensor blocking = to_local(redistribute(s1, {Shard{0}}));
-  counting->reset();
+  counting.reset();
   at::Tensor s0 = redistribute(s1, {Shard{0}}, async_op());
   EXPECT_TRUE(at::equal(to_local(s0), blocking));
-  EXPECT_EQ(counting->collectives(), 1);
+  EXPECT_EQ(counting.collectives(), 1);
 
   // forward_dtype: the collective moves bfloat16, the result has it.
   RedistributeOptions bf = async_op();
@@ -109,14 +110,14 @@ DTENSOR_TEST_BOTH(AsyncRedistributeGloo, AsyncRedistributeThreads, TransitionsAn
 
   // 2-D mesh: (Shard(0), Shard(1)) -> (Replicate, Replicate) runs an all_gather
   // for each mesh dim of more than one rank (both, from 4 ranks on).
-  auto counting2 = std::make_shared<CountingGroup>(t.group_ptr());
-  DeviceMesh mesh2 = init_device_mesh(t.device_type(), t.mesh_shape_2d(), {}, counting2);
+  testing::CommCounter counting2;
+  DeviceMesh mesh2 = init_device_mesh(t.device_type(), t.mesh_shape_2d(), {}, t.group_ptr());
   const at::Tensor grid = at::arange(40, at::kFloat).reshape({5, 8});
   at::Tensor tiles = distribute_tensor(grid, mesh2, {Shard{0}, Shard{1}});
-  counting2->reset();
+  counting2.reset();
   at::Tensor whole = redistribute(tiles, {Replicate{}, Replicate{}}, async_op());
   EXPECT_TRUE(at::equal(to_local(whole).cpu(), grid));
-  EXPECT_EQ(counting2->counts()["all_gather_into"], (mesh2.size(0) > 1) + (mesh2.size(1) > 1));
+  EXPECT_EQ(counting2.counts()[funcol::all_gather_into_tensor], (mesh2.size(0) > 1) + (mesh2.size(1) > 1));
 }
 
 // A result nobody uses is still completed on every rank (its last handle waits), and a blocking

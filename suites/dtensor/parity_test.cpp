@@ -6,7 +6,7 @@
 #include "dtensor/nn/module_surgery.h"
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
-#include "suites/testing/counting_group.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/child_process.h"
 #include "suites/testing/errors.h"
 
@@ -20,19 +20,12 @@
 namespace dtensor {
 namespace {
 
+namespace funcol = debug::c10d_functional;  // PyTorch's alias of the functional collectives
+
 using testing::contains;
-using testing::CountingGroup;
 using testing::error_of;
 
-class Parity : public testing::MultiThreadedTest {
- protected:
-  // A 1-D mesh over all ranks whose collectives are counted.
-  DeviceMesh counted_mesh() {
-    counting_ = std::make_shared<CountingGroup>(group_ptr());
-    return init_device_mesh(device_type(), {ranks()}, {}, counting_);
-  }
-  std::shared_ptr<CountingGroup> counting_;
-};
+class Parity : public testing::MultiThreadedTest {};
 
 // PyTorch's repr of a 1-D rank list: "[0, 2]".
 std::string py_list(const at::Tensor& ranks) {
@@ -45,7 +38,8 @@ class ParityGloo : public testing::MultiProcessTest {};
 // ---- 12. Redistributing to Partial is refused (test_redistribute.py test_replicate_to_partial) --
 
 DTENSOR_TEST_F(Parity, RedistributeRefusesPartialTargets) {
-  auto mesh = counted_mesh();
+  auto mesh = init_device_mesh(device_type(), {ranks()});
+  testing::CommCounter counting;  // this rank's collectives
   at::Tensor local = at::arange(36, at::kFloat).reshape({12, 3}).requires_grad_(true);
   at::Tensor replica = distribute_tensor(local, mesh, {Replicate{}});
   EXPECT_PRED2(contains, error_of([&] { redistribute(replica, mesh, {Partial{}}); }),
@@ -57,39 +51,40 @@ DTENSOR_TEST_F(Parity, RedistributeRefusesPartialTargets) {
   EXPECT_PRED2(contains, error_of([&] { redistribute(partial, {Partial(comm::ReduceOp::AVG)}); }),
                "Can not redistribute from Partial(sum) to Partial(avg)");
   // The same Partial is no move at all.
-  counting_->reset();
+  counting.reset();
   EXPECT_EQ(get_spec(redistribute(partial, {Partial{}})).placements, std::vector<Placement>{Partial{}});
-  EXPECT_EQ(counting_->collectives(), 0);
+  EXPECT_EQ(counting.collectives(), 0);
   // The internal transition (PyTorch's Redistribute.apply) still exists, without communication.
-  counting_->reset();
+  counting.reset();
   at::Tensor p = detail::redistribute_to_any(replica, {Partial{}});
   EXPECT_EQ(p.sizes(), local.sizes());
-  EXPECT_EQ(counting_->collectives(), 0);
+  EXPECT_EQ(counting.collectives(), 0);
   EXPECT_TRUE(at::allclose(full_tensor(p), local));
 }
 
 // ---- 13. The gradient of a Partial input stays Partial, with no collective ---------------------
 
 DTENSOR_TEST_F(Parity, PartialInputGradientStaysPartial) {
-  auto mesh = counted_mesh();
+  auto mesh = init_device_mesh(device_type(), {ranks()});
+  testing::CommCounter counting;  // this rank's collectives
   at::Tensor local = at::full({2, 3}, rank() + 1.0).requires_grad_(true);
   at::Tensor x = from_local(local, mesh, {Partial{}});
   at::Tensor y = x * 2;  // linear: stays Partial
   ASSERT_EQ(get_spec(y).placements, std::vector<Placement>{Partial{}});
   at::Tensor out = to_local(y);  // its gradient comes back Partial (to_local's default hint)
-  counting_->reset();
+  counting.reset();
   out.sum().backward();
   // Each rank's share of the gradient: no all_reduce (PyTorch keeps Partial -> Partial).
-  EXPECT_EQ(counting_->collectives(), 0) << c10::str(counting_->counts().size());
+  EXPECT_EQ(counting.collectives(), 0) << c10::str(counting.counts().size());
   EXPECT_TRUE(at::equal(local.grad(), at::full({2, 3}, 2.0)));
 
   // A Replicate gradient of a Partial input becomes Replicate (no Replicate -> Partial).
   at::Tensor leaf = DTensor(at::full({2, 3}, rank() + 1.0f), get_spec(x), true);
   at::Tensor r = redistribute(leaf, {Replicate{}});
   EXPECT_TRUE(at::equal(local_tensor(r), at::full({2, 3}, ranks() * (ranks() + 1) / 2.0)));  // 1 + ... + n
-  counting_->reset();
+  counting.reset();
   (r * 3).sum().backward();
-  EXPECT_EQ(counting_->collectives(), 0);
+  EXPECT_EQ(counting.collectives(), 0);
   EXPECT_EQ(get_spec(leaf.grad()).placements, std::vector<Placement>{Replicate{}});
   EXPECT_TRUE(at::equal(local_tensor(leaf.grad()), at::full({2, 3}, 3.0)));
 }
@@ -158,8 +153,7 @@ DTENSOR_TEST_F(Parity, FillOnPartialKeepsPartial) {
 // ---- 17. run_subtests: any printable value, and a barrier after each subtest -------------------
 
 DTENSOR_TEST_F(Parity, RunSubtestsTakesPrintableValuesAndBarriers) {
-  auto counting = std::make_shared<CountingGroup>(group_ptr());
-  comm::set_thread_default_group(counting);
+  testing::CallCounter calls;  // barriers included
   std::vector<std::string> seen;
   int n = testing::run_subtests(
       {{"dtype", {at::kFloat, at::kDouble}},
@@ -171,12 +165,11 @@ DTENSOR_TEST_F(Parity, RunSubtestsTakesPrintableValuesAndBarriers) {
         EXPECT_EQ(t.scalar_type(), p.get<at::ScalarType>("dtype"));
         EXPECT_EQ(p.get<std::vector<Placement>>("placements").size(), 1u);
       });
-  comm::set_thread_default_group(group_ptr());
   EXPECT_EQ(n, 4);
   ASSERT_EQ(seen.size(), 4u);
   EXPECT_EQ(seen.front(), "dtype=Float, placements=[Shard(dim=0)], sizes=[2, 3]");
   EXPECT_EQ(seen.back(), "dtype=Double, placements=[Replicate()], sizes=[2, 3]");
-  EXPECT_EQ(counting->counts()["barrier"], 4);
+  EXPECT_EQ(calls.calls, (std::map<std::string, int>{{"barrier", 4}}));
   testing::SubtestValue v(at::kFloat);
   EXPECT_PRED2(contains, error_of([&] { v.get<int64_t>(); }), "subtest value Float is a c10::ScalarType");
 }
@@ -230,7 +223,8 @@ DTENSOR_TEST_F(Parity, ToLocalGradPlacements) {
 //         test_shard_to_replicate_forward_backward_datatype_conversion) -------------------------
 
 DTENSOR_TEST_F(Parity, RedistributeForwardBackwardDtypes) {
-  auto mesh = counted_mesh();
+  auto mesh = init_device_mesh(device_type(), {ranks()});
+  testing::CommCounter counting;  // this rank's collectives
   const std::vector<std::optional<at::ScalarType>> forward = {std::nullopt, at::kFloat, at::kDouble, at::kDouble};
   const std::vector<std::optional<at::ScalarType>> backward = {std::nullopt, at::kDouble, at::kFloat, at::kDouble};
   for (size_t i = 0; i < forward.size(); ++i) {
@@ -240,16 +234,16 @@ DTENSOR_TEST_F(Parity, RedistributeForwardBackwardDtypes) {
     RedistributeOptions o;
     o.forward_dtype = forward[i];
     o.backward_dtype = backward[i];
-    counting_->reset();
+    counting.reset();
     at::Tensor replica = redistribute(sharded, mesh, {Replicate{}}, o);
     EXPECT_EQ(replica.sizes(), input.sizes());
-    EXPECT_EQ(counting_->collectives(), 1);
-    EXPECT_EQ(counting_->counts()["all_gather_into"], 1);
+    EXPECT_EQ(counting.collectives(), 1);
+    EXPECT_EQ(counting.counts()[funcol::all_gather_into_tensor], 1);
     EXPECT_EQ(local_tensor(replica).scalar_type(), forward[i].value_or(at::kFloat));
     EXPECT_TRUE(at::allclose(local_tensor(replica).to(at::kFloat), input.detach()));
-    counting_->reset();
+    counting.reset();
     replica.backward(at::ones_like(replica));
-    EXPECT_EQ(counting_->collectives(), 0);  // Replicate -> Shard is a local chunk
+    EXPECT_EQ(counting.collectives(), 0);  // Replicate -> Shard is a local chunk
     at::Tensor grad = sharded.grad();
     EXPECT_EQ(get_spec(grad).placements, std::vector<Placement>{Shard{0}});
     EXPECT_EQ(local_tensor(grad).scalar_type(), at::kFloat);
@@ -295,12 +289,13 @@ DTENSOR_TEST_F(Parity, FromLocalShapeAndStride) {
 // ---- 4. The DTensor constructor: no communication ---------------------------------------------
 
 DTENSOR_TEST_F(Parity, DTensorConstructor) {
-  auto mesh = counted_mesh();
+  auto mesh = init_device_mesh(device_type(), {ranks()});
+  testing::CommCounter counting;  // this rank's collectives
   DTensorSpec spec(mesh, {Shard{0}}, TensorMeta{{2 * ranks(), 2}, {2, 1}, at::kFloat});
   at::Tensor local = at::full({2, 2}, static_cast<float>(rank()));
-  counting_->reset();
+  counting.reset();
   at::Tensor dt = DTensor(local, spec, /*requires_grad=*/true);
-  EXPECT_EQ(counting_->collectives(), 0);
+  EXPECT_EQ(counting.collectives(), 0);
   EXPECT_TRUE(dt.requires_grad());
   EXPECT_TRUE(dt.is_leaf());
   EXPECT_EQ(get_spec(dt), spec);
@@ -364,31 +359,33 @@ TEST(ParityPlacementHelpers, SplitTensorAndUnpad) {
 }
 
 DTENSOR_TEST_F(Parity, ShardDimAlltoall) {
-  auto mesh = counted_mesh();
+  auto mesh = init_device_mesh(device_type(), {ranks()});
+  testing::CommCounter counting;  // this rank's collectives
   const int64_t n = ranks();
   at::Tensor global = at::arange(6 * n * n, at::kFloat).reshape({2 * n, 3 * n});
   at::Tensor local = global.chunk(n, 0)[static_cast<size_t>(rank())];
-  counting_->reset();
+  counting.reset();
   at::Tensor out = shard_dim_alltoall(local, 0, 1, mesh, 0);
-  EXPECT_EQ(counting_->collectives(), 1);
-  EXPECT_EQ(counting_->counts()["all_to_all_single"], 1);
+  EXPECT_EQ(counting.collectives(), 1);
+  EXPECT_EQ(counting.counts()[funcol::all_to_all_single], 1);
   EXPECT_TRUE(at::equal(out, global.chunk(n, 1)[static_cast<size_t>(rank())]));
 }
 
 DTENSOR_TEST_F(Parity, ShardTensorAndSrcDataRank) {
-  auto mesh = counted_mesh();
+  auto mesh = init_device_mesh(device_type(), {ranks()});
+  testing::CommCounter counting;  // this rank's collectives
   const int64_t n = ranks(), rows = 2 * n - 1;  // uneven: 2 rows per rank, 1 on the last
   at::Tensor global = at::arange(2 * rows, at::kFloat).reshape({rows, 2});
   at::Tensor mine = global + rank();  // every rank passes different values
-  counting_->reset();
+  counting.reset();
   at::Tensor local_only = _shard_tensor(mine, {Shard{0}}, mesh);
-  EXPECT_EQ(counting_->collectives(), 0);
+  EXPECT_EQ(counting.collectives(), 0);
   EXPECT_TRUE(at::equal(local_tensor(local_only), mine.chunk(n, 0)[static_cast<size_t>(rank())]));
   EXPECT_EQ(local_only.sizes(), (c10::IntArrayRef{rows, 2}));
-  counting_->reset();
+  counting.reset();
   const int64_t last = n - 1;
   at::Tensor from_last = distribute_tensor(mine, mesh, {Shard{0}}, /*src_data_rank=*/last);
-  EXPECT_EQ(counting_->counts()["broadcast"], 1);
+  EXPECT_EQ(counting.counts()[funcol::broadcast], 1);
   EXPECT_TRUE(at::equal(full_tensor(from_last), global + last));
   EXPECT_TRUE(at::equal(full_tensor(distribute_tensor(mine, mesh, {Replicate{}})), global));
   EXPECT_PRED2(contains, error_of([&] { distribute_tensor(mine, mesh, {Shard{0}}, n); }),
@@ -399,7 +396,8 @@ DTENSOR_TEST_F(Parity, ShardTensorAndSrcDataRank) {
 // ---- distribute_tensor to Partial (PyTorch: replicate, then Partial._partition_value) --------
 
 DTENSOR_TEST_F(Parity, DistributeTensorToPartialPartitionsTheValue) {
-  auto mesh = counted_mesh();
+  auto mesh = init_device_mesh(device_type(), {ranks()});
+  testing::CommCounter counting;  // this rank's collectives
   const at::Tensor x = at::arange(8, at::kFloat).reshape({2, 4});
   at::Tensor sum = distribute_tensor(x, mesh, {Partial{}});
   EXPECT_EQ(get_spec(sum).placements, std::vector<Placement>{Partial{}});
@@ -488,10 +486,10 @@ void expect_sub_mesh_local(int rank, const at::Tensor& expected_in_mesh, const a
 }
 
 DTENSOR_TEST_F(Parity, SubMeshFromLocalOpsAndRedistribute) {
-  counting_ = std::make_shared<CountingGroup>(group_ptr());
-  DeviceMesh mesh(device_type(), even_ranks(ranks()), {}, counting_);
+  testing::CommCounter counting;
+  DeviceMesh mesh(device_type(), even_ranks(ranks()), {}, group_ptr());
   const int64_t m = mesh.size();
-  counting_->reset();
+  counting.reset();
   at::Tensor dt = from_local(at::ones({3, 4}), mesh, {Shard{0}});
   EXPECT_EQ(dt.sizes(), (c10::IntArrayRef{3 * m, 4}));
   expect_sub_mesh_local(rank(), at::ones({3, 4}), to_local(dt));
@@ -515,8 +513,8 @@ DTENSOR_TEST_F(Parity, SubMeshFromLocalOpsAndRedistribute) {
   y.sum().backward();
   ASSERT_TRUE(w.grad().defined());
   expect_sub_mesh_local(rank(), at::full({3, 2}, 4.0 * m), full_tensor(w.grad()));
-  if (rank() % 2 == 1) EXPECT_EQ(counting_->collectives(), 0);
-  else if (m > 1) EXPECT_GT(counting_->collectives(), 0);  // a mesh of one rank needs none
+  if (rank() % 2 == 1) EXPECT_EQ(counting.collectives(), 0);
+  else if (m > 1) EXPECT_GT(counting.collectives(), 0);  // a mesh of one rank needs none
 }
 
 DTENSOR_TEST_F(Parity, SubMeshDefaultValues) {
@@ -546,13 +544,13 @@ DTENSOR_TEST_F(Parity, SubMeshDefaultValues) {
 
 DTENSOR_TEST_F(Parity, SubMeshDistributeTensorAndRunCheck) {
   DTENSOR_REQUIRE_WORLD_SIZE_AT_LEAST(4);  // a sub-mesh of two ranks or more, rank 0 not first
-  counting_ = std::make_shared<CountingGroup>(group_ptr());
+  testing::CommCounter counting;
   // The even ranks, descending: on 4 ranks [2, 0], rank 2 first.
   const at::Tensor members = even_ranks(ranks()).flip(0).contiguous();
   const int64_t first = members[0].item<int64_t>(), m = members.numel();
-  DeviceMesh mesh(device_type(), members, {}, counting_);
+  DeviceMesh mesh(device_type(), members, {}, group_ptr());
   at::Tensor global = at::arange(12, at::kFloat).reshape({4, 3});
-  counting_->reset();
+  counting.reset();
   at::Tensor dt = distribute_tensor(global + rank(), mesh, {Shard{0}}, /*src_data_rank=*/0);
   EXPECT_EQ(dt.sizes(), (c10::IntArrayRef{4, 3}));
   // The values of the mesh's first rank, each member holding the rows of its coordinate.
@@ -565,7 +563,7 @@ DTENSOR_TEST_F(Parity, SubMeshDistributeTensorAndRunCheck) {
     expect_sub_mesh_local(rank(), global, to_local(dt));
   }
   expect_sub_mesh_local(rank(), global + first, full_tensor(dt));
-  if (rank() % 2 == 1) EXPECT_EQ(counting_->collectives(), 0);
+  if (rank() % 2 == 1) EXPECT_EQ(counting.collectives(), 0);
   // run_check among the mesh's ranks only: rank 0 differs from the mesh's first rank.
   at::Tensor local = at::ones({2, 3}).requires_grad_(rank() != 0);
   const std::string err = error_of([&] { from_local(local, mesh, {Shard{0}}, /*run_check=*/true); });

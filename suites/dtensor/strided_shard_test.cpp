@@ -6,7 +6,7 @@
 // case).
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
-#include "suites/testing/counting_group.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/errors.h"
 
 #include <ATen/ATen.h>
@@ -297,15 +297,15 @@ DTENSOR_TEST_F(StridedShardThreads, PartialAndStridedMeshDims) {
 
 // NOTE: [Ops on strided shards]: what an optimizer step does to an FSDP x TP parameter.
 DTENSOR_TEST_F(StridedShardThreads, OpsKeepTheLayoutWithoutCommunication) {
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {}, group_ptr());
   const Placements strided = {StridedShard(0, 2), Shard{0}};
   for (const Shape& shape : {Shape{8, 4}, Shape{7, 3}}) {
     SCOPED_TRACE(c10::str(c10::IntArrayRef(shape)));
     const at::Tensor g = global_input(shape), h = global_input(shape) * 0.5 + 1;
     at::Tensor x = distribute_tensor(g, mesh, strided);
     at::Tensor y = distribute_tensor(h, mesh, strided);
-    counting->reset();
+    counting.reset();
     at::Tensor z = x * 2 + y;
     at::Tensor m = at::zeros_like(x);
     m.mul_(0.9).add_(y, 0.1);
@@ -314,7 +314,7 @@ DTENSOR_TEST_F(StridedShardThreads, OpsKeepTheLayoutWithoutCommunication) {
     at::Tensor w = x.clone();
     w.addcdiv_(m, v.sqrt().add_(1e-8), -0.01);
     at::Tensor total = (x * y).sum();
-    EXPECT_EQ(counting->collectives(), 0) << "the strided layout was redistributed";
+    EXPECT_EQ(counting.collectives(), 0) << "the strided layout was redistributed";
     for (const at::Tensor& t : {z, m, v, w}) EXPECT_EQ(get_spec(t).placements, strided);
     EXPECT_TRUE(at::allclose(full_tensor(z), g * 2 + h));
     const at::Tensor m_ref = at::zeros_like(g).mul_(0.9).add_(h, 0.1);
@@ -323,9 +323,9 @@ DTENSOR_TEST_F(StridedShardThreads, OpsKeepTheLayoutWithoutCommunication) {
     EXPECT_TRUE(at::allclose(full_tensor(total), (g * h).sum()));
     // A strided tensor with a plainly sharded one: redistributed (counted), still right.
     at::Tensor plain = distribute_tensor(h, mesh, {Shard{0}, Shard{0}});
-    counting->reset();
+    counting.reset();
     at::Tensor mixed = x + plain;
-    EXPECT_GT(counting->collectives(), 0);
+    EXPECT_GT(counting.collectives(), 0);
     EXPECT_TRUE(at::allclose(full_tensor(mixed), g + h));
   }
 }

@@ -6,7 +6,7 @@
 #include "dtensor/ops/registry.h"
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
-#include "suites/testing/counting_group.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/rank_modes.h"
 
 #include <ATen/ATen.h>
@@ -18,11 +18,11 @@ DTENSOR_RANK_FIXTURES(TrustGloo, TrustThreads);
 
 DTENSOR_TEST_BOTH(TrustGloo, TrustThreads, SizeOneMeshDimIssuesNoCollective) {
   const int64_t n = t.ranks();
-  auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
-  DeviceMesh mesh = init_device_mesh(t.device_type(), {1, n}, {}, counting);
+  testing::CommCounter counting;
+  DeviceMesh mesh = init_device_mesh(t.device_type(), {1, n}, {}, t.group_ptr());
   at::Tensor full = at::arange(8 * n, at::kFloat).view({4 * n, 2});
   at::Tensor x = distribute_tensor(full, mesh, {Shard{0}, Shard{1}});
-  counting->reset();
+  counting.reset();
   // Every change is on the size-1 dim 0.
   at::Tensor r = redistribute(x, mesh, {Replicate{}, Shard{1}});
   at::Tensor s = redistribute(r, mesh, {Shard{1}, Shard{1}});
@@ -30,19 +30,19 @@ DTENSOR_TEST_BOTH(TrustGloo, TrustThreads, SizeOneMeshDimIssuesNoCollective) {
   // Partial over one rank is the whole sum already.
   at::Tensor p = from_local(to_local(s), mesh, {Partial{}, Shard{1}}, /*run_check=*/false);
   at::Tensor pr = redistribute(p, mesh, {Replicate{}, Shard{1}});
-  EXPECT_EQ(counting->collectives(), 0) << "collectives on a mesh dim of one rank";
+  EXPECT_EQ(counting.collectives(), 0) << "collectives on a mesh dim of one rank";
   EXPECT_TRUE(to_local(back).equal(to_local(x)));
   EXPECT_TRUE(to_local(pr).equal(to_local(r)));
 }
 
 DTENSOR_TEST_BOTH(TrustGloo, TrustThreads, MetaTensorIsDistributedWithoutCommunication) {
   const int64_t n = t.ranks();
-  auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
-  DeviceMesh mesh = init_device_mesh(t.device_type(), {n}, {}, counting);
-  counting->reset();
+  testing::CommCounter counting;
+  DeviceMesh mesh = init_device_mesh(t.device_type(), {n}, {}, t.group_ptr());
+  counting.reset();
   at::Tensor meta = at::empty({2 * n, 3}, at::TensorOptions().device(at::kMeta));
   at::Tensor x = distribute_tensor(meta, mesh, {Shard{0}});
-  EXPECT_EQ(counting->collectives(), 0);
+  EXPECT_EQ(counting.collectives(), 0);
   EXPECT_TRUE(to_local(x).is_meta());
   EXPECT_EQ(to_local(x).sizes(), at::IntArrayRef({2, 3}));
   EXPECT_EQ(x.sizes(), at::IntArrayRef({2 * n, 3}));

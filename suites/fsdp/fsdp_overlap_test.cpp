@@ -14,7 +14,7 @@
 #include "dtensor/fsdp/fsdp.h"
 #include "dtensor/nn/nn.h"
 #include "harness/harness.h"
-#include "suites/testing/counting_group.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/rank_modes.h"
 #include "suites/testing/training.h"
 
@@ -31,6 +31,8 @@
 
 namespace dtensor {
 namespace {
+
+namespace funcol = debug::c10d_functional;  // PyTorch's alias of the functional collectives
 
 using Kind = fsdp::FSDPTraceEvent::Kind;
 using Trace = std::vector<fsdp::FSDPTraceEvent>;
@@ -90,14 +92,10 @@ fsdp::FSDPModule shard(Stack& m, const fsdp::FullyShardOptions& opts, bool prefe
   return root;
 }
 
-// A CountingGroup's count of `op`, blocking and `_async` spellings together.
-int64_t count_of(const std::map<std::string, int64_t>& counts, const std::string& op) {
-  int64_t n = 0;
-  for (const std::string& name : {op, op + "_async"}) {
-    auto it = counts.find(name);
-    if (it != counts.end()) n += it->second;
-  }
-  return n;
+// The count of `op` (0 when absent).
+int64_t count_of(const debug::CommCounts& counts, const std::string& op) {
+  auto it = counts.find(op);
+  return it == counts.end() ? 0 : it->second;
 }
 
 // Position of the first `kind` event of module `fqn` at or after `from`, or kNone.
@@ -313,22 +311,22 @@ DTENSOR_TEST_BOTH(FsdpOverlapGloo, FsdpOverlapThreads, PrefetchMatchesNoPrefetch
 DTENSOR_TEST_BOTH(FsdpOverlapGloo, FsdpOverlapThreads, NoReshardAfterForwardGathersEachGroupOncePerStep) {
   for (bool prefetch : {false, true}) {
     SCOPED_TRACE(prefetch ? "explicit prefetch" : "default prefetch");
-    auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
+    testing::CommCounter counting;
     Stack model;
     init_deterministic(*model);
     model->to(c10::Device(t.device_type()));
     fsdp::FullyShardOptions opts;
-    opts.mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, counting);
+    opts.mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, t.group_ptr());
     opts.reshard_after_forward = false;
     fsdp::FSDPModule root = shard(model, opts, prefetch);
     const at::Tensor input = values({2, 7}, 0.1).to(c10::Device(t.device_type()));
     for (int step = 0; step < 3; ++step) {
-      counting->reset();
+      counting.reset();
       root.set_trace(true);
       mean_square(nn::call(model, input)).backward();
-      const auto counts = counting->counts();
-      EXPECT_EQ(count_of(counts, "all_gather_into"), kGroups) << "step " << step;
-      EXPECT_EQ(count_of(counts, "reduce_scatter_into"), kGroups) << "step " << step;
+      const auto counts = counting.counts();
+      EXPECT_EQ(count_of(counts, funcol::all_gather_into_tensor), kGroups) << "step " << step;
+      EXPECT_EQ(count_of(counts, funcol::reduce_scatter_tensor), kGroups) << "step " << step;
       EXPECT_EQ(count(root.trace(), Kind::kAllGatherIssued), kGroups) << "step " << step;
     }
   }

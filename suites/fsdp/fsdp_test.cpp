@@ -12,7 +12,7 @@
 #include "models/models.h"
 #include "suites/parallel/parallel_testing.h"
 #include "suites/testing/child_process.h"
-#include "suites/testing/counting_group.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/errors.h"
 #include "suites/testing/tp_collectives.h"
 #include "suites/testing/training.h"
@@ -25,6 +25,8 @@
 
 namespace dtensor {
 namespace {
+
+namespace funcol = debug::c10d_functional;  // PyTorch's alias of the functional collectives
 
 using models::ModelArgs;
 using testing::Block;
@@ -127,12 +129,12 @@ void check_parity(testing::MultiRankTest& t, const std::function<Model()>& make,
                   const std::function<void(fsdp::FullyShardOptions&)>& customize = nullptr,
                   std::vector<int64_t> mesh_shape = {}) {
   SCOPED_TRACE(describe(c));
-  auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
+  testing::CommCounter counting;
   if (mesh_shape.empty()) mesh_shape = {t.ranks()};
   // HSDP's 2-D mesh names its dims (fully_shard requires it).
   const std::vector<std::string> names =
       mesh_shape.size() == 2 ? std::vector<std::string>{"replicate", "shard"} : std::vector<std::string>{};
-  auto mesh = init_device_mesh(t.device_type(), mesh_shape, names, counting);
+  auto mesh = init_device_mesh(t.device_type(), mesh_shape, names, t.group_ptr());
   const c10::Device device(t.device_type());
   Model ref = make(), model = make();
   init_deterministic(*ref);
@@ -153,18 +155,18 @@ void check_parity(testing::MultiRankTest& t, const std::function<Model()>& make,
     opt_ref->zero_grad();
     opt->zero_grad();
     at::Tensor loss_ref = mean_square(nn::call(ref, global));
-    counting->reset();
+    counting.reset();
     at::Tensor loss = mean_square(nn::call(model, input));
-    auto fwd = counting->counts();
-    EXPECT_EQ(fwd["all_gather_into"], groups) << when << " forward all-gathers";
-    EXPECT_EQ(fwd["reduce_scatter_into"], 0) << when;
+    auto fwd = counting.counts();
+    EXPECT_EQ(fwd[funcol::all_gather_into_tensor], groups) << when << " forward all-gathers";
+    EXPECT_EQ(fwd[funcol::reduce_scatter_tensor], 0) << when;
     EXPECT_NEAR(loss_ref.item<double>(), mean_over_ranks(t, loss), 1e-5) << when << " loss";
     loss_ref.backward();
-    counting->reset();
+    counting.reset();
     loss.backward();
-    auto bwd = counting->counts();
-    EXPECT_EQ(bwd["all_gather_into"], expected_backward_ag(groups)) << when << " backward all-gathers";
-    EXPECT_EQ(bwd["reduce_scatter_into"], groups) << when << " reduce-scatters";
+    auto bwd = counting.counts();
+    EXPECT_EQ(bwd[funcol::all_gather_into_tensor], expected_backward_ag(groups)) << when << " backward all-gathers";
+    EXPECT_EQ(bwd[funcol::reduce_scatter_tensor], groups) << when << " reduce-scatters";
     expect_sharded_parity(*ref, *model, /*grads=*/true, when);
     opt_ref->step();
     opt->step();
@@ -333,8 +335,8 @@ DTENSOR_TEST_F(FsdpGloo, TransformerTrainingMatchesOneRank) {
 // The sharded parameters: DTensor Shard(0) leaves holding torch.chunk's rows, empty shards
 // included; fully_shard itself does not communicate.
 DTENSOR_TEST_F(FsdpThreads, ParametersAreShardedLikeTorchChunk) {
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   UnevenMLP m;
   init_deterministic(*m);
   auto full = nn::named_parameters(*m);
@@ -342,9 +344,9 @@ DTENSOR_TEST_F(FsdpThreads, ParametersAreShardedLikeTorchChunk) {
   for (auto& kv : full) originals.push_back(kv.second.detach().clone());
   fsdp::FullyShardOptions opts;
   opts.mesh = mesh;
-  counting->reset();
+  counting.reset();
   shard_uneven(m, mesh, opts);
-  EXPECT_EQ(counting->collectives(), 0);
+  EXPECT_EQ(counting.collectives(), 0);
   auto sharded = nn::named_parameters(*m);
   ASSERT_EQ(sharded.size(), full.size());
   for (size_t i = 0; i < sharded.size(); ++i) {
@@ -368,8 +370,8 @@ DTENSOR_TEST_F(FsdpThreads, ParametersAreShardedLikeTorchChunk) {
 // Two micro-batches without gradient sync, then one with it, equal one step on the whole
 // batch; the micro-batches without sync reduce nothing.
 DTENSOR_TEST_F(FsdpThreads, GradientAccumulationEqualsOneLargeBatch) {
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   UnevenMLP ref, model;
   init_deterministic(*ref);
   init_deterministic(*model);
@@ -382,9 +384,9 @@ DTENSOR_TEST_F(FsdpThreads, GradientAccumulationEqualsOneLargeBatch) {
   const at::Tensor mine = my_rows(global, rank(), ranks());  // 6 rows: 3 micro-batches of 2
   for (int micro = 0; micro < 3; ++micro) {
     root.set_requires_gradient_sync(micro == 2);
-    counting->reset();
+    counting.reset();
     (mean_square(nn::call(model, mine.narrow(0, 2 * micro, 2))) / 3).backward();
-    EXPECT_EQ(counting->counts()["reduce_scatter_into"], micro == 2 ? groups : 0) << "micro-batch " << micro;
+    EXPECT_EQ(counting.counts()[funcol::reduce_scatter_tensor], micro == 2 ? groups : 0) << "micro-batch " << micro;
     if (micro < 2) {
       for (auto& p : nn::parameters(*model)) EXPECT_FALSE(p.grad().defined());
     }
@@ -398,8 +400,8 @@ DTENSOR_TEST_F(FsdpThreads, GradientAccumulationEqualsOneLargeBatch) {
 // step on the whole batch.
 DTENSOR_TEST_F(FsdpThreads, HsdpAccumulationAllReducesOnlyTheLastMicroBatch) {
   DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"replicate", "shard"}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"replicate", "shard"}, group_ptr());
   UnevenMLP ref, model;
   init_deterministic(*ref);
   init_deterministic(*model);
@@ -412,11 +414,11 @@ DTENSOR_TEST_F(FsdpThreads, HsdpAccumulationAllReducesOnlyTheLastMicroBatch) {
   const at::Tensor mine = my_rows(global, rank(), ranks());
   for (int micro = 0; micro < 3; ++micro) {
     root.set_requires_all_reduce(micro == 2);
-    counting->reset();
+    counting.reset();
     (mean_square(nn::call(model, mine.narrow(0, 2 * micro, 2))) / 3).backward();
-    auto counts = counting->counts();
-    EXPECT_EQ(counts["reduce_scatter_into"], groups) << "micro-batch " << micro;
-    EXPECT_EQ(counts["all_reduce"], micro == 2 ? groups : 0) << "micro-batch " << micro;
+    auto counts = counting.counts();
+    EXPECT_EQ(counts[funcol::reduce_scatter_tensor], groups) << "micro-batch " << micro;
+    EXPECT_EQ(counts[funcol::all_reduce], micro == 2 ? groups : 0) << "micro-batch " << micro;
     if (micro < 2) {
       for (auto& p : nn::parameters(*model)) EXPECT_FALSE(p.grad().defined()) << "micro-batch " << micro;
     }
@@ -469,8 +471,8 @@ class EmbedHeadImpl : public torch::nn::Module {
 TORCH_MODULE(EmbedHead);
 
 DTENSOR_TEST_F(FsdpThreads, NoUnshardInBackwardSkipsTheEmbeddingsAllGather) {
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   EmbedHead ref, model;
   init_deterministic(*ref);
   init_deterministic(*model);
@@ -486,11 +488,11 @@ DTENSOR_TEST_F(FsdpThreads, NoUnshardInBackwardSkipsTheEmbeddingsAllGather) {
     for (auto& p : nn::parameters(*model)) p.mutable_grad() = at::Tensor();
     mean_square(nn::call(ref, global)).backward();
     at::Tensor loss = mean_square(nn::call(model, my_rows(global, rank(), ranks())));
-    counting->reset();
+    counting.reset();
     loss.backward();
     // The root keeps its parameters after forward: only the embedding's group could all-gather.
-    EXPECT_EQ(counting->counts()["all_gather_into"], unshard ? 1 : 0);
-    EXPECT_EQ(counting->counts()["reduce_scatter_into"], 2);
+    EXPECT_EQ(counting.counts()[funcol::all_gather_into_tensor], unshard ? 1 : 0);
+    EXPECT_EQ(counting.counts()[funcol::reduce_scatter_tensor], 2);
     expect_sharded_parity(*ref, *model, /*grads=*/true, unshard ? "unsharded" : "not unsharded");
   }
 }
@@ -565,8 +567,8 @@ class CheckpointedMLPImpl : public torch::nn::Module {
 TORCH_MODULE(CheckpointedMLP);
 
 DTENSOR_TEST_F(FsdpThreads, ActivationCheckpointedBlocksTrainLikeOneRank) {
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   CheckpointedMLP ref, model;
   init_deterministic(*ref);
   init_deterministic(*model);
@@ -582,13 +584,13 @@ DTENSOR_TEST_F(FsdpThreads, ActivationCheckpointedBlocksTrainLikeOneRank) {
     opt_ref->zero_grad();
     opt->zero_grad();
     mean_square(nn::call(ref, global)).backward();
-    counting->reset();
+    counting.reset();
     at::Tensor loss = mean_square(nn::call(model, my_rows(global, rank(), ranks())));
-    EXPECT_EQ(counting->counts()["all_gather_into"], 3) << when << ": one per block (the root has no parameters)";
-    counting->reset();
+    EXPECT_EQ(counting.counts()[funcol::all_gather_into_tensor], 3) << when << ": one per block (the root has no parameters)";
+    counting.reset();
     loss.backward();
-    EXPECT_EQ(counting->counts()["all_gather_into"], 6) << when << ": the recomputation's and the backward's";
-    EXPECT_EQ(counting->counts()["reduce_scatter_into"], 3) << when;
+    EXPECT_EQ(counting.counts()[funcol::all_gather_into_tensor], 6) << when << ": the recomputation's and the backward's";
+    EXPECT_EQ(counting.counts()[funcol::reduce_scatter_tensor], 3) << when;
     expect_sharded_parity(*ref, *model, /*grads=*/true, when);
     opt_ref->step();
     opt->step();
@@ -630,8 +632,8 @@ DTENSOR_TEST_F(FsdpThreads, GroupsOnDifferentMeshesTrainTogether) {
 
 // unshard() all-gathers once and the next forward does not; reshard() swaps the DTensors back.
 DTENSOR_TEST_F(FsdpThreads, ExplicitUnshardAndReshard) {
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   UnevenMLP ref, model;
   init_deterministic(*ref);
   init_deterministic(*model);
@@ -640,18 +642,18 @@ DTENSOR_TEST_F(FsdpThreads, ExplicitUnshardAndReshard) {
   opts.reshard_after_forward = false;
   fsdp::FSDPModule root = fsdp::fully_shard(model, opts);
   EXPECT_FALSE(root.is_unsharded());
-  counting->reset();
+  counting.reset();
   root.unshard();
-  EXPECT_EQ(counting->counts()["all_gather_into"], 1);
+  EXPECT_EQ(counting.counts()[funcol::all_gather_into_tensor], 1);
   EXPECT_TRUE(root.is_unsharded());
   auto params = nn::named_parameters(*model), full = nn::named_parameters(*ref);
   for (size_t i = 0; i < params.size(); ++i) {
     EXPECT_FALSE(is_dtensor(params[i].second)) << params[i].first;
     EXPECT_TRUE(params[i].second.equal(full[i].second)) << params[i].first;
   }
-  counting->reset();
+  counting.reset();
   at::Tensor out = nn::call(model, values({2, 7}));
-  EXPECT_EQ(counting->counts()["all_gather_into"], 0);
+  EXPECT_EQ(counting.counts()[funcol::all_gather_into_tensor], 0);
   EXPECT_TRUE(testing::tensors_close(nn::call(ref, values({2, 7})), out, kRtol, kAtol));
   root.reshard();
   EXPECT_FALSE(root.is_unsharded());
@@ -822,21 +824,21 @@ DTENSOR_TEST_F(FsdpThreads, CastToFloat64AfterFullyShardTrains) {
 DTENSOR_TEST_F(FsdpThreads, CollectivesPerStepMatchPyTorch) {
   const ModelArgs args = uneven_args();
   for (int explicit_true = 0; explicit_true < 2; ++explicit_true) {
-    auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-    auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
+    testing::CommCounter counting;
+    auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
     models::Transformer model(args);
     fsdp::FullyShardOptions opts;
     opts.mesh = mesh;
     if (explicit_true) opts.reshard_after_forward = true;
     const int groups = shard_transformer(model, mesh, opts);
     for (int step = 0; step < 2; ++step) {
-      counting->reset();
+      counting.reset();
       at::Tensor loss = nn::call(model, tokens_for(args, 2, 6)).sum();
-      EXPECT_EQ(counting->counts(), (std::map<std::string, int64_t>{{"all_gather_into", groups}}));
-      counting->reset();
+      EXPECT_EQ(counting.counts(), (std::map<std::string, int64_t>{{funcol::all_gather_into_tensor, groups}}));
+      counting.reset();
       loss.backward();
-      EXPECT_EQ(counting->counts(), (std::map<std::string, int64_t>{{"all_gather_into", explicit_true ? groups : groups - 1},
-                                                                     {"reduce_scatter_into", groups}}))
+      EXPECT_EQ(counting.counts(), (std::map<std::string, int64_t>{{funcol::all_gather_into_tensor, explicit_true ? groups : groups - 1},
+                                                                     {funcol::reduce_scatter_tensor, groups}}))
           << "explicit_true=" << explicit_true << " step " << step;
     }
   }
@@ -980,8 +982,8 @@ DTENSOR_TEST_F(FsdpThreads, ErrorsOnARankOutsideTheMesh) {
 // child: each run must fail cleanly, naming the cause, and none may crash (before the fix the
 // child crashed within its first few runs).
 DTENSOR_TEST_F(FsdpThreads, DISABLED_UnshardOnAMeshOfHalfTheWorld) {
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh(device_type(), {ranks() / 2}, {}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(device_type(), {ranks() / 2}, {}, group_ptr());
   UnevenMLP model;
   init_deterministic(*model);
   fsdp::FullyShardOptions opts;
@@ -1077,24 +1079,24 @@ DTENSOR_TEST_F(FsdpThreads, ShardPlacementFnShardsAnotherDim) {
 
 // ignored_params stay plain tensors, outside every collective.
 DTENSOR_TEST_F(FsdpThreads, IgnoredParamsStayPlain) {
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
+  testing::CommCounter counting;
   UnevenMLP ref, m;
   init_deterministic(*ref);
   init_deterministic(*m);
   fsdp::FullyShardOptions opts;
-  opts.mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
+  opts.mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   opts.ignored_params = {m->head->weight};
   fsdp::fully_shard(m, opts);
   EXPECT_FALSE(is_dtensor(m->head->weight));
   EXPECT_TRUE(is_dtensor(m->head->bias));
   EXPECT_TRUE(is_dtensor(m->layers[0]->named_parameters()["lin.weight"]));
-  counting->reset();
+  counting.reset();
   at::Tensor out = nn::call(m, values({2, 7}));
   EXPECT_TRUE(testing::tensors_close(nn::call(ref, values({2, 7})), out, kRtol, kAtol));
   out.sum().backward();
   EXPECT_FALSE(is_dtensor(m->head->weight.grad()));
   EXPECT_TRUE(is_dtensor(m->head->bias.grad()));
-  EXPECT_EQ(counting->counts()["reduce_scatter_into"], 1);
+  EXPECT_EQ(counting.counts()[funcol::reduce_scatter_tensor], 1);
 }
 
 // Mixed precision: bf16 parameters for compute, fp32 gradient reduction. The sharded
@@ -1178,8 +1180,8 @@ void train_steps(torch::nn::Module& model, torch::optim::Optimizer& opt, const a
 // loads into a plain model equal to the reference; Adam's state is sharded like its parameter
 // and gathers to the reference's. sharded_state_dict communicates nothing.
 DTENSOR_TEST_F(FsdpThreads, StateDictFsdpToPlainWithAdamState) {
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   UnevenMLP ref, model, plain;
   init_deterministic(*ref);
   init_deterministic(*model);
@@ -1192,9 +1194,9 @@ DTENSOR_TEST_F(FsdpThreads, StateDictFsdpToPlainWithAdamState) {
   train_steps(*ref, opt_ref, global, 2);
   train_steps(*model, opt, my_rows(global, rank(), ranks()), 2);
   nn::call(model, values({2, 7}));  // the root stays unsharded after forward: still sharded entries
-  counting->reset();
+  counting.reset();
   auto sharded = fsdp::sharded_state_dict(*model);
-  EXPECT_EQ(counting->collectives(), 0);
+  EXPECT_EQ(counting.collectives(), 0);
   ASSERT_EQ(sharded.size(), nn::named_parameters(*ref).size());
   for (auto& kv : sharded) EXPECT_TRUE(is_dtensor(kv.second)) << kv.first;
   auto full = fsdp::full_state_dict(*model);
@@ -1291,8 +1293,8 @@ DTENSOR_TEST_F(FsdpThreads, PrefetchKeepsCountsAndResults) {
 // Gradient accumulation with reshard_after_backward off during the micro-batches: the blocks
 // stay unsharded, so the next micro-batch all-gathers nothing, and the result is unchanged.
 DTENSOR_TEST_F(FsdpThreads, AccumulationWithoutReshardAfterBackward) {
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   UnevenMLP ref, model;
   init_deterministic(*ref);
   init_deterministic(*model);
@@ -1307,14 +1309,14 @@ DTENSOR_TEST_F(FsdpThreads, AccumulationWithoutReshardAfterBackward) {
     const bool last = micro == 1;
     root.set_requires_gradient_sync(last);
     root.set_reshard_after_backward(last);
-    counting->reset();
+    counting.reset();
     (mean_square(nn::call(model, mine.narrow(0, 2 * micro, 2))) / 2).backward();
-    auto counts = counting->counts();
+    auto counts = counting.counts();
     // Micro-batch 0: forward all-gathers every group, backward those resharded after forward
     // (the blocks). Micro-batch 1: its forward all-gathers nothing (nothing was resharded after
     // backward), its backward the blocks again.
-    EXPECT_EQ(counts["all_gather_into"], last ? groups - 1 : 2 * groups - 1) << "micro-batch " << micro;
-    EXPECT_EQ(counts["reduce_scatter_into"], last ? groups : 0) << "micro-batch " << micro;
+    EXPECT_EQ(counts[funcol::all_gather_into_tensor], last ? groups - 1 : 2 * groups - 1) << "micro-batch " << micro;
+    EXPECT_EQ(counts[funcol::reduce_scatter_tensor], last ? groups : 0) << "micro-batch " << micro;
   }
   EXPECT_FALSE(root.is_unsharded());
   expect_sharded_parity(*ref, *model, /*grads=*/true, "accumulated");
@@ -1399,11 +1401,11 @@ void check_2d_parity(testing::MultiRankTest& t, const std::function<Model()>& ma
                      const std::function<testing::StepCollectives()>& tp_counts,
                      const std::vector<int64_t>& mesh_shape) {
   SCOPED_TRACE(optim == Optim::kSGD ? "SGD" : "Adam");
-  auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
+  testing::CommCounter counting;
   // (dp, tp), or HSDP x TP: (replicate, shard, tp) with fully_shard on the (replicate, shard) slice.
   const bool hsdp = mesh_shape.size() == 3;
-  auto mesh = hsdp ? init_device_mesh(t.device_type(), mesh_shape, {"replicate", "shard", "tp"}, counting)
-                   : init_device_mesh(t.device_type(), mesh_shape, {"dp", "tp"}, counting);
+  auto mesh = hsdp ? init_device_mesh(t.device_type(), mesh_shape, {"replicate", "shard", "tp"}, t.group_ptr())
+                   : init_device_mesh(t.device_type(), mesh_shape, {"dp", "tp"}, t.group_ptr());
   const DeviceMesh dp_mesh = hsdp ? mesh[{"replicate", "shard"}] : mesh["dp"];
   SCOPED_TRACE("mesh " + mesh.to_string());
   const c10::Device device(t.device_type());
@@ -1414,9 +1416,9 @@ void check_2d_parity(testing::MultiRankTest& t, const std::function<Model()>& ma
   for (auto* m : {&ref, &model, &twin}) (*m)->to(device);
   parallelize(model, mesh["tp"]);
   parallelize(twin, mesh["tp"]);
-  counting->reset();
+  counting.reset();
   const int groups = shard(model, dp_mesh, fsdp::FullyShardOptions{});
-  EXPECT_EQ(counting->collectives(), 0) << "fully_shard communicates nothing";
+  EXPECT_EQ(counting.collectives(), 0) << "fully_shard communicates nothing";
   for (auto& kv : nn::named_parameters(*model)) {
     const DTensorSpec& spec = get_spec(kv.second);
     // TP parameters live on the parent mesh, plain ones on the FSDP mesh; HSDP replicates first.
@@ -1436,32 +1438,32 @@ void check_2d_parity(testing::MultiRankTest& t, const std::function<Model()>& ma
     for (auto& p : nn::parameters(*twin)) p.mutable_grad() = at::Tensor();
     at::Tensor loss_ref = mean_square(nn::call(ref, global));
     loss_ref.backward();
-    counting->reset();
+    counting.reset();
     at::Tensor twin_loss = mean_square(nn::call(twin, input));
-    auto tp_fwd = counting->counts();
-    counting->reset();
+    auto tp_fwd = counting.counts();
+    counting.reset();
     twin_loss.backward();
-    auto tp_bwd = counting->counts();
+    auto tp_bwd = counting.counts();
     if (tp_counts) {
       EXPECT_EQ(tp_fwd, tp_counts().forward) << when << " TP forward";
       EXPECT_EQ(tp_bwd, tp_counts().backward) << when << " TP backward";
     }
-    counting->reset();
+    counting.reset();
     at::Tensor loss = mean_square(nn::call(model, input));
-    EXPECT_EQ(minus(counting->counts(), tp_fwd), (std::map<std::string, int64_t>{{"all_gather_into", groups}}))
+    EXPECT_EQ(minus(counting.counts(), tp_fwd), (std::map<std::string, int64_t>{{funcol::all_gather_into_tensor, groups}}))
         << when << " forward: FSDP's collectives on top of TP's";
     EXPECT_NEAR(loss_ref.item<double>(), mean_over_ranks(t, loss), 1e-5) << when << " loss";
-    counting->reset();
+    counting.reset();
     loss.backward();
-    std::map<std::string, int64_t> fsdp_bwd{{"reduce_scatter_into", groups}};
-    if (hsdp) fsdp_bwd["all_reduce"] = groups;  // HSDP: the reduced shards all-reduced over replicate
-    if (backward_ag(groups) > 0) fsdp_bwd["all_gather_into"] = backward_ag(groups);
-    EXPECT_EQ(minus(counting->counts(), tp_bwd), fsdp_bwd) << when << " backward: FSDP's collectives on top of TP's";
+    std::map<std::string, int64_t> fsdp_bwd{{funcol::reduce_scatter_tensor, groups}};
+    if (hsdp) fsdp_bwd[funcol::all_reduce] = groups;  // HSDP: the reduced shards all-reduced over replicate
+    if (backward_ag(groups) > 0) fsdp_bwd[funcol::all_gather_into_tensor] = backward_ag(groups);
+    EXPECT_EQ(minus(counting.counts(), tp_bwd), fsdp_bwd) << when << " backward: FSDP's collectives on top of TP's";
     expect_sharded_parity(*ref, *model, /*grads=*/true, when);
     opt_ref->step();
-    counting->reset();
+    counting.reset();
     opt->step();
-    EXPECT_EQ(counting->collectives(), 0) << when << " optimizer step";
+    EXPECT_EQ(counting.collectives(), 0) << when << " optimizer step";
     // After an Adam step an entry whose gradient is rounding noise (|g| << eps: the sharded and
     // one-rank matmuls round differently) moves by lr * g / eps, so a gradient difference of
     // 1e-9 (far inside the gradient check above) moves it by 1e-5 (libtorch 2.6: 2.2e-5 on
@@ -1609,8 +1611,8 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpTransformerPlacementsMatchPyTorch) {
 // original parameter; while unsharded the modules hold the TP DTensors again.
 DTENSOR_TEST_F(FsdpThreads, FsdpTpParametersAre2DDTensors) {
   DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"}, group_ptr());
   models::MLPStacked m(c10::Device(c10::kCPU), 2);
   init_deterministic(*m);
   std::vector<at::Tensor> originals;
@@ -1618,12 +1620,12 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpParametersAre2DDTensors) {
   rowwise_mlp_plan(m, mesh["tp"]);
   std::vector<DTensorSpec> tp_specs;
   for (auto& p : nn::parameters(*m)) tp_specs.push_back(get_spec(p));
-  counting->reset();
+  counting.reset();
   auto root = [&] {
     shard_2d_stacked(m, mesh["dp"], {});
     return *fsdp::get_fsdp_module(*m->layers[0]);
   }();
-  EXPECT_EQ(counting->collectives(), 0);
+  EXPECT_EQ(counting.collectives(), 0);
   auto params = nn::named_parameters(*m);
   const int64_t dp = mesh.get_local_rank("dp");
   for (size_t i = 0; i < params.size(); ++i) {
@@ -1705,8 +1707,8 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpErrorsNameTheMeshes) {
 // TP-only model, and a TP-only model's state dict into a fresh 2-D model (TP -> FSDP x TP).
 DTENSOR_TEST_F(FsdpThreads, FsdpTpStateDictRoundTrips) {
   DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // mesh_shape_2d()
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(device_type(), mesh_shape_2d(), {"dp", "tp"}, group_ptr());
   auto make_2d = [&] {
     models::MLPStacked m(c10::Device(c10::kCPU), 2);
     rowwise_mlp_plan(m, mesh["tp"]);
@@ -1745,9 +1747,9 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpStateDictRoundTrips) {
     }
   };
 
-  counting->reset();
+  counting.reset();
   auto sharded = fsdp::sharded_state_dict(*model);
-  EXPECT_EQ(counting->collectives(), 0) << "sharded_state_dict communicates nothing";
+  EXPECT_EQ(counting.collectives(), 0) << "sharded_state_dict communicates nothing";
   for (auto& kv : sharded) {
     ASSERT_TRUE(is_dtensor(kv.second)) << kv.first;
     EXPECT_EQ(get_spec(kv.second).mesh, mesh) << kv.first;
@@ -1771,9 +1773,9 @@ DTENSOR_TEST_F(FsdpThreads, FsdpTpStateDictRoundTrips) {
   }
   {
     auto m = make_2d();
-    counting->reset();
+    counting.reset();
     fsdp::load_state_dict(*m, full);
-    EXPECT_EQ(counting->collectives(), 0) << "a full state dict loads without communication";
+    EXPECT_EQ(counting.collectives(), 0) << "a full state dict loads without communication";
     expect_sharded_parity(*ref, *m, /*grads=*/false, "full -> 2-D");
   }
   auto tp_only = make_tp();

@@ -11,7 +11,7 @@
 #include "harness/harness.h"
 #include "models/models.h"
 #include "suites/parallel/parallel_testing.h"
-#include "suites/testing/counting_group.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/tp_collectives.h"
 #include "suites/testing/training.h"
 
@@ -22,6 +22,8 @@
 
 namespace dtensor {
 namespace {
+
+namespace funcol = debug::c10d_functional;  // PyTorch's alias of the functional collectives
 
 using models::ModelArgs;
 using testing::gathered;
@@ -151,8 +153,8 @@ void check_transformer(testing::MultiRankTest& t, const TransformerCase& c, int 
 // forward gathers no logits, and training matches the single device.
 void check_transformer_loss_parallel(testing::MultiRankTest& t, bool seq_parallel, int steps = 3) {
   SCOPED_TRACE(::testing::Message() << "seq_parallel=" << seq_parallel << " world=" << t.group().size());
-  auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
-  auto mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, t.group_ptr());
   ModelArgs args;
   args.dropout_p = 0.0;
   const at::Tensor tokens = tokens_for(args, 2, 8);
@@ -177,9 +179,9 @@ void check_transformer_loss_parallel(testing::MultiRankTest& t, bool seq_paralle
     EXPECT_EQ(get_spec(logits).placements, std::vector<Placement>{Shard{2}}) << when;
     {
       auto guard = loss_parallel();
-      counting->reset();
+      counting.reset();
       at::Tensor loss = torch::nn::functional::cross_entropy(logits.flatten(0, 1), targets);
-      EXPECT_EQ(counting->counts().count("all_gather_into"), 0u) << when << ": the logits were gathered";
+      EXPECT_EQ(counting.counts().count(funcol::all_gather_into_tensor), 0u) << when << ": the logits were gathered";
       EXPECT_TRUE(testing::tensors_close(loss_ref, full_tensor(loss), kRtol, kAtol)) << when << " loss";
       loss.backward();
     }
@@ -227,8 +229,8 @@ TP_MODEL_TEST(TransformerAsyncTensorParallelUntiedMatchesSingleDevice,
 void check_collectives(testing::MultiRankTest& t) {
   for (bool sp : {false, true}) {
     SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
-    auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
-    auto mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, counting);
+    testing::CommCounter counting;
+    auto mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, t.group_ptr());
     ModelArgs args;
     args.dropout_p = 0.0;
     // The plan's counts hold with whole heads on every rank (4 heads: up to 4 ranks); a rank
@@ -242,15 +244,15 @@ void check_collectives(testing::MultiRankTest& t) {
     for (int step = 0; step < 2; ++step) {  // the first step creates the momentum buffers
       SCOPED_TRACE("step " + std::to_string(step));
       opt.zero_grad();
-      counting->reset();
+      counting.reset();
       at::Tensor logits = nn::call(model, tokens);
-      EXPECT_EQ(counting->counts(), expected.forward) << "forward";
-      counting->reset();
+      EXPECT_EQ(counting.counts(), expected.forward) << "forward";
+      counting.reset();
       torch::nn::functional::cross_entropy(logits.view({-1, args.vocab_size}), targets).backward();
-      EXPECT_EQ(counting->counts(), expected.backward) << "backward";
-      counting->reset();
+      EXPECT_EQ(counting.counts(), expected.backward) << "backward";
+      counting.reset();
       opt.step();
-      EXPECT_EQ(counting->counts(), expected.optimizer) << "SGD step";
+      EXPECT_EQ(counting.counts(), expected.optimizer) << "SGD step";
     }
   }
 }

@@ -7,7 +7,7 @@
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
 #include "suites/parallel/parallel_testing.h"
-#include "suites/testing/counting_group.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/errors.h"
 
 #include <ATen/ATen.h>
@@ -50,14 +50,14 @@ DTENSOR_TEST_F(ClipGrad, ShardedGradientsClipAsTheUnshardedDo) {
   const int64_t n = ranks();
   for (double norm : {2.0, 1.0, std::numeric_limits<double>::infinity(), 3.0}) {
     for (double max_norm : {0.5, 1e6}) {  // clipping, and not
-      auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-      auto mesh = init_device_mesh(device_type(), {n}, {}, counting);
+      testing::CommCounter counting;
+      auto mesh = init_device_mesh(device_type(), {n}, {}, group_ptr());
       Params p = make_params(some_grads(n), [&](const at::Tensor& t, size_t i) {
         return distribute_tensor(t, mesh, {i == 2 ? Placement{Replicate{}} : Placement{Shard{0}}});
       });
-      counting->reset();
+      counting.reset();
       const at::Tensor total = nn::clip_grad_norm_(p.sharded, max_norm, norm);
-      EXPECT_EQ(counting->collectives(), 1) << "one all-reduce for the one mesh dim, norm " << norm;
+      EXPECT_EQ(counting.collectives(), 1) << "one all-reduce for the one mesh dim, norm " << norm;
       const double expected = torch::nn::utils::clip_grad_norm_(p.plain, max_norm, norm);
       EXPECT_FALSE(is_dtensor(total));
       EXPECT_NEAR(total.item<double>(), expected, 1e-5 * std::max(1.0, expected)) << "norm " << norm;
@@ -72,8 +72,8 @@ DTENSOR_TEST_F(ClipGrad, ShardedGradientsClipAsTheUnshardedDo) {
 // 2-D mesh take one all-reduce per mesh dim.
 DTENSOR_TEST_F(ClipGrad, TwoDimensionalLayoutsTakeOneReductionPerMeshDim) {
   const auto shape = mesh_shape_2d();
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh(device_type(), shape, {"dp", "tp"}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(device_type(), shape, {"dp", "tp"}, group_ptr());
   const std::vector<at::Tensor> grads = {values({2 * shape[0], 2 * shape[1]}), values({3 * shape[0], 2}, 1.0) * 0.3,
                                          values({2, 2}, 2.0)};
   Params p = make_params(grads, [&](const at::Tensor& t, size_t i) {
@@ -81,9 +81,9 @@ DTENSOR_TEST_F(ClipGrad, TwoDimensionalLayoutsTakeOneReductionPerMeshDim) {
     if (i == 1) return distribute_tensor(t, mesh, {Shard{0}, Replicate{}});
     return t.clone();
   });
-  counting->reset();
+  counting.reset();
   const at::Tensor total = nn::clip_grad_norm_(p.sharded, 0.25);
-  EXPECT_EQ(counting->collectives(), 2);
+  EXPECT_EQ(counting.collectives(), 2);
   const double expected = torch::nn::utils::clip_grad_norm_(p.plain, 0.25);
   EXPECT_NEAR(total.item<double>(), expected, 1e-5 * expected);
   for (size_t i = 0; i < grads.size(); ++i) {

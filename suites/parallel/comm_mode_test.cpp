@@ -4,6 +4,7 @@
 // the bytes of each collective against the sizes of the tensors it moves; the module tree,
 // the table and the JSON dump; the strict mode. Ranks as threads (each enters its own mode),
 // and the MLP case as Gloo processes too.
+#include "dtensor/comm/c10d_guard.h"
 #include "dtensor/debug/comm_mode.h"
 #include "dtensor/fsdp/fsdp.h"
 #include "dtensor/nn/nn.h"
@@ -71,6 +72,25 @@ DTENSOR_TEST_F(CommModeThreads, CountsCollectivesCalledDirectly) {
   // Called outside any tracked module except the MLP, which communicates nothing.
   for (const auto& c : r) EXPECT_TRUE(c.modules.empty());
   EXPECT_EQ(comm_mode.get_total_bytes(), bytes_of(x) + 4 * n * 10 * 4 + 4 * 10 * 4);
+}
+
+// Making groups is not communication: on Gloo, with the harness's call check on (it all-gathers
+// a description of every call, new_subgroup's too), a sub-group made inside the mode records
+// nothing (before, the check's exchange counted as the user's all-gather); a collective on it
+// records one.
+DTENSOR_TEST_F(CommModeGloo, MakingASubgroupRecordsNothing) {
+  DTENSOR_REQUIRE_WORLD_SIZE_AT_LEAST(2);
+  ASSERT_TRUE(comm::check_collectives_enabled()) << "the harness turns the call check on";
+  CommDebugMode comm_mode;
+  auto active = comm_mode.enter();
+  comm::GroupPtr pair = group().new_subgroup({0, 1});  // collective: every rank calls it
+  EXPECT_EQ(comm_mode.get_total_counts(), 0);
+  if (pair) {
+    at::Tensor t = at::ones({3});
+    pair->all_reduce(t);
+    EXPECT_EQ(comm_mode.get_comm_counts(), (CommCounts{{funcol::all_reduce, 1}}));
+    EXPECT_EQ(comm_mode.get_collectives().at(0).group_size, 2);
+  }
 }
 
 // test_comm_mode_with_dtensor: mm of two row-sharded DTensors gathers the second, once, and

@@ -11,7 +11,7 @@
 #include "dtensor/nn/functional.h"
 #include "harness/harness.h"
 #include "suites/parallel/parallel_testing.h"
-#include "suites/testing/counting_group.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/errors.h"
 
 #include <ATen/ATen.h>
@@ -20,6 +20,8 @@
 
 namespace dtensor {
 namespace {
+
+namespace funcol = debug::c10d_functional;  // PyTorch's alias of the functional collectives
 
 using experimental::context_parallel;
 using experimental::context_parallel_unshard;
@@ -51,8 +53,8 @@ DTENSOR_TEST_F(ContextParallelTest, RingAttentionEqualsSingleDeviceAttention) {
   const int64_t w = ranks(), seq = 4 * w;
   const at::Tensor q = values({2, 3, seq, 8}, 0.1), k = values({2, 3, seq, 8}, 1.3), v = values({2, 3, seq, 5}, 2.7);
   const at::Tensor dout = values({2, 3, seq, 5}, 4.2);
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh(device_type(), {w}, {}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(device_type(), {w}, {}, group_ptr());
   for (bool causal : {false, true}) {
     for (bool balance : {true, false}) {
       const std::string what = std::string(causal ? "causal" : "not causal") + (balance ? ", balanced" : ", contiguous");
@@ -65,12 +67,12 @@ DTENSOR_TEST_F(ContextParallelTest, RingAttentionEqualsSingleDeviceAttention) {
       auto cp = context_parallel(mesh, {cq, ck, cv, cd}, {2, 2, 2, 2}, {}, o);
       EXPECT_EQ(cq.size(2), seq / w) << what;
       cq.requires_grad_(true), ck.requires_grad_(true), cv.requires_grad_(true);
-      counting->reset();
+      counting.reset();
       const at::Tensor out = F::scaled_dot_product_attention(cq, ck, cv, {}, 0.0, causal);
-      EXPECT_EQ(counting->collectives(), w - 1) << what;
-      EXPECT_EQ(counting->counts()["all_to_all_single"], w - 1) << what;
+      EXPECT_EQ(counting.collectives(), w - 1) << what;
+      EXPECT_EQ(counting.counts()[funcol::all_to_all_single], w - 1) << what;
       out.backward(cd);
-      EXPECT_EQ(counting->counts()["all_to_all_single"], w == 1 ? 0 : 3 * w - 2) << what;  // none on one rank
+      EXPECT_EQ(counting.counts()[funcol::all_to_all_single], w == 1 ? 0 : 3 * w - 2) << what;  // none on one rank
       const auto full = context_parallel_unshard(mesh, {out, cq.grad(), ck.grad(), cv.grad()}, {2, 2, 2, 2}, o);
       EXPECT_TRUE(close(full[0], ref)) << what << ": output " << (full[0] - ref).abs().max().item<double>();
       for (int i = 0; i < 3; ++i)

@@ -8,7 +8,7 @@
 #include "dtensor/parallel/parallel.h"
 #include "harness/harness.h"
 #include "suites/parallel/parallel_testing.h"
-#include "suites/testing/counting_group.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/errors.h"
 
 #include <ATen/ATen.h>
@@ -17,6 +17,8 @@
 
 namespace dtensor {
 namespace {
+
+namespace funcol = debug::c10d_functional;  // PyTorch's alias of the functional collectives
 
 using testing::contains;
 using testing::error_of;
@@ -136,31 +138,31 @@ torch::nn::Linear make_linear(bool bias, int64_t out_features = 12) {
   return l;
 }
 
-// A Linear parallelized with `style` on a mesh over a CountingGroup, called on this rank's
+// A Linear parallelized with `style` on a mesh of this rank's world, called on this rank's
 // sequence shard (or the whole input for Rowwise's feature shard): the output and every gradient
 // match the plain Linear, and forward and backward issue `forward` and `backward` collectives.
 template <class Style>
 void check_async_style(testing::MultiRankTest& t, const Style& style, const Placement& in_layout, bool bias,
                        const std::map<std::string, int64_t>& forward, const std::map<std::string, int64_t>& backward,
                        int64_t out_features = 12) {
-  auto counting = std::make_shared<testing::CountingGroup>(t.group_ptr());
-  auto mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(t.device_type(), {t.ranks()}, {}, t.group_ptr());
   torch::nn::Linear ref = make_linear(bias, out_features), tp = make_linear(bias, out_features);
   parallelize_module(tp, mesh, style);
   const at::Tensor x = values({2, 8, 8}, 2);
   at::Tensor x_ref = leaf(x), x_tp = leaf(local_tensor(distribute_tensor(x, mesh, {in_layout})));
   const at::Tensor y_ref = nn::call(ref, x_ref);
-  counting->reset();
+  counting.reset();
   at::Tensor y = nn::call(tp, x_tp);
-  EXPECT_EQ(counting->counts(), forward) << "forward";
+  EXPECT_EQ(counting.counts(), forward) << "forward";
   ASSERT_TRUE(is_dtensor(y));  // use_local_output(false) in every case below
   // The loss is a sum over this rank's piece of the output, so no collective enters backward.
   const at::Tensor w = values(y_ref.sizes().vec(), 9);
   (y_ref * w).sum().backward();
   const at::Tensor w_piece = local_tensor(distribute_tensor(w, mesh, get_spec(y).placements));
-  counting->reset();
+  counting.reset();
   (to_local(y) * w_piece).sum().backward();
-  EXPECT_EQ(counting->counts(), backward) << "backward";
+  EXPECT_EQ(counting.counts(), backward) << "backward";
   EXPECT_TRUE(testing::tensors_close(y_ref, full_tensor(y), 1e-5, 1e-6)) << "output";
   for (const auto& kv : ref->named_parameters()) {
     SCOPED_TRACE(kv.key());
@@ -179,10 +181,10 @@ DTENSOR_TEST_F(FusedMatmulThreads, ColwiseAsyncTpGathersInsideTheMatmul) {
     SCOPED_TRACE(bias ? "bias" : "no bias");
     // One broadcast per rank's block forward; one gather per block for the input's gradient.
     check_async_style(*this, ColwiseParallel().input_layouts(Shard{1}).use_local_output(false).async_tp(true),
-                      Shard{1}, bias, {{"broadcast", n}}, {{"gather", n}});
+                      Shard{1}, bias, {{funcol::broadcast, n}}, {{debug::c10d::gather_, n}});
     // n + 1 output features: uneven column shards, the last rank's empty.
     check_async_style(*this, ColwiseParallel().input_layouts(Shard{1}).use_local_output(false).async_tp(true),
-                      Shard{1}, bias, {{"broadcast", n}}, {{"gather", n}}, n + 1);
+                      Shard{1}, bias, {{funcol::broadcast, n}}, {{debug::c10d::gather_, n}}, n + 1);
   }
 }
 
@@ -191,7 +193,7 @@ DTENSOR_TEST_F(FusedMatmulThreads, RowwiseAsyncTpScattersInsideTheMatmul) {
   for (bool bias : {true, false}) {
     SCOPED_TRACE(bias ? "bias" : "no bias");
     check_async_style(*this, RowwiseParallel().output_layouts(Shard{1}).use_local_output(false).async_tp(true),
-                      Shard{-1}, bias, {{"gather", n}}, {{"broadcast", n}});
+                      Shard{-1}, bias, {{debug::c10d::gather_, n}}, {{funcol::broadcast, n}});
   }
 }
 

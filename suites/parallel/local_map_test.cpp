@@ -6,7 +6,7 @@
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
 #include "suites/parallel/parallel_testing.h"
-#include "suites/testing/counting_group.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/errors.h"
 
 #include <ATen/ATen.h>
@@ -76,12 +76,12 @@ DTENSOR_TEST_F(LocalMap, MismatchedInputsAreRefusedOrRedistributed) {
   EXPECT_TRUE(contains(e, "input 0 has placements (Replicate(),) but in_placements expects (Shard(dim=1),)")) << e;
   EXPECT_TRUE(contains(e, "redistribute_inputs")) << e;
   o.redistribute_inputs = true;
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto cmesh = init_device_mesh(device_type(), {n}, {}, counting);
+  testing::CommCounter counting;
+  auto cmesh = init_device_mesh(device_type(), {n}, {}, group_ptr());
   const at::Tensor xc = distribute_tensor(x, cmesh, {Replicate{}}), wc = distribute_tensor(w, cmesh, {Shard{0}});
-  counting->reset();
+  counting.reset();
   const at::Tensor y = local_map(local_mm, {{{Partial{}}}}, o)({xc, wc})[0];
-  EXPECT_EQ(counting->collectives(), 0) << "Replicate -> Shard is a local slice";
+  EXPECT_EQ(counting.collectives(), 0) << "Replicate -> Shard is a local slice";
   EXPECT_TRUE(at::allclose(full_tensor(y), at::mm(x, w)));
 }
 

@@ -8,7 +8,7 @@
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
 #include "suites/parallel/parallel_testing.h"
-#include "suites/testing/counting_group.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/errors.h"
 
 #include <ATen/ATen.h>
@@ -16,6 +16,8 @@
 
 namespace dtensor {
 namespace {
+
+namespace funcol = debug::c10d_functional;  // PyTorch's alias of the functional collectives
 
 namespace F = torch::nn::functional;
 using testing::contains;
@@ -36,8 +38,8 @@ DTENSOR_TEST_F(LossParallel, CrossEntropyAndGradientsEqualTheSingleDeviceOnes) {
   const at::Tensor logits = values({n_rows, classes}) * 0.3;
   const at::Tensor target = targets(n_rows, classes);
   const at::Tensor weight = at::linspace(0.5, 2.0, classes, at::kFloat);
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   for (auto reduction : {0, 1, 2}) {
     for (bool with_weight : {false, true}) {
       for (bool dtensor_target : {false, true}) {
@@ -55,7 +57,7 @@ DTENSOR_TEST_F(LossParallel, CrossEntropyAndGradientsEqualTheSingleDeviceOnes) {
         // Sharded on the class dim.
         const at::Tensor in = distribute_tensor(logits, mesh, {Shard{1}}).detach().requires_grad_(true);
         const at::Tensor t = dtensor_target ? distribute_tensor(target, mesh, {Replicate{}}) : target;
-        counting->reset();
+        counting.reset();
         at::Tensor loss;
         {
           auto guard = loss_parallel();
@@ -64,11 +66,11 @@ DTENSOR_TEST_F(LossParallel, CrossEntropyAndGradientsEqualTheSingleDeviceOnes) {
           EXPECT_TRUE(get_spec(loss).is_replicated()) << what;
           loss.sum().backward();
         }
-        const auto counts = counting->counts();
-        EXPECT_EQ(counts.count("all_gather_into"), 0u) << what;
-        EXPECT_EQ(counting->collectives(), counts.at("all_reduce")) << what;
+        const auto counts = counting.counts();
+        EXPECT_EQ(counts.count(funcol::all_gather_into_tensor), 0u) << what;
+        EXPECT_EQ(counting.collectives(), counts.at(funcol::all_reduce)) << what;
         // max, sum of exponentials, picked targets; the log_softmax backward's sum.
-        EXPECT_EQ(counts.at("all_reduce"), 4) << what;
+        EXPECT_EQ(counts.at(funcol::all_reduce), 4) << what;
         EXPECT_TRUE(at::allclose(full_tensor(loss), ref, 1e-5, 1e-6)) << what;
         ASSERT_TRUE(in.grad().defined()) << what;
         EXPECT_EQ(get_spec(in.grad()).placements, std::vector<Placement>{Shard{1}}) << what;
@@ -83,13 +85,13 @@ DTENSOR_TEST_F(LossParallel, CrossEntropyAndGradientsEqualTheSingleDeviceOnes) {
 DTENSOR_TEST_F(LossParallel, WithoutTheScopeTheRulesGatherTheLogits) {
   const at::Tensor logits = values({4, 2 * ranks()});
   const at::Tensor target = at::arange(4, at::kLong).remainder(2 * ranks());
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   const at::Tensor in = distribute_tensor(logits, mesh, {Shard{1}});
-  counting->reset();
+  counting.reset();
   const at::Tensor loss = F::cross_entropy(in, distribute_tensor(target, mesh, {Replicate{}}));
   EXPECT_TRUE(at::allclose(full_tensor(loss), F::cross_entropy(logits, target)));
-  EXPECT_GT(counting->counts().count("all_gather_into"), 0u);
+  EXPECT_GT(counting.counts().count(funcol::all_gather_into_tensor), 0u);
 }
 
 DTENSOR_TEST_F(LossParallel, LogitsNotShardedOnTheClassDimAreAnError) {

@@ -8,7 +8,7 @@
 #include "models/models.h"
 #include "suites/parallel/parallel_testing.h"
 #include "suites/testing/child_process.h"
-#include "suites/testing/counting_group.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/errors.h"
 
 #include <ATen/ATen.h>
@@ -155,8 +155,8 @@ DTENSOR_TEST_F(TpParity, PrepareModuleInputKeywordLayouts) {
 
 // test_parallelize_api.py test_parallelize_module_src_data_rank.
 DTENSOR_TEST_F(TpParity, ParallelizeModuleSrcDataRank) {
-  auto counting = std::make_shared<testing::CountingGroup>(group_ptr());
-  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, counting);
+  testing::CommCounter counting;
+  auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
   auto make = [&] {
     torch::nn::Linear lin(8, 8);
     at::NoGradGuard no_grad;
@@ -169,9 +169,9 @@ DTENSOR_TEST_F(TpParity, ParallelizeModuleSrcDataRank) {
   EXPECT_TRUE(at::equal(full_tensor(from_one->weight), at::ones({8, 8})));
   EXPECT_TRUE(at::equal(full_tensor(from_one->bias), at::ones({8})));
   torch::nn::Linear own = make();
-  counting->reset();
+  counting.reset();
   parallelize_module(own, mesh, {{"", ColwiseParallel()}}, /*src_data_rank=*/std::nullopt);
-  EXPECT_EQ(counting->collectives(), 0);
+  EXPECT_EQ(counting.collectives(), 0);
   const int64_t chunk = (8 + ranks() - 1) / ranks();  // torch.chunk's rows of 8
   const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(chunk, 8 - rank() * chunk));
   EXPECT_TRUE(at::equal(local_tensor(own->weight), at::full({rows, 8}, static_cast<float>(rank()))));

@@ -1,6 +1,6 @@
 // suites/testing/tp_collectives.h: the collectives one training step of the toy Transformer
 // needs under PyTorch's tensor-parallel plan (common_dtensor.py's Transformer.parallelize), derived from the plan, for the
-// suite and the benchmark to compare against what CountingGroup measures.
+// suite and the benchmark to compare against what CommDebugMode counts.
 //
 // NOTE: [Collectives of the Transformer plan]
 // Per rank, for L layers, one forward + backward (loss on the replicated logits) + SGD step:
@@ -26,6 +26,8 @@
 // Setup (parallelize: one broadcast per distributed parameter) is not part of a step.
 #pragma once
 
+#include "dtensor/debug/comm_mode.h"
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -34,7 +36,7 @@ namespace dtensor {
 namespace testing {
 
 struct StepCollectives {
-  std::map<std::string, int64_t> forward, backward, optimizer;  // CountingGroup op names
+  std::map<std::string, int64_t> forward, backward, optimizer;  // CommDebugMode's count keys
   static int64_t sum(const std::map<std::string, int64_t>& m) {
     int64_t n = 0;
     for (const auto& kv : m) n += kv.second;
@@ -48,12 +50,12 @@ inline StepCollectives transformer_plan_collectives(int64_t n_layers, bool seq_p
   const int64_t L = n_layers;
   StepCollectives c;
   if (!seq_parallel) {
-    c.forward = {{"all_reduce", 2 + 2 * L}, {"all_gather_into", 1}};
-    c.backward = {{"all_reduce", 4 * L + 1}};
+    c.forward = {{debug::c10d_functional::all_reduce, 2 + 2 * L}, {debug::c10d_functional::all_gather_into_tensor, 1}};
+    c.backward = {{debug::c10d_functional::all_reduce, 4 * L + 1}};
   } else {
-    c.forward = {{"reduce_scatter_into", 2 + 2 * L}, {"all_gather_into", 2 * L + 2}};
-    c.backward = {{"all_gather_into", 2 * L + 2}, {"reduce_scatter_into", 2 * L + 1}};
-    c.optimizer = {{"all_reduce", 4 * L + 2}};
+    c.forward = {{debug::c10d_functional::reduce_scatter_tensor, 2 + 2 * L}, {debug::c10d_functional::all_gather_into_tensor, 2 * L + 2}};
+    c.backward = {{debug::c10d_functional::all_gather_into_tensor, 2 * L + 2}, {debug::c10d_functional::reduce_scatter_tensor, 2 * L + 1}};
+    c.optimizer = {{debug::c10d_functional::all_reduce, 4 * L + 2}};
   }
   return c;
 }
