@@ -1,0 +1,216 @@
+// The fake world (NOTE: [Fake world] in dtensor/comm/fake_group.h) against real ranks: each rank
+// thread runs a training step of the Transformer on its real world, then, alone, the same step
+// as the same rank of a FakeGroup world of the same size; the collectives CommDebugMode records
+// (kind, bytes sent and received, the group's ranks, forward or backward, module path, cause and
+// placements) are the same, one for one, in the same order. Tensor parallel (with and without
+// sequence parallelism), FSDP (blocks and root; Adam) and FSDP x TP on a (ranks / 2, 2) mesh.
+// Then the fake group itself: a mesh of 512 ranks, argument checks, the values it writes.
+#include "dtensor/comm/fake_group.h"
+#include "dtensor/debug/comm_mode.h"
+#include "dtensor/fsdp/fsdp.h"
+#include "dtensor/nn/nn.h"
+#include "dtensor/parallel/parallel.h"
+#include "harness/harness.h"
+#include "models/models.h"
+#include "suites/testing/errors.h"
+#include "suites/testing/training.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adam.h>
+
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace dtensor {
+namespace {
+
+using debug::CollectiveRecord;
+using debug::CommDebugMode;
+
+class FakeWorldThreads : public testing::DTensorOpTestBase {};
+
+// One record as a line: everything a rank would see of the collective.
+std::string describe(const CollectiveRecord& c) {
+  std::ostringstream os;
+  os << (c.backward ? "backward " : "forward ") << c.op << " in=" << c.input_bytes << " out=" << c.output_bytes
+     << " group=[";
+  for (size_t i = 0; i < c.group_ranks.size(); ++i) os << (i ? "," : "") << c.group_ranks[i];
+  os << "] module=";
+  for (size_t i = 0; i < c.modules.size(); ++i) os << (i ? "/" : "") << c.modules[i];
+  os << " cause=" << c.cause << "#" << c.input_index << " " << c.placements_before << "->" << c.placements_after;
+  return os.str();
+}
+
+std::vector<std::string> describe_all(const CommDebugMode& mode) {
+  std::vector<std::string> out;
+  for (const auto& c : mode.get_collectives()) out.push_back(describe(c));
+  return out;
+}
+
+models::ModelArgs small_args() {
+  models::ModelArgs a;
+  a.dropout_p = 0.0;
+  a.n_heads = 8;  // tensor parallel over 2, 4 or 8 ranks
+  return a;
+}
+
+// A model parallelized on a mesh over `world` and trained for one step (forward, cross-entropy,
+// backward, optimizer step) on this rank's batch; returns the collectives of the step.
+using Build = std::function<void(models::Transformer&, comm::GroupPtr world)>;
+
+std::vector<std::string> step_collectives(const Build& build, comm::GroupPtr world, bool adam) {
+  const models::ModelArgs args = small_args();
+  models::Transformer model(args);
+  build(model, world);
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (adam) opt = std::make_unique<torch::optim::Adam>(nn::parameters(*model), torch::optim::AdamOptions(1e-3));
+  else opt = std::make_unique<torch::optim::SGD>(nn::parameters(*model), torch::optim::SGDOptions(0.01));
+  const at::Tensor tokens = testing::tokens_for(args, 2, 8) + world->rank() % 2;
+  const at::Tensor targets = tokens.roll(1, 1).flatten().remainder(args.vocab_size);
+  CommDebugMode mode;
+  {
+    auto active = mode.enter();
+    opt->zero_grad();
+    at::Tensor logits = nn::call(model, tokens.remainder(args.vocab_size));
+    torch::nn::functional::cross_entropy(logits.reshape({-1, args.vocab_size}), targets).backward();
+    opt->step();
+  }
+  return describe_all(mode);
+}
+
+// This rank's step on the real world, then on a fake world of the same size: the same records.
+void expect_fake_matches_real(testing::MultiRankTest& t, const Build& build, bool adam) {
+  const std::vector<std::string> real = step_collectives(build, t.group_ptr(), adam);
+  const std::vector<std::string> fake =
+      step_collectives(build, std::make_shared<comm::FakeGroup>(t.rank(), t.ranks()), adam);
+  ASSERT_FALSE(real.empty());
+  EXPECT_EQ(fake.size(), real.size());
+  for (size_t i = 0; i < std::min(real.size(), fake.size()); ++i) EXPECT_EQ(fake[i], real[i]) << "collective " << i;
+}
+
+DTENSOR_TEST_F(FakeWorldThreads, TensorParallelStepCommunicatesAsOnRealRanks) {
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
+    expect_fake_matches_real(
+        *this,
+        [sp](models::Transformer& m, comm::GroupPtr world) {
+          models::Transformer::parallelize(m, init_device_mesh("cpu", {world->size()}, {}, world), sp);
+        },
+        /*adam=*/false);
+  }
+}
+
+DTENSOR_TEST_F(FakeWorldThreads, FullyShardedStepCommunicatesAsOnRealRanks) {
+  expect_fake_matches_real(
+      *this,
+      [](models::Transformer& m, comm::GroupPtr world) {
+        fsdp::FullyShardOptions opts;
+        opts.mesh = init_device_mesh("cpu", {world->size()}, {}, world);
+        for (size_t i = 0; i < m->layers->size(); ++i) fsdp::fully_shard(*m->layers->ptr(i), opts);
+        fsdp::fully_shard(m, opts);
+      },
+      /*adam=*/true);
+}
+
+DTENSOR_TEST_F(FakeWorldThreads, FsdpTpStepCommunicatesAsOnRealRanks) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // a (ranks / 2, 2) mesh
+  expect_fake_matches_real(
+      *this,
+      [](models::Transformer& m, comm::GroupPtr world) {
+        auto mesh = init_device_mesh("cpu", {world->size() / 2, 2}, {"dp", "tp"}, world);
+        models::Transformer::parallelize(m, mesh["tp"], false);
+        fsdp::FullyShardOptions opts;
+        opts.mesh = mesh["dp"];
+        for (size_t i = 0; i < m->layers->size(); ++i) fsdp::fully_shard(*m->layers->ptr(i), opts);
+        fsdp::fully_shard(m, opts);
+      },
+      /*adam=*/true);
+}
+
+// ---- the group itself ------------------------------------------------------------------------
+
+// Rank 300 of 512 on a (64, 8) mesh: its sub-groups are its row and column, with their global
+// ranks; a DTensor sharded over both dims has rank 300's piece; redistributing it records the
+// all-gathers a real rank 300 would issue, with their bytes, and nothing is exchanged.
+TEST(FakeGroup, AMeshOf512RanksInOneProcess) {
+  auto world = std::make_shared<comm::FakeGroup>(300, 512);
+  auto mesh = init_device_mesh("cpu", {64, 8}, {"dp", "tp"}, world);
+  ASSERT_TRUE(mesh.get_coordinate().has_value());
+  EXPECT_EQ(*mesh.get_coordinate(), (std::vector<int64_t>{37, 4}));
+  EXPECT_EQ(mesh.get_group("tp")->global_ranks(), (std::vector<int>{296, 297, 298, 299, 300, 301, 302, 303}));
+  EXPECT_EQ(mesh.get_group("dp")->global_ranks().at(1), 8 + 4);
+  EXPECT_EQ(mesh.get_group("tp")->backend(), "fake");
+  const at::Tensor global = at::arange(128 * 16, at::kFloat).reshape({128, 16});
+  at::Tensor x = distribute_tensor(global, mesh, {Shard{0}, Shard{1}});
+  EXPECT_TRUE(at::equal(local_tensor(x), global.narrow(0, 37 * 2, 2).narrow(1, 4 * 2, 2)));
+  CommDebugMode mode;
+  {
+    auto active = mode.enter();
+    at::Tensor r = redistribute(x, mesh, {Replicate{}, Replicate{}});
+    EXPECT_EQ(local_tensor(r).sizes(), global.sizes());
+  }
+  const auto& c = mode.get_collectives();
+  ASSERT_EQ(c.size(), 2u) << "one all-gather per mesh dim";
+  int64_t in = 0, out = 0;
+  for (const auto& r : c) {
+    EXPECT_EQ(r.op, debug::c10d_functional::all_gather_into_tensor);
+    in += r.input_bytes;
+    out += r.output_bytes;
+  }
+  // [2, 2] -> [2, 16] over tp (8 ranks), then [2, 16] -> [128, 16] over dp (64 ranks), in
+  // whichever order the planner takes; either way the received bytes end at the whole tensor.
+  EXPECT_EQ(c.back().output_bytes, 128 * 16 * 4);
+  EXPECT_GT(in, 0);
+  EXPECT_GT(out, in);
+}
+
+TEST(FakeGroup, ChecksArgumentsAsARealGroup) {
+  using testing::contains;
+  using testing::error_of;
+  EXPECT_PRED2(contains, error_of([] { comm::FakeGroup(4, 4); }), "FakeGroup: rank 4 is not in a world of 4");
+  EXPECT_PRED2(contains, error_of([] { comm::FakeGroup(0, 0); }), "FakeGroup: world size 0 must be at least 1");
+  comm::FakeGroup g(1, 4);
+  at::Tensor wrong = at::zeros({7});
+  EXPECT_PRED2(contains, error_of([&] { g.all_gather_into(wrong, at::ones({2})); }), "all_gather_into");
+  at::Tensor t = at::ones({2});
+  EXPECT_PRED2(contains, error_of([&] { g.broadcast(t, 4); }), "src");
+  EXPECT_PRED2(contains, error_of([&] { g.send(t, 1); }), "a rank cannot send to itself");
+  EXPECT_PRED2(contains, error_of([&] { (void)g.new_subgroup({0, 0}); }), "rank 0 is listed twice");
+  at::Tensor ints = at::ones({2}, at::kLong);
+  EXPECT_PRED2(contains, error_of([&] { g.all_reduce(ints, comm::ReduceOp::AVG); }), "AVG");
+}
+
+// The values of a world where every rank passed this rank's inputs; meta tensors untouched.
+TEST(FakeGroup, WritesWhatIdenticalRanksWouldGive) {
+  comm::FakeGroup g(2, 4);
+  at::Tensor s = at::full({3}, 2.0);
+  g.all_reduce(s);
+  EXPECT_TRUE(at::equal(s, at::full({3}, 8.0)));
+  at::Tensor m = at::full({3}, 2.0);
+  g.all_reduce(m, comm::ReduceOp::MAX);
+  EXPECT_TRUE(at::equal(m, at::full({3}, 2.0)));
+  at::Tensor in = at::arange(6, at::kFloat).reshape({3, 2}), out = at::empty({12, 2});
+  g.all_gather_into(out, in);
+  EXPECT_TRUE(at::equal(out, in.repeat({4, 1})));
+  at::Tensor rs = at::empty({2, 2});
+  g.reduce_scatter_into(rs, at::arange(16, at::kFloat).reshape({8, 2}));
+  EXPECT_TRUE(at::equal(rs, at::arange(8, 12, at::kFloat).reshape({2, 2}) * 4));
+  at::Tensor got = at::ones({4});
+  g.recv(got, 0);
+  EXPECT_TRUE(at::equal(got, at::zeros({4})));
+  auto sub = g.new_subgroup({3, 2});
+  ASSERT_NE(sub, nullptr);
+  EXPECT_EQ(sub->rank(), 1);
+  EXPECT_EQ(sub->global_ranks(), (std::vector<int>{3, 2}));
+  EXPECT_EQ(g.new_subgroup({0, 1}), nullptr);
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  at::Tensor big_out = at::empty({int64_t{1} << 40}, meta);
+  g.all_gather_into(big_out, at::empty({int64_t{1} << 38}, meta));  // 4 TiB: nothing allocated
+  EXPECT_TRUE(big_out.is_meta());
+}
+
+}  // namespace
+}  // namespace dtensor

@@ -1,0 +1,220 @@
+// tools/comm_plan: every collective one rank of a large job would issue in one training step of
+// the reference Transformer, found in one process on a fake world (NOTE: [Fake world] in
+// dtensor/comm/fake_group.h) and recorded by CommDebugMode: per kind, the count, the bytes
+// the rank sends and receives and the group sizes; then CommDebugMode's per-module table.
+//
+//   comm_plan --mesh 64x8 --parallel fsdp+tp [--rank 300] [--dim 256] [--layers 2] [--heads 8]
+//             [--vocab 1024] [--seq 64] [--batch 1] [--sequence-parallel] [--noise-level 0..3]
+//             [--json FILE]
+//
+// --parallel: fsdp (a 1-D mesh: fully_shard on each block and the root), tp (a 1-D mesh:
+// Transformer::parallelize), fsdp+tp (a 2-D (dp, tp) mesh: parallelize on tp, then
+// fully_shard on dp). The step: forward on --batch sequences of --seq tokens, cross-entropy,
+// backward, an Adam step. The tensors are real (small: each rank's shards, and the blocks
+// FSDP gathers), the world is not: the numbers of the step are not the real ones, its shapes,
+// placements and collectives are.
+#include "dtensor/comm/fake_group.h"
+#include "dtensor/debug/comm_mode.h"
+#include "dtensor/fsdp/fsdp.h"
+#include "dtensor/nn/nn.h"
+#include "dtensor/parallel/parallel.h"
+#include "models/models.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adam.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+int usage(const std::string& why) {
+  std::cerr << "comm_plan: " << why << "\n"
+            << "usage: comm_plan --mesh N|DPxTP --parallel fsdp|tp|fsdp+tp [--rank R] [--dim D] [--layers L]\n"
+               "                 [--heads H] [--vocab V] [--seq S] [--batch B] [--sequence-parallel]\n"
+               "                 [--noise-level 0..3] [--json FILE]\n";
+  return 2;
+}
+
+int64_t parse_int(const std::string& flag, const std::string& v, int64_t min) {
+  size_t used = 0;
+  int64_t n = 0;
+  try {
+    n = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != v.size() || v.empty()) throw std::invalid_argument(flag + " " + v + ": not an integer");
+  if (n < min) throw std::invalid_argument(flag + " " + v + ": must be at least " + std::to_string(min));
+  return n;
+}
+
+std::vector<int64_t> parse_mesh(const std::string& v) {
+  std::vector<int64_t> shape;
+  size_t start = 0;
+  while (true) {
+    const size_t x = v.find('x', start);
+    shape.push_back(parse_int("--mesh", v.substr(start, x == std::string::npos ? std::string::npos : x - start), 1));
+    if (x == std::string::npos) break;
+    start = x + 1;
+  }
+  if (shape.size() > 2) throw std::invalid_argument("--mesh " + v + ": one or two dims (N or DPxTP)");
+  return shape;
+}
+
+struct Options {
+  std::vector<int64_t> mesh;
+  std::string parallel;
+  int64_t rank = 0, batch = 1;
+  int noise_level = 0;
+  bool sequence_parallel = false;
+  std::string json;
+  dtensor::models::ModelArgs args;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  o.args.dropout_p = 0.0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--sequence-parallel") {
+      o.sequence_parallel = true;
+      continue;
+    }
+    if (i + 1 >= argc) throw std::invalid_argument(a + ": missing its value");
+    const std::string v = argv[++i];
+    if (a == "--mesh") o.mesh = parse_mesh(v);
+    else if (a == "--parallel") o.parallel = v;
+    else if (a == "--rank") o.rank = parse_int(a, v, 0);
+    else if (a == "--dim") o.args.dim = parse_int(a, v, 1);
+    else if (a == "--layers") o.args.n_layers = parse_int(a, v, 1);
+    else if (a == "--heads") o.args.n_heads = parse_int(a, v, 1);
+    else if (a == "--vocab") o.args.vocab_size = parse_int(a, v, 1);
+    else if (a == "--seq") o.args.max_seq_len = parse_int(a, v, 1);
+    else if (a == "--batch") o.batch = parse_int(a, v, 1);
+    else if (a == "--noise-level") o.noise_level = static_cast<int>(parse_int(a, v, 0));
+    else if (a == "--json") o.json = v;
+    else throw std::invalid_argument("unknown option " + a);
+  }
+  if (o.mesh.empty()) throw std::invalid_argument("--mesh is required");
+  if (o.parallel != "fsdp" && o.parallel != "tp" && o.parallel != "fsdp+tp")
+    throw std::invalid_argument("--parallel '" + o.parallel + "': expected fsdp, tp or fsdp+tp");
+  if ((o.parallel == "fsdp+tp") != (o.mesh.size() == 2))
+    throw std::invalid_argument("--parallel " + o.parallel + " needs a " + (o.parallel == "fsdp+tp" ? "2-D (DPxTP)" : "1-D") +
+                                " --mesh");
+  if (o.args.dim % o.args.n_heads != 0)
+    throw std::invalid_argument("--dim " + std::to_string(o.args.dim) + " is not a multiple of --heads " +
+                                std::to_string(o.args.n_heads));
+  int64_t world = 1;
+  for (int64_t d : o.mesh) world *= d;
+  if (o.rank >= world)
+    throw std::invalid_argument("--rank " + std::to_string(o.rank) + " is not in a world of " + std::to_string(world));
+  return o;
+}
+
+std::string bytes_str(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, units[u]);
+  return buf;
+}
+
+int run(const Options& o) {
+  using namespace dtensor;
+  int64_t world_size = 1;
+  for (int64_t d : o.mesh) world_size *= d;
+  const auto start = std::chrono::steady_clock::now();
+  auto world = std::make_shared<comm::FakeGroup>(static_cast<int>(o.rank), static_cast<int>(world_size));
+  const DeviceMesh mesh = o.mesh.size() == 2 ? init_device_mesh("cpu", o.mesh, {"dp", "tp"}, world)
+                                             : init_device_mesh("cpu", o.mesh, {}, world);
+  models::Transformer model(o.args);
+  if (o.parallel == "tp" || o.parallel == "fsdp+tp")
+    models::Transformer::parallelize(model, o.parallel == "tp" ? mesh : mesh["tp"], o.sequence_parallel);
+  if (o.parallel == "fsdp" || o.parallel == "fsdp+tp") {
+    fsdp::FullyShardOptions fo;
+    fo.mesh = o.parallel == "fsdp" ? mesh : mesh["dp"];
+    for (size_t i = 0; i < model->layers->size(); ++i) fsdp::fully_shard(*model->layers->ptr(i), fo);
+    fsdp::fully_shard(model, fo);
+  }
+  torch::optim::Adam opt(nn::parameters(*model), torch::optim::AdamOptions(1e-3));
+  const int64_t seq = o.args.max_seq_len;
+  const at::Tensor tokens = (at::arange(o.batch * seq, at::kLong) * 7 + 1).remainder(o.args.vocab_size).view({o.batch, seq});
+  const at::Tensor targets = tokens.roll(1, 1).flatten();
+  debug::CommDebugMode mode;
+  {
+    auto active = mode.enter();
+    opt.zero_grad();
+    at::Tensor logits = nn::call(model, tokens);
+    torch::nn::functional::cross_entropy(logits.reshape({-1, o.args.vocab_size}), targets).backward();
+    opt.step();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  std::string shape;
+  for (size_t d = 0; d < o.mesh.size(); ++d)
+    shape += (d ? ", " : "") + (o.mesh.size() == 2 ? std::string(d ? "tp=" : "dp=") : std::string()) + std::to_string(o.mesh[d]);
+  std::printf("rank %lld of %lld on a mesh (%s), %s%s; Transformer dim %lld, %lld layers, %lld heads, vocab %lld, "
+              "%lld x %lld tokens; one step (forward, cross-entropy, backward, Adam)\n",
+              (long long)o.rank, (long long)world_size, shape.c_str(), o.parallel.c_str(),
+              o.sequence_parallel ? " (sequence parallel)" : "", (long long)o.args.dim, (long long)o.args.n_layers,
+              (long long)o.args.n_heads, (long long)o.args.vocab_size, (long long)o.batch, (long long)seq);
+  struct Row {
+    int64_t count = 0, sent = 0, received = 0;
+    std::map<int, int64_t> group_sizes;
+  };
+  std::map<std::string, Row> rows;
+  Row total;
+  for (const auto& c : mode.get_collectives()) {
+    Row& r = rows[std::string(c.backward ? "backward " : "forward  ") + c.op];
+    for (Row* x : {&r, &total}) {
+      ++x->count;
+      x->sent += c.input_bytes;
+      x->received += c.output_bytes;
+      ++x->group_sizes[c.group_size];
+    }
+  }
+  std::printf("\n%-52s %6s %12s %12s  %s\n", "pass and collective", "count", "sent", "received", "group sizes (count)");
+  auto print_row = [](const std::string& name, const Row& r) {
+    std::string sizes;
+    for (const auto& [size, n] : r.group_sizes) sizes += (sizes.empty() ? "" : ", ") + std::to_string(size) + " (" + std::to_string(n) + ")";
+    std::printf("%-52s %6lld %12s %12s  %s\n", name.c_str(), (long long)r.count, bytes_str(r.sent).c_str(),
+                bytes_str(r.received).c_str(), sizes.c_str());
+  };
+  for (const auto& [name, r] : rows) print_row(name, r);
+  print_row("total", total);
+  std::printf("\n%s", mode.generate_comm_debug_tracing_table(o.noise_level).c_str());
+  if (!o.json.empty()) {
+    mode.generate_json_dump(o.json, o.noise_level);
+    std::printf("JSON: %s\n", o.json.c_str());
+  }
+  std::printf("planned in %.2f s\n", seconds);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  try {
+    o = parse(argc, argv);
+  } catch (const std::invalid_argument& e) {
+    return usage(e.what());
+  }
+  try {
+    return run(o);
+  } catch (const c10::Error& e) {
+    std::cerr << "comm_plan: " << e.what_without_backtrace() << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "comm_plan: " << e.what() << "\n";
+  }
+  return 1;
+}
