@@ -13,6 +13,7 @@
 #include "harness/harness.h"
 #include "models/models.h"
 #include "suites/testing/errors.h"
+#include "suites/testing/tracking_allocator.h"
 #include "suites/testing/training.h"
 
 #include <ATen/ATen.h>
@@ -128,6 +129,69 @@ DTENSOR_TEST_F(FakeWorldThreads, FsdpTpStepCommunicatesAsOnRealRanks) {
         fsdp::fully_shard(m, opts);
       },
       /*adam=*/true);
+}
+
+// Memory: the same step's peak of allocated memory on this rank (NOTE: [Per-rank memory
+// accounting]), above what the rank held before it, on the real world and on the fake one:
+// within 10%, the bar for an estimate (a real ThreadGroup round computes reductions in
+// the thread of the rank that issues last, which the fake one does not).
+int64_t step_peak_bytes(const Build& build, comm::GroupPtr world, int slot) {
+  auto& mem = testing::TrackingAllocator::install();
+  testing::TrackingAllocator::set_slot(slot);
+  const models::ModelArgs args = small_args();
+  models::Transformer model(args);
+  build(model, world);
+  torch::optim::Adam opt(nn::parameters(*model), torch::optim::AdamOptions(1e-3));
+  const at::Tensor tokens = testing::tokens_for(args, 2, 8);
+  const at::Tensor targets = tokens.roll(1, 1).flatten();
+  auto step = [&] {
+    opt.zero_grad();
+    at::Tensor logits = nn::call(model, tokens);
+    torch::nn::functional::cross_entropy(logits.reshape({-1, args.vocab_size}), targets).backward();
+    opt.step();
+  };
+  step();  // Adam's state exists from here on, as in every later step
+  const int64_t before = mem.current(slot);
+  mem.reset_peak(slot);
+  step();
+  return mem.peak(slot) - before;
+}
+
+DTENSOR_TEST_F(FakeWorldThreads, StepPeakMemoryMatchesRealRanks) {
+  DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // the FSDP x TP case's (ranks / 2, 2) mesh
+  const std::vector<std::pair<std::string, Build>> cases = {
+      {"FSDP",
+       [](models::Transformer& m, comm::GroupPtr world) {
+         fsdp::FullyShardOptions opts;
+         opts.mesh = init_device_mesh("cpu", {world->size()}, {}, world);
+         for (size_t i = 0; i < m->layers->size(); ++i) fsdp::fully_shard(*m->layers->ptr(i), opts);
+         fsdp::fully_shard(m, opts);
+       }},
+      {"TP",
+       [](models::Transformer& m, comm::GroupPtr world) {
+         models::Transformer::parallelize(m, init_device_mesh("cpu", {world->size()}, {}, world), false);
+       }},
+      {"FSDP x TP",
+       [](models::Transformer& m, comm::GroupPtr world) {
+         auto mesh = init_device_mesh("cpu", {world->size() / 2, 2}, {"dp", "tp"}, world);
+         models::Transformer::parallelize(m, mesh["tp"], false);
+         fsdp::FullyShardOptions opts;
+         opts.mesh = mesh["dp"];
+         for (size_t i = 0; i < m->layers->size(); ++i) fsdp::fully_shard(*m->layers->ptr(i), opts);
+         fsdp::fully_shard(m, opts);
+       }},
+  };
+  for (const auto& [name, build] : cases) {
+    SCOPED_TRACE(name);
+    const int64_t real = step_peak_bytes(build, group_ptr(), rank() + 1);
+    group().barrier();  // every rank's real step is over before any fake one starts
+    const int64_t fake = step_peak_bytes(build, std::make_shared<comm::FakeGroup>(rank(), ranks()), rank() + 1);
+    ASSERT_GT(real, 0);
+    EXPECT_LE(std::abs(static_cast<double>(fake - real)), 0.1 * static_cast<double>(real))
+        << "peak above the step's start: real " << real << " bytes, fake " << fake;
+    RecordProperty(name + "_real_peak_bytes", static_cast<int>(real));
+    RecordProperty(name + "_fake_peak_bytes", static_cast<int>(fake));
+  }
 }
 
 // ---- the group itself ------------------------------------------------------------------------
