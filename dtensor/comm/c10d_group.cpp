@@ -1,5 +1,6 @@
 // dtensor/comm/c10d_group.cpp
 #include "dtensor/comm/c10d_group.h"
+#include "dtensor/comm/group_checks_internal.h"
 
 #include "dtensor/comm/abort.h"
 #include "dtensor/comm/trace.h"
@@ -525,14 +526,7 @@ WorkPtr C10dGroup::recv_async(const at::Tensor& tensor, int src, int tag) {
 WorkPtr C10dGroup::gather_async(const at::Tensor& input, const std::vector<at::Tensor>& outputs, int dst) {
   const detail::ObservedCollective observed(*this, "gather", detail::nbytes(input), detail::nbytes(outputs));
   detail::check_rank_arg(*this, "gather", "dst", dst);
-  if (rank() == dst) {
-    TORCH_CHECK(static_cast<int>(outputs.size()) == size(), "gather on ", describe(), ": dst rank passed ",
-                outputs.size(), " output tensors, expected ", size());
-    for (const auto& t : outputs)
-      TORCH_CHECK(t.sizes() == input.sizes() && t.scalar_type() == input.scalar_type(), "gather on ", describe(),
-                  ": an output is ", t.scalar_type(), t.sizes(), " but the input is ", input.scalar_type(),
-                  input.sizes());
-  }
+  if (rank() == dst) detail::check_gather_outputs(*this, input, outputs);
   std::vector<at::Tensor> outs_arg = outputs;
   if (guard::gather(*this, input, outs_arg, dst)) {
     if (rank() == dst)
@@ -567,15 +561,9 @@ WorkPtr C10dGroup::scatter_async(const at::Tensor& output, const std::vector<at:
   const Target tg = impl_->target(output);
   std::vector<std::vector<at::Tensor>> ins;
   if (rank() == src) {
-    TORCH_CHECK(static_cast<int>(inputs.size()) == size(), "scatter on ", describe(),
-                ": src rank passed ", inputs.size(), " tensors, expected ", size());
+    detail::check_scatter_inputs(*this, output, inputs);
     ins.emplace_back();
-    for (auto& t : inputs) {
-      TORCH_CHECK(t.sizes() == output.sizes() && t.scalar_type() == output.scalar_type(),
-                  "scatter on ", describe(), ": an input is ", t.scalar_type(), t.sizes(),
-                  " but the output is ", output.scalar_type(), output.sizes());
-      ins[0].push_back(for_backend(t, tg));
-    }
+    for (auto& t : inputs) ins[0].push_back(for_backend(t, tg));
   }
   c10d::ScatterOptions o;
   o.rootRank = src;

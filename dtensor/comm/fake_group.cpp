@@ -1,5 +1,6 @@
 // dtensor/comm/fake_group.cpp: NOTE: [Fake world] in fake_group.h.
 #include "dtensor/comm/fake_group.h"
+#include "dtensor/comm/group_checks_internal.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -117,15 +118,10 @@ WorkPtr FakeGroup::gather_async(const at::Tensor& input, const std::vector<at::T
   const detail::ObservedCollective observed(*this, "gather", detail::nbytes(input), detail::nbytes(outputs));
   detail::check_rank_arg(*this, "gather", "dst", dst);
   if (rank_ == dst) {
-    TORCH_CHECK(static_cast<int>(outputs.size()) == size(), "gather on ", describe(), ": dst rank passed ",
-                outputs.size(), " output tensors, expected ", size());
+    detail::check_gather_outputs(*this, input, outputs);
     at::NoGradGuard no_grad;
-    for (const auto& t : outputs) {
-      TORCH_CHECK(t.sizes() == input.sizes() && t.scalar_type() == input.scalar_type(), "gather on ", describe(),
-                  ": an output of ", t.sizes(), " ", t.scalar_type(), " does not match the input's ", input.sizes(),
-                  " ", input.scalar_type());
+    for (const auto& t : outputs)
       if (writable(t)) t.copy_(input);
-    }
   }
   return Work::completed("gather", name());
 }
@@ -134,12 +130,7 @@ WorkPtr FakeGroup::scatter_async(const at::Tensor& output, const std::vector<at:
   const detail::ObservedCollective observed(*this, "scatter", detail::nbytes(inputs), detail::nbytes(output));
   detail::check_rank_arg(*this, "scatter", "src", src);
   if (rank_ == src) {
-    TORCH_CHECK(static_cast<int>(inputs.size()) == size(), "scatter on ", describe(), ": src rank passed ",
-                inputs.size(), " tensors, expected ", size());
-    for (const auto& t : inputs)
-      TORCH_CHECK(t.sizes() == output.sizes() && t.scalar_type() == output.scalar_type(), "scatter on ", describe(),
-                  ": an input of ", t.sizes(), " ", t.scalar_type(), " does not match the output's ",
-                  output.sizes(), " ", output.scalar_type());
+    detail::check_scatter_inputs(*this, output, inputs);
     if (writable(output)) {
       at::NoGradGuard no_grad;
       output.copy_(inputs[static_cast<size_t>(rank_)]);

@@ -1,6 +1,7 @@
 // dtensor/comm/group.cpp: argument checks shared by Group implementations, and the
 // process-wide / thread-local default group.
 #include "dtensor/comm/group.h"
+#include "dtensor/comm/group_checks_internal.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -66,6 +67,24 @@ const GroupName& Group::name() const {
 }
 
 namespace detail {
+
+void check_gather_outputs(const Group& g, const at::Tensor& input, const std::vector<at::Tensor>& outputs) {
+  TORCH_CHECK(static_cast<int>(outputs.size()) == g.size(), "gather on ", g.describe(), ": dst rank passed ",
+              outputs.size(), " output tensors, expected ", g.size());
+  for (const auto& t : outputs)
+    TORCH_CHECK(t.sizes() == input.sizes() && t.scalar_type() == input.scalar_type(), "gather on ", g.describe(),
+                ": an output is ", t.scalar_type(), t.sizes(), " but the input is ", input.scalar_type(),
+                input.sizes());
+}
+
+void check_scatter_inputs(const Group& g, const at::Tensor& output, const std::vector<at::Tensor>& inputs) {
+  TORCH_CHECK(static_cast<int>(inputs.size()) == g.size(), "scatter on ", g.describe(), ": src rank passed ",
+              inputs.size(), " tensors, expected ", g.size());
+  for (const auto& t : inputs)
+    TORCH_CHECK(t.sizes() == output.sizes() && t.scalar_type() == output.scalar_type(), "scatter on ", g.describe(),
+                ": an input is ", t.scalar_type(), t.sizes(), " but the output is ", output.scalar_type(),
+                output.sizes());
+}
 
 void check_rank_arg(const Group& g, const char* op, const char* what, int r) {
   TORCH_CHECK(r >= 0 && r < g.size(), op, ": ", what, "=", r, " is not a rank of the ",

@@ -50,6 +50,7 @@
 // receive unanswered for the world's timeout fails alone (as before): it blocks no peer, so
 // it does not abort the world.
 #include "dtensor/comm/thread_group.h"
+#include "dtensor/comm/group_checks_internal.h"
 #include "dtensor/comm/thread_rounds_internal.h"
 
 #include <ATen/ATen.h>
@@ -430,11 +431,7 @@ WorkPtr ThreadGroup::gather_async(const at::Tensor& input, const std::vector<at:
   c->inputs = {input};
   c->root = dst;
   if (rank_ == dst) {
-    TORCH_CHECK(static_cast<int>(outputs.size()) == size(), "gather on ", describe(), ": dst rank passed ",
-                outputs.size(), " output tensors, expected ", size());
-    for (const auto& t : outputs)
-      TORCH_CHECK(t.sizes() == input.sizes() && t.scalar_type() == input.scalar_type(), "gather on ", describe(),
-                  ": output ", sig_of(t), " does not match input ", sig_of(input));
+    detail::check_gather_outputs(*this, input, outputs);
     c->outputs = outputs;
   }
   return issue(world_, rank_, name(), std::move(c));
@@ -447,11 +444,7 @@ WorkPtr ThreadGroup::scatter_async(const at::Tensor& output, const std::vector<a
   c->outputs = {output};
   c->root = src;
   if (rank_ == src) {
-    TORCH_CHECK(static_cast<int>(inputs.size()) == size(), "scatter on ", describe(), ": src rank passed ",
-                inputs.size(), " tensors, expected ", size());
-    for (const auto& t : inputs)
-      TORCH_CHECK(t.sizes() == output.sizes() && t.scalar_type() == output.scalar_type(), "scatter on ",
-                  describe(), ": input ", sig_of(t), " does not match output ", sig_of(output));
+    detail::check_scatter_inputs(*this, output, inputs);
     c->inputs = inputs;
   }
   return issue(world_, rank_, name(), std::move(c));
