@@ -39,7 +39,7 @@
 #include "dtensor/tensor/dtensor.h"
 #include "models/models.h"
 #include "suites/testing/comm_counter.h"
-#include "suites/testing/tracking_allocator.h"
+#include "dtensor/debug/tracking_allocator_internal.h"
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -55,7 +55,7 @@ namespace {
 
 constexpr int kWorld = 4;
 constexpr int64_t kGlobalBatch = 8;
-using testing::TrackingAllocator;
+using debug::detail::TrackingAllocator;
 
 enum Mode { kOneRank = 0, kFsdp = 1, kDdp = 2, kFsdpTp = 3, kTp = 4, kFsdpNoPrefetch = 5, kFsdpPrefetch = 6 };
 

@@ -37,7 +37,7 @@
 #include "models/models.h"
 #include "suites/testing/comm_counter.h"
 #include "suites/testing/tp_collectives.h"
-#include "suites/testing/tracking_allocator.h"
+#include "dtensor/debug/tracking_allocator_internal.h"
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -56,7 +56,7 @@ namespace {
 constexpr int kWorld = 4;
 constexpr int64_t kBatch = 8;
 
-using testing::TrackingAllocator;  // NOTE: [Per-rank memory accounting]
+using debug::detail::TrackingAllocator;  // NOTE: [Per-rank memory accounting]
 
 // ---- one rank's training step -------------------------------------------------------------------
 

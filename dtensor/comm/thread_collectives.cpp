@@ -43,8 +43,8 @@ void run_all_reduce(const Calls& calls) {
 // with an input (in-place all_reduce, broadcast). For all_gather and reduce_scatter that is a
 // temporary as large as the whole output (all_gather) or input (reduce_scatter), allocated by
 // the runner: its rank alone pays it, on top of its own buffers (fsdp_benchmark's per-rank
-// peak, NOTE: [Per-rank memory accounting] in suites/testing/tracking_allocator.h). When no
-// output shares memory with any input (except, for all_gather, a rank's input that is exactly
+// peak, NOTE: [Per-rank memory accounting] in dtensor/debug/tracking_allocator_internal.h).
+// When no output shares memory with any input (except, for all_gather, a rank's input that is exactly
 // its own block of its output: the in-place all-gather FSDP issues), writing block by block
 // reads nothing already written, so the runner writes the outputs directly: the same values,
 // with at most one block (reduce_scatter) as a temporary.

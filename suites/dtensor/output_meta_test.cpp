@@ -9,7 +9,7 @@
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
 #include "suites/testing/errors.h"
-#include "suites/testing/tracking_allocator.h"
+#include "dtensor/debug/tracking_allocator_internal.h"
 
 #include <ATen/ATen.h>
 
@@ -21,7 +21,7 @@
 namespace dtensor {
 namespace {
 
-using testing::TrackingAllocator;
+using debug::detail::TrackingAllocator;
 
 class OutputMetaThreads : public testing::DTensorOpTestBase {};
 
@@ -200,12 +200,13 @@ TEST(TrackingAllocator, ChargesEachRanksSlotUpToItsLimitAndRefusesSlotsPastIt) {
     kept = at::Tensor();  // freed on this thread, refunded to the rank's slot
     EXPECT_EQ(mem.current(slot), before);
   }
-  for (const int bad : {TrackingAllocator::kSlots, -1}) {
+  for (const int bad : {TrackingAllocator::kMaxRanks + 1, -1}) {
     const std::string what = testing::error_of([bad] { TrackingAllocator::set_slot(bad); });
     EXPECT_PRED2(testing::contains, what, "TrackingAllocator: slot " + std::to_string(bad) + " is out of range");
     EXPECT_PRED2(testing::contains, what, "for ranks 0 to " + std::to_string(TrackingAllocator::kMaxRanks - 1));
-    EXPECT_PRED2(testing::contains, testing::error_of([&] { (void)mem.peak(bad); }), "is out of range");
   }
+  for (const int bad : {TrackingAllocator::kSlots, -1})
+    EXPECT_PRED2(testing::contains, testing::error_of([&] { (void)mem.peak(bad); }), "is out of range");
 }
 
 }  // namespace

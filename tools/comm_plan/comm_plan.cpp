@@ -1,7 +1,10 @@
 // tools/comm_plan: every collective one rank of a large job would issue in one training step of
 // the reference Transformer, found in one process on a fake world (NOTE: [Fake world] in
 // dtensor/comm/fake_group.h) and recorded by CommDebugMode: per kind, the count, the bytes
-// the rank sends and receives and the group sizes; then CommDebugMode's per-module table.
+// the rank sends and receives and the group sizes; then CommDebugMode's per-module table; then
+// the rank's memory, from MemTracker (NOTE: [MemTracker] in dtensor/debug/mem_tracker.h): what
+// its parameters, gradients and Adam's state hold, the step's peak per phase, and each
+// module's forward.
 //
 //   comm_plan --mesh 64x8 --parallel fsdp+tp [--rank 300] [--dim 256] [--layers 2] [--heads 8]
 //             [--vocab 1024] [--seq 64] [--batch 1] [--sequence-parallel] [--noise-level 0..3]
@@ -10,11 +13,13 @@
 // --parallel: fsdp (a 1-D mesh: fully_shard on each block and the root), tp (a 1-D mesh:
 // Transformer::parallelize), fsdp+tp (a 2-D (dp, tp) mesh: parallelize on tp, then
 // fully_shard on dp). The step: forward on --batch sequences of --seq tokens, cross-entropy,
-// backward, an Adam step. The tensors are real (small: each rank's shards, and the blocks
+// backward, an Adam step; the step measured is the second (Adam's state exists, as in a
+// training loop), after zero_grad. The tensors are real (small: each rank's shards, and the blocks
 // FSDP gathers), the world is not: the numbers of the step are not the real ones, its shapes,
 // placements and collectives are.
 #include "dtensor/comm/fake_group.h"
 #include "dtensor/debug/comm_mode.h"
+#include "dtensor/debug/mem_tracker.h"
 #include "dtensor/fsdp/fsdp.h"
 #include "dtensor/nn/nn.h"
 #include "dtensor/parallel/parallel.h"
@@ -25,6 +30,7 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adam.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -119,15 +125,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-std::string bytes_str(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, units[u]);
-  return buf;
-}
-
 int run(const Options& o) {
   using namespace dtensor;
   int64_t world_size = 1;
@@ -136,6 +133,7 @@ int run(const Options& o) {
   auto world = std::make_shared<comm::FakeGroup>(static_cast<int>(o.rank), static_cast<int>(world_size));
   const DeviceMesh mesh = o.mesh.size() == 2 ? init_device_mesh("cpu", o.mesh, {"dp", "tp"}, world)
                                              : init_device_mesh("cpu", o.mesh, {}, world);
+  debug::MemTracker mem;  // before the model: NOTE: [MemTracker]
   models::Transformer model(o.args);
   if (o.parallel == "tp" || o.parallel == "fsdp+tp")
     models::Transformer::parallelize(model, o.parallel == "tp" ? mesh : mesh["tp"], o.sequence_parallel);
@@ -149,13 +147,31 @@ int run(const Options& o) {
   const int64_t seq = o.args.max_seq_len;
   const at::Tensor tokens = (at::arange(o.batch * seq, at::kLong) * 7 + 1).remainder(o.args.vocab_size).view({o.batch, seq});
   const at::Tensor targets = tokens.roll(1, 1).flatten();
-  debug::CommDebugMode mode;
-  {
-    auto active = mode.enter();
-    opt.zero_grad();
+  auto forward_loss = [&] {
     at::Tensor logits = nn::call(model, tokens);
-    torch::nn::functional::cross_entropy(logits.reshape({-1, o.args.vocab_size}), targets).backward();
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, o.args.vocab_size}), targets);
+  };
+  opt.zero_grad();
+  forward_loss().backward();
+  opt.step();
+  opt.zero_grad();
+  debug::CommDebugMode mode;
+  mem.track_external(*model);
+  mem.track_external(opt);
+  const debug::HeldMemory before = mem.held();
+  int64_t phase_peak[3] = {0, 0, 0};
+  {
+    auto comm_active = mode.enter();
+    auto mem_active = mem.enter();
+    at::Tensor loss = forward_loss();
+    phase_peak[0] = mem.peak();
+    mem.reset_peak();
+    loss.backward();
+    loss = at::Tensor();
+    phase_peak[1] = mem.peak();
+    mem.reset_peak();
     opt.step();
+    phase_peak[2] = mem.peak();
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -186,8 +202,8 @@ int run(const Options& o) {
   auto print_row = [](const std::string& name, const Row& r) {
     std::string sizes;
     for (const auto& [size, n] : r.group_sizes) sizes += (sizes.empty() ? "" : ", ") + std::to_string(size) + " (" + std::to_string(n) + ")";
-    std::printf("%-52s %6lld %12s %12s  %s\n", name.c_str(), (long long)r.count, bytes_str(r.sent).c_str(),
-                bytes_str(r.received).c_str(), sizes.c_str());
+    std::printf("%-52s %6lld %12s %12s  %s\n", name.c_str(), (long long)r.count,
+                debug::format_bytes(r.sent).c_str(), debug::format_bytes(r.received).c_str(), sizes.c_str());
   };
   for (const auto& [name, r] : rows) print_row(name, r);
   print_row("total", total);
@@ -196,6 +212,25 @@ int run(const Options& o) {
     mode.generate_json_dump(o.json, o.noise_level);
     std::printf("JSON: %s\n", o.json.c_str());
   }
+  const debug::HeldMemory after = mem.held();
+  const int64_t step_peak = std::max({phase_peak[0], phase_peak[1], phase_peak[2]});
+  using debug::format_bytes;
+  std::printf("\nmemory of this rank (bytes libtorch's CPU allocator handed out; one step, after zero_grad)\n");
+  std::printf("%-34s %12s %12s\n", "", "before", "after");
+  auto held_row = [](const char* name, int64_t b, int64_t a) {
+    std::printf("%-34s %12s %12s\n", name, format_bytes(b).c_str(), format_bytes(a).c_str());
+  };
+  held_row("parameters", before.parameters, after.parameters);
+  held_row("buffers", before.buffers, after.buffers);
+  held_row("gradients", before.gradients, after.gradients);
+  held_row("optimizer state", before.optimizer_state, after.optimizer_state);
+  held_row("total", before.total(), after.total());
+  std::printf("the step's own allocations at their peak: %s (forward %s, backward %s, optimizer step %s); "
+              "left allocated after it: %s\n",
+              format_bytes(step_peak).c_str(), format_bytes(phase_peak[0]).c_str(), format_bytes(phase_peak[1]).c_str(),
+              format_bytes(phase_peak[2]).c_str(), format_bytes(mem.current()).c_str());
+  std::printf("peak during the step, at most: %s (held before + the step's peak)\n\n%s",
+              format_bytes(before.total() + step_peak).c_str(), mem.display_modulewise_stats().c_str());
   std::printf("planned in %.2f s\n", seconds);
   return 0;
 }

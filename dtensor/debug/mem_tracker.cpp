@@ -1,0 +1,342 @@
+// dtensor/debug/mem_tracker.cpp: see NOTE: [MemTracker] in mem_tracker.h and NOTE: [Per-rank
+// memory accounting] in tracking_allocator_internal.h.
+#include "dtensor/debug/mem_tracker.h"
+
+#include "dtensor/debug/tracking_allocator_internal.h"
+#include "dtensor/nn/hooks.h"
+#include "dtensor/tensor/dtensor.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace dtensor {
+namespace debug {
+
+// ---- the accounting allocator ------------------------------------------------------------------
+namespace detail {
+namespace {
+TrackingAllocator* g_allocator = nullptr;
+thread_local int t_slot = 0;
+std::atomic<int> g_trackers_claimed{0};
+}  // namespace
+
+TrackingAllocator& TrackingAllocator::install() {
+  static TrackingAllocator* a = [] {
+    auto* t = new TrackingAllocator(c10::GetCPUAllocator());
+    g_allocator = t;
+    c10::SetCPUAllocator(t, /*priority=*/100);
+    return t;
+  }();
+  return *a;
+}
+
+void TrackingAllocator::set_slot(int s) {
+  TORCH_CHECK(s >= 0 && s <= kMaxRanks, "TrackingAllocator: slot ", s, " is out of range [0, ", kMaxRanks + 1,
+              "): slot 0 and one per rank, for ranks 0 to ", kMaxRanks - 1);
+  t_slot = s;
+}
+int TrackingAllocator::get_slot() { return t_slot; }
+void TrackingAllocator::use_slot(int s) { t_slot = checked(s); }
+
+int TrackingAllocator::claim_tracker_slot() {
+  const int n = g_trackers_claimed.fetch_add(1);
+  TORCH_CHECK(n < kMaxTrackers, "MemTracker: a process makes at most ", kMaxTrackers,
+              " trackers (each keeps its own counters for the process's life); this would be tracker ", n + 1);
+  return 1 + kMaxRanks + n;
+}
+
+int TrackingAllocator::checked(int s) {
+  TORCH_CHECK(s >= 0 && s < kSlots, "TrackingAllocator: slot ", s, " is out of range [0, ", kSlots,
+              "): slot 0, one per rank (ranks 0 to ", kMaxRanks - 1, ") and one per MemTracker");
+  return s;
+}
+
+c10::DataPtr TrackingAllocator::do_allocate(size_t n) const {
+  auto* raw = static_cast<char*>(inner_->raw_allocate(n + kHeader));
+  auto* h = reinterpret_cast<Header*>(raw);
+  h->bytes = static_cast<int64_t>(n);
+  h->slot = t_slot;
+  update_peak(h->slot, current_[h->slot].fetch_add(h->bytes) + h->bytes);
+  void* data = raw + kHeader;
+  return c10::DataPtr(data, data, &TrackingAllocator::release, c10::Device(c10::kCPU));
+}
+
+void TrackingAllocator::release(void* data) {
+  if (data == nullptr) return;
+  char* raw = static_cast<char*>(data) - kHeader;
+  auto* h = reinterpret_cast<Header*>(raw);
+  g_allocator->current_[h->slot].fetch_sub(h->bytes);
+  g_allocator->inner_->raw_deallocate(raw);
+}
+}  // namespace detail
+
+// ---- MemTracker ---------------------------------------------------------------------------------
+using detail::TrackingAllocator;
+
+namespace {
+thread_local MemTracker* t_active = nullptr;
+
+// A tensor's storage: its address and size (a DTensor by its local tensor's).
+void add_storage(const at::Tensor& t, std::unordered_set<const void*>& seen, int64_t& bytes) {
+  if (!t.defined()) return;
+  const at::Tensor& local = is_dtensor(t) ? local_tensor(t) : t;
+  if (!local.defined() || !local.has_storage()) return;
+  const c10::Storage& s = local.storage();
+  const void* key = s.unsafeGetStorageImpl();
+  if (!seen.insert(key).second) return;
+  bytes += static_cast<int64_t>(s.nbytes());
+}
+
+// Adds the optimizer's state tensors; false for an optimizer whose state kind is not known.
+bool add_optimizer_state(const torch::optim::OptimizerParamState& st, std::unordered_set<const void*>& seen,
+                         int64_t& bytes) {
+  using namespace torch::optim;
+  if (const auto* s = dynamic_cast<const AdamParamState*>(&st)) {
+    add_storage(s->exp_avg(), seen, bytes);
+    add_storage(s->exp_avg_sq(), seen, bytes);
+    add_storage(s->max_exp_avg_sq(), seen, bytes);
+    return true;
+  }
+  if (const auto* s = dynamic_cast<const AdamWParamState*>(&st)) {
+    add_storage(s->exp_avg(), seen, bytes);
+    add_storage(s->exp_avg_sq(), seen, bytes);
+    add_storage(s->max_exp_avg_sq(), seen, bytes);
+    return true;
+  }
+  if (const auto* s = dynamic_cast<const SGDParamState*>(&st)) {
+    add_storage(s->momentum_buffer(), seen, bytes);
+    return true;
+  }
+  if (const auto* s = dynamic_cast<const RMSpropParamState*>(&st)) {
+    add_storage(s->square_avg(), seen, bytes);
+    add_storage(s->momentum_buffer(), seen, bytes);
+    add_storage(s->grad_avg(), seen, bytes);
+    return true;
+  }
+  if (const auto* s = dynamic_cast<const AdagradParamState*>(&st)) {
+    add_storage(s->sum(), seen, bytes);
+    return true;
+  }
+  return false;
+}
+
+std::string optimizer_class(const torch::optim::Optimizer& o) {
+  if (dynamic_cast<const torch::optim::Adam*>(&o)) return "Adam";
+  if (dynamic_cast<const torch::optim::AdamW*>(&o)) return "AdamW";
+  if (dynamic_cast<const torch::optim::SGD*>(&o)) return "SGD";
+  if (dynamic_cast<const torch::optim::RMSprop*>(&o)) return "RMSprop";
+  if (dynamic_cast<const torch::optim::Adagrad*>(&o)) return "Adagrad";
+  return c10::demangle(typeid(o).name());
+}
+}  // namespace
+
+struct MemTracker::State {
+  int slot = -1;
+  int saved_slot = 0;
+  std::vector<std::shared_ptr<torch::nn::Module>> roots;
+  std::vector<const torch::optim::Optimizer*> optimizers;
+  std::vector<nn::RemovableHandle> hooks;
+  // Per tracked module: its fqn and depth, and its figures in this scope.
+  struct Tracked {
+    std::string fqn;
+    int depth = 0;
+  };
+  std::unordered_map<const torch::nn::Module*, Tracked> modules;
+  std::vector<ModuleMemoryStats> stats;  // first-call order
+  std::unordered_map<const torch::nn::Module*, size_t> stats_index;
+  // Modules whose forward is running on the entered thread, with the slot's peak before each.
+  struct Open {
+    size_t index;
+    int64_t outer_peak;
+  };
+  std::vector<Open> open;
+};
+
+MemTracker::MemTracker() : state_(std::make_unique<State>()) {
+  TrackingAllocator::install();
+  state_->slot = TrackingAllocator::claim_tracker_slot();
+}
+
+MemTracker::~MemTracker() {
+  for (auto& h : state_->hooks) h.remove();
+  if (active_) exit();
+}
+
+void MemTracker::track_external(torch::nn::Module& module) {
+  std::shared_ptr<torch::nn::Module> root;
+  try {
+    root = module.shared_from_this();
+  } catch (const std::bad_weak_ptr&) {
+    TORCH_CHECK(false, "MemTracker::track_external: the ", nn::detail::module_type_name(module),
+                " module is not owned by a std::shared_ptr (use a ModuleHolder or std::make_shared)");
+  }
+  const std::string root_name = nn::detail::module_type_name(module);
+  // A storage keeps the allocator it was made with and re-allocates through it (fully_shard's
+  // unshard resizes its parameters' storages): one made before the accounting was installed
+  // would be missed, silently.
+  const c10::Allocator* accounting = &TrackingAllocator::install();
+  auto check_allocator = [&](const std::string& kind, const std::string& name, const at::Tensor& t) {
+    if (!t.defined()) return;
+    const at::Tensor& local = is_dtensor(t) ? local_tensor(t) : t;
+    if (!local.has_storage() || local.device().type() != c10::kCPU || local.storage().nbytes() == 0) return;
+    TORCH_CHECK(local.storage().allocator() == accounting, "MemTracker::track_external: ", kind, " ", root_name,
+                name.empty() ? "" : ".", name,
+                " was allocated before the memory accounting was installed, and storages re-allocate through the "
+                "allocator they were made with (fully_shard's unshard does), so its memory would be missed: make "
+                "the MemTracker before building the model");
+  };
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) check_allocator("parameter", p.key(), p.value());
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) check_allocator("buffer", b.key(), b.value());
+  State& st = *state_;
+  st.roots.push_back(root);
+  for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+    torch::nn::Module* m = item.value().get();
+    if (st.modules.count(m)) continue;
+    const std::string& key = item.key();
+    State::Tracked t;
+    t.fqn = key.empty() ? root_name : root_name + "." + key;
+    t.depth = key.empty() ? 0 : static_cast<int>(std::count(key.begin(), key.end(), '.')) + 1;
+    st.modules.emplace(m, t);
+    st.hooks.push_back(nn::register_forward_pre_hook(*m, [this](torch::nn::Module& mod, nn::ForwardInputs&) {
+      if (t_active != this) return;
+      State& s = *state_;
+      auto& mem = TrackingAllocator::install();
+      auto it = s.stats_index.find(&mod);
+      if (it == s.stats_index.end()) {
+        const State::Tracked& tr = s.modules.at(&mod);
+        ModuleMemoryStats ms;
+        ms.fqn = tr.fqn;
+        ms.depth = tr.depth;
+        ms.pre_forward = mem.current(s.slot);
+        it = s.stats_index.emplace(&mod, s.stats.size()).first;
+        s.stats.push_back(ms);
+      }
+      ++s.stats[it->second].calls;
+      s.open.push_back({it->second, mem.peak(s.slot)});
+      mem.reset_peak(s.slot);
+    }));
+    st.hooks.push_back(
+        nn::register_forward_hook(*m, [this](torch::nn::Module& mod, const nn::ForwardInputs&, c10::IValue&) {
+          if (t_active != this) return;
+          State& s = *state_;
+          if (s.open.empty()) return;
+          auto& mem = TrackingAllocator::install();
+          const State::Open o = s.open.back();
+          s.open.pop_back();
+          ModuleMemoryStats& ms = s.stats[o.index];
+          const int64_t peak = mem.peak(s.slot);
+          ms.peak_forward = std::max(ms.peak_forward, peak);
+          if (ms.calls == 1) ms.post_forward = mem.current(s.slot);
+          mem.raise_peak(s.slot, o.outer_peak);
+          (void)mod;
+        }));
+  }
+}
+
+void MemTracker::track_external(const torch::optim::Optimizer& optimizer) {
+  for (const auto& item : optimizer.state()) {
+    std::unordered_set<const void*> seen;
+    int64_t bytes = 0;
+    TORCH_CHECK(add_optimizer_state(*item.second, seen, bytes), "MemTracker::track_external: the state of ",
+                optimizer_class(optimizer),
+                " is not known (Adam, AdamW, SGD, RMSprop and Adagrad are); its memory is counted in current() only");
+  }
+  state_->optimizers.push_back(&optimizer);
+}
+
+MemTracker::Active::~Active() {
+  if (tracker_ != nullptr) tracker_->exit();
+}
+
+MemTracker::Active MemTracker::enter() {
+  TORCH_CHECK(!active_, "MemTracker::enter: this tracker is already active");
+  TORCH_CHECK(t_active == nullptr, "MemTracker::enter: another MemTracker is active on this thread (one at a time)");
+  TrackingAllocator::install();
+  State& st = *state_;
+  st.stats.clear();
+  st.stats_index.clear();
+  st.open.clear();
+  st.saved_slot = TrackingAllocator::get_slot();
+  TrackingAllocator::use_slot(st.slot);
+  TrackingAllocator::install().reset_peak(st.slot);
+  t_active = this;
+  active_ = true;
+  return Active(this);
+}
+
+void MemTracker::exit() {
+  if (!active_) return;
+  TrackingAllocator::use_slot(state_->saved_slot);
+  t_active = nullptr;
+  active_ = false;
+  state_->open.clear();
+}
+
+int64_t MemTracker::current() const { return TrackingAllocator::install().current(state_->slot); }
+int64_t MemTracker::peak() const { return TrackingAllocator::install().peak(state_->slot); }
+void MemTracker::reset_peak() { TrackingAllocator::install().reset_peak(state_->slot); }
+
+HeldMemory MemTracker::held() const {
+  HeldMemory h;
+  std::unordered_set<const void*> seen;
+  // Parameters before gradients and buffers: a storage shared by two kinds counts as the first.
+  for (const auto& root : state_->roots)
+    for (const auto& p : root->parameters(/*recurse=*/true)) add_storage(p, seen, h.parameters);
+  for (const auto& root : state_->roots)
+    for (const auto& b : root->buffers(/*recurse=*/true)) add_storage(b, seen, h.buffers);
+  for (const auto& root : state_->roots)
+    for (const auto& p : root->parameters(/*recurse=*/true)) add_storage(p.grad(), seen, h.gradients);
+  for (const auto* opt : state_->optimizers)
+    for (const auto& item : opt->state()) {
+      TORCH_CHECK(add_optimizer_state(*item.second, seen, h.optimizer_state), "MemTracker::held: the state of ",
+                  optimizer_class(*opt), " is not known (Adam, AdamW, SGD, RMSprop and Adagrad are)");
+    }
+  return h;
+}
+
+std::vector<ModuleMemoryStats> MemTracker::module_stats() const { return state_->stats; }
+
+std::string format_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  const bool negative = b < 0;
+  if (negative) b = -b;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%s%.0f %s" : "%s%.2f %s", negative ? "-" : "", b, units[u]);
+  return buf;
+}
+
+std::string MemTracker::display_modulewise_stats() const {
+  size_t width = std::string("module (forward)").size();
+  for (const auto& m : state_->stats) width = std::max(width, 2 * m.depth + m.fqn.size());
+  std::ostringstream os;
+  char line[512];
+  const int w = static_cast<int>(width);
+  std::snprintf(line, sizeof line, "%-*s %6s %12s %12s %12s %12s\n", w, "module (forward)", "calls", "pre", "post",
+                "post - pre", "peak");
+  os << line;
+  for (const auto& m : state_->stats) {
+    const std::string name = std::string(2 * m.depth, ' ') + m.fqn;
+    std::snprintf(line, sizeof line, "%-*s %6lld %12s %12s %12s %12s\n", w, name.c_str(), (long long)m.calls,
+                  format_bytes(m.pre_forward).c_str(), format_bytes(m.post_forward).c_str(),
+                  format_bytes(m.post_forward - m.pre_forward).c_str(), format_bytes(m.peak_forward).c_str());
+    os << line;
+  }
+  return os.str();
+}
+
+}  // namespace debug
+}  // namespace dtensor

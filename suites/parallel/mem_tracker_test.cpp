@@ -1,0 +1,164 @@
+// MemTracker (NOTE: [MemTracker] in dtensor/debug/mem_tracker.h) on one process, against sizes
+// computed from the shapes: what a scope allocates and frees, per-module forward figures, what
+// a model and its optimizer hold, one tracker per thread, and the errors. Its figures on a
+// fake world against real ranks are in fake_world_test.cpp.
+#include "dtensor/debug/mem_tracker.h"
+#include "dtensor/nn/nn.h"
+#include "suites/testing/errors.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/lbfgs.h>
+
+#include <string>
+#include <thread>
+
+namespace dtensor {
+namespace {
+
+using debug::MemTracker;
+using testing::contains;
+using testing::error_of;
+
+struct TwoLayerImpl : torch::nn::Module {
+  TwoLayerImpl() {
+    a = register_module("a", torch::nn::Linear(8, 16));
+    b = register_module("b", torch::nn::Linear(16, 4));
+  }
+  at::Tensor forward(const at::Tensor& x) { return nn::call(b, at::relu(nn::call(a, x))); }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+TORCH_MODULE(TwoLayer);
+
+constexpr int64_t kFloat = 4;
+constexpr int64_t kTwoLayerParams = (8 * 16 + 16 + 16 * 4 + 4) * kFloat;
+
+TEST(MemTracker, CountsWhatItsScopeAllocatesUntilFreed) {
+  MemTracker mem;
+  at::Tensor earlier = at::empty({500}, at::kFloat);
+  at::Tensor kept;
+  {
+    auto active = mem.enter();
+    EXPECT_TRUE(mem.active());
+    kept = at::empty({1000}, at::kFloat);
+    { at::Tensor freed = at::empty({3000}, at::kFloat); }
+    earlier = at::Tensor();  // allocated before the scope: not in its figures
+    std::thread([] { at::Tensor other_thread = at::empty({7000}, at::kFloat); }).join();
+    EXPECT_EQ(mem.current(), 1000 * kFloat);
+    EXPECT_EQ(mem.peak(), 4000 * kFloat);
+  }
+  EXPECT_FALSE(mem.active());
+  at::Tensor outside = at::empty({2000}, at::kFloat);
+  EXPECT_EQ(mem.current(), 1000 * kFloat) << "allocated after exit: not counted";
+  std::thread([&] { kept = at::Tensor(); }).join();  // freed on another thread: refunded
+  EXPECT_EQ(mem.current(), 0);
+  EXPECT_EQ(mem.peak(), 4000 * kFloat);
+  {
+    auto active = mem.enter();  // a second scope starts the peak over
+    at::Tensor t = at::empty({10}, at::kFloat);
+    EXPECT_EQ(mem.peak(), 10 * kFloat);
+    mem.reset_peak();
+    EXPECT_EQ(mem.peak(), 10 * kFloat);
+  }
+}
+
+TEST(MemTracker, PerModuleForwardFiguresAndWhatTheModelAndAdamHold) {
+  MemTracker mem;
+  TwoLayer model;
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
+  mem.track_external(*model);
+  mem.track_external(opt);
+  EXPECT_EQ(mem.held().parameters, kTwoLayerParams);
+  EXPECT_EQ(mem.held().gradients, 0);
+  EXPECT_EQ(mem.held().optimizer_state, 0);
+  const at::Tensor x = at::randn({4, 8});
+  {
+    auto active = mem.enter();
+    at::Tensor y = nn::call(model, x);
+    at::Tensor again = nn::call(model, x);
+    (y.sum() + again.sum()).backward();
+    opt.step();
+  }
+  const auto stats = mem.module_stats();
+  ASSERT_EQ(stats.size(), 3u);
+  EXPECT_EQ(stats[0].fqn, "TwoLayer");
+  EXPECT_EQ(stats[1].fqn, "TwoLayer.a");
+  EXPECT_EQ(stats[2].fqn, "TwoLayer.b");
+  EXPECT_EQ(stats[0].depth, 0);
+  EXPECT_EQ(stats[1].depth, 1);
+  for (const auto& s : stats) EXPECT_EQ(s.calls, 2) << s.fqn;
+  // What a call leaves allocated: a's output [4, 16]; b's [4, 4]; the root's, relu's [4, 16]
+  // (b saved it for backward) and b's (a's output, a temporary of the root's expression, is freed
+  // when the root returns). Its peak holds all three; the second call's comes on top of what the
+  // first left.
+  EXPECT_EQ(stats[1].post_forward - stats[1].pre_forward, 4 * 16 * kFloat);
+  EXPECT_EQ(stats[2].post_forward - stats[2].pre_forward, 4 * 4 * kFloat);
+  constexpr int64_t kLeft = (4 * 16 + 4 * 4) * kFloat, kHeld = (4 * 16 * 2 + 4 * 4) * kFloat;
+  EXPECT_EQ(stats[0].pre_forward, 0);
+  EXPECT_EQ(stats[0].post_forward, kLeft);
+  EXPECT_EQ(stats[0].peak_forward, kLeft + kHeld);
+  EXPECT_EQ(stats[1].peak_forward, kLeft + 4 * 16 * kFloat);
+  for (const auto& s : stats) EXPECT_GE(s.peak_forward, s.post_forward) << s.fqn;
+  EXPECT_GE(mem.peak(), stats[0].peak_forward);
+  const debug::HeldMemory held = mem.held();
+  EXPECT_EQ(held.parameters, kTwoLayerParams);
+  EXPECT_EQ(held.buffers, 0);
+  EXPECT_EQ(held.gradients, kTwoLayerParams);
+  EXPECT_EQ(held.optimizer_state, 2 * kTwoLayerParams) << "Adam: exp_avg and exp_avg_sq";
+  EXPECT_EQ(held.total(), 4 * kTwoLayerParams);
+  const std::string table = mem.display_modulewise_stats();
+  EXPECT_PRED2(contains, table, "  TwoLayer.a");
+  EXPECT_PRED2(contains, table, "256 B");
+}
+
+TEST(MemTracker, EachThreadCountsItsOwn) {
+  int64_t counted[2] = {0, 0};
+  auto body = [&](int i) {
+    MemTracker mem;
+    auto active = mem.enter();
+    at::Tensor t = at::empty({100 * (i + 1)}, at::kFloat);
+    counted[i] = mem.current();
+  };
+  std::thread t0(body, 0), t1(body, 1);
+  t0.join();
+  t1.join();
+  EXPECT_EQ(counted[0], 100 * kFloat);
+  EXPECT_EQ(counted[1], 200 * kFloat);
+}
+
+TEST(MemTracker, ErrorsNameWhatWasWrong) {
+  MemTracker mem, other;
+  {
+    auto active = mem.enter();
+    EXPECT_PRED2(contains, error_of([&] { auto again = mem.enter(); }),
+                 "MemTracker::enter: this tracker is already active");
+    EXPECT_PRED2(contains, error_of([&] { auto second = other.enter(); }),
+                 "another MemTracker is active on this thread");
+  }
+  auto later = other.enter();  // the first one's exit freed the thread
+  torch::nn::LinearImpl on_stack(2, 2);
+  EXPECT_PRED2(contains, error_of([&] { mem.track_external(on_stack); }),
+               "the Linear module is not owned by a std::shared_ptr");
+  TwoLayer model;
+  torch::optim::LBFGS lbfgs(model->parameters());
+  const at::Tensor x = at::randn({2, 8});
+  lbfgs.step([&] {
+    lbfgs.zero_grad();
+    at::Tensor loss = model->forward(x).pow(2).sum();
+    loss.backward();
+    return loss;
+  });
+  EXPECT_PRED2(contains, error_of([&] { mem.track_external(lbfgs); }), "the state of torch::optim::LBFGS is not known");
+  // A parameter whose storage did not come from the accounting allocator (here: memory of our
+  // own; in a program: a model built before the first MemTracker).
+  std::vector<float> outside(16 * 8, 0.0f);
+  at::NoGradGuard no_grad;
+  model->a->weight.set_data(at::from_blob(outside.data(), {16, 8}));
+  EXPECT_PRED2(contains, error_of([&] { mem.track_external(*model); }),
+               "parameter TwoLayer.a.weight was allocated before the memory accounting was installed");
+}
+
+}  // namespace
+}  // namespace dtensor
