@@ -99,22 +99,22 @@ void add_storage(const at::Tensor& t, std::unordered_set<const void*>& seen, int
   bytes += static_cast<int64_t>(s.nbytes());
 }
 
+// Adam's and AdamW's state: the two moments (and the max of the second, with amsgrad).
+template <class S>
+bool add_moments(const torch::optim::OptimizerParamState& st, std::unordered_set<const void*>& seen, int64_t& bytes) {
+  const auto* s = dynamic_cast<const S*>(&st);
+  if (s == nullptr) return false;
+  add_storage(s->exp_avg(), seen, bytes);
+  add_storage(s->exp_avg_sq(), seen, bytes);
+  add_storage(s->max_exp_avg_sq(), seen, bytes);
+  return true;
+}
+
 // Adds the optimizer's state tensors; false for an optimizer whose state kind is not known.
 bool add_optimizer_state(const torch::optim::OptimizerParamState& st, std::unordered_set<const void*>& seen,
                          int64_t& bytes) {
   using namespace torch::optim;
-  if (const auto* s = dynamic_cast<const AdamParamState*>(&st)) {
-    add_storage(s->exp_avg(), seen, bytes);
-    add_storage(s->exp_avg_sq(), seen, bytes);
-    add_storage(s->max_exp_avg_sq(), seen, bytes);
-    return true;
-  }
-  if (const auto* s = dynamic_cast<const AdamWParamState*>(&st)) {
-    add_storage(s->exp_avg(), seen, bytes);
-    add_storage(s->exp_avg_sq(), seen, bytes);
-    add_storage(s->max_exp_avg_sq(), seen, bytes);
-    return true;
-  }
+  if (add_moments<AdamParamState>(st, seen, bytes) || add_moments<AdamWParamState>(st, seen, bytes)) return true;
   if (const auto* s = dynamic_cast<const SGDParamState*>(&st)) {
     add_storage(s->momentum_buffer(), seen, bytes);
     return true;

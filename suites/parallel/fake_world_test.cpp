@@ -83,6 +83,27 @@ std::vector<std::string> step_collectives(const Build& build, comm::GroupPtr wor
   return describe_all(mode);
 }
 
+// The parallelizations, on a world of any kind: tensor parallel (with or without sequence
+// parallelism) on a 1-D mesh, FSDP (blocks, then the root) on a 1-D mesh, and FSDP x TP on a
+// (ranks / 2, 2) mesh.
+void build_tp(models::Transformer& m, comm::GroupPtr world, bool sequence_parallel) {
+  models::Transformer::parallelize(m, init_device_mesh("cpu", {world->size()}, {}, world), sequence_parallel);
+}
+void fully_shard_blocks_and_root(models::Transformer& m, const DeviceMesh& mesh) {
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  for (size_t i = 0; i < m->layers->size(); ++i) fsdp::fully_shard(*m->layers->ptr(i), opts);
+  fsdp::fully_shard(m, opts);
+}
+void build_fsdp(models::Transformer& m, comm::GroupPtr world) {
+  fully_shard_blocks_and_root(m, init_device_mesh("cpu", {world->size()}, {}, world));
+}
+void build_fsdp_tp(models::Transformer& m, comm::GroupPtr world) {
+  auto mesh = init_device_mesh("cpu", {world->size() / 2, 2}, {"dp", "tp"}, world);
+  models::Transformer::parallelize(m, mesh["tp"], false);
+  fully_shard_blocks_and_root(m, mesh["dp"]);
+}
+
 // This rank's step on the real world, then on a fake world of the same size: the same records.
 void expect_fake_matches_real(testing::MultiRankTest& t, const Build& build, bool adam) {
   const std::vector<std::string> real = step_collectives(build, t.group_ptr(), adam);
@@ -97,39 +118,17 @@ DTENSOR_TEST_F(FakeWorldThreads, TensorParallelStepCommunicatesAsOnRealRanks) {
   for (bool sp : {false, true}) {
     SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
     expect_fake_matches_real(
-        *this,
-        [sp](models::Transformer& m, comm::GroupPtr world) {
-          models::Transformer::parallelize(m, init_device_mesh("cpu", {world->size()}, {}, world), sp);
-        },
-        /*adam=*/false);
+        *this, [sp](models::Transformer& m, comm::GroupPtr world) { build_tp(m, world, sp); }, /*adam=*/false);
   }
 }
 
 DTENSOR_TEST_F(FakeWorldThreads, FullyShardedStepCommunicatesAsOnRealRanks) {
-  expect_fake_matches_real(
-      *this,
-      [](models::Transformer& m, comm::GroupPtr world) {
-        fsdp::FullyShardOptions opts;
-        opts.mesh = init_device_mesh("cpu", {world->size()}, {}, world);
-        for (size_t i = 0; i < m->layers->size(); ++i) fsdp::fully_shard(*m->layers->ptr(i), opts);
-        fsdp::fully_shard(m, opts);
-      },
-      /*adam=*/true);
+  expect_fake_matches_real(*this, build_fsdp, /*adam=*/true);
 }
 
 DTENSOR_TEST_F(FakeWorldThreads, FsdpTpStepCommunicatesAsOnRealRanks) {
   DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // a (ranks / 2, 2) mesh
-  expect_fake_matches_real(
-      *this,
-      [](models::Transformer& m, comm::GroupPtr world) {
-        auto mesh = init_device_mesh("cpu", {world->size() / 2, 2}, {"dp", "tp"}, world);
-        models::Transformer::parallelize(m, mesh["tp"], false);
-        fsdp::FullyShardOptions opts;
-        opts.mesh = mesh["dp"];
-        for (size_t i = 0; i < m->layers->size(); ++i) fsdp::fully_shard(*m->layers->ptr(i), opts);
-        fsdp::fully_shard(m, opts);
-      },
-      /*adam=*/true);
+  expect_fake_matches_real(*this, build_fsdp_tp, /*adam=*/true);
 }
 
 // Memory: MemTracker's figures for the same step (NOTE: [MemTracker] in
@@ -169,26 +168,9 @@ StepMemory step_memory(const Build& build, comm::GroupPtr world) {
 DTENSOR_TEST_F(FakeWorldThreads, StepMemoryMatchesRealRanks) {
   DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // the FSDP x TP case's (ranks / 2, 2) mesh
   const std::vector<std::pair<std::string, Build>> cases = {
-      {"FSDP",
-       [](models::Transformer& m, comm::GroupPtr world) {
-         fsdp::FullyShardOptions opts;
-         opts.mesh = init_device_mesh("cpu", {world->size()}, {}, world);
-         for (size_t i = 0; i < m->layers->size(); ++i) fsdp::fully_shard(*m->layers->ptr(i), opts);
-         fsdp::fully_shard(m, opts);
-       }},
-      {"TP",
-       [](models::Transformer& m, comm::GroupPtr world) {
-         models::Transformer::parallelize(m, init_device_mesh("cpu", {world->size()}, {}, world), false);
-       }},
-      {"FSDP x TP",
-       [](models::Transformer& m, comm::GroupPtr world) {
-         auto mesh = init_device_mesh("cpu", {world->size() / 2, 2}, {"dp", "tp"}, world);
-         models::Transformer::parallelize(m, mesh["tp"], false);
-         fsdp::FullyShardOptions opts;
-         opts.mesh = mesh["dp"];
-         for (size_t i = 0; i < m->layers->size(); ++i) fsdp::fully_shard(*m->layers->ptr(i), opts);
-         fsdp::fully_shard(m, opts);
-       }},
+      {"FSDP", build_fsdp},
+      {"TP", [](models::Transformer& m, comm::GroupPtr world) { build_tp(m, world, false); }},
+      {"FSDP x TP", build_fsdp_tp},
   };
   for (const auto& [name, build] : cases) {
     SCOPED_TRACE(name);

@@ -9,8 +9,12 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/lbfgs.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
 
 #include <string>
 #include <thread>
@@ -111,6 +115,25 @@ TEST(MemTracker, PerModuleForwardFiguresAndWhatTheModelAndAdamHold) {
   const std::string table = mem.display_modulewise_stats();
   EXPECT_PRED2(contains, table, "  TwoLayer.a");
   EXPECT_PRED2(contains, table, "256 B");
+}
+
+// Each known optimizer's state after a step, against its kind: a momentum or a running sum per
+// parameter (SGD with momentum, RMSprop, Adagrad), two moments (AdamW).
+TEST(MemTracker, HeldCountsEachKnownOptimizersState) {
+  using namespace torch::optim;
+  auto state_bytes = [](auto make) {
+    MemTracker mem;
+    TwoLayer model;
+    auto opt = make(model->parameters());
+    model->forward(at::randn({2, 8})).sum().backward();
+    opt.step();
+    mem.track_external(opt);
+    return mem.held().optimizer_state;
+  };
+  EXPECT_EQ(state_bytes([](auto p) { return SGD(p, SGDOptions(0.1).momentum(0.9)); }), kTwoLayerParams);
+  EXPECT_EQ(state_bytes([](auto p) { return RMSprop(p, RMSpropOptions(0.01)); }), kTwoLayerParams);
+  EXPECT_EQ(state_bytes([](auto p) { return Adagrad(p, AdagradOptions(0.01)); }), kTwoLayerParams);
+  EXPECT_EQ(state_bytes([](auto p) { return AdamW(p, AdamWOptions(0.01)); }), 2 * kTwoLayerParams);
 }
 
 TEST(MemTracker, EachThreadCountsItsOwn) {
