@@ -1,6 +1,7 @@
 // dtensor/comm/fake_group.cpp: NOTE: [Fake world] in fake_group.h.
 #include "dtensor/comm/fake_group.h"
 #include "dtensor/comm/group_checks_internal.h"
+#include "dtensor/debug/tracking_allocator_internal.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -20,6 +21,8 @@ bool writable(const at::Tensor& t) { return t.defined() && !t.is_meta() && t.num
 void reduce_identical(const at::Tensor& t, ReduceOp op, int n) {
   if (!writable(t) || n == 1 || t.scalar_type() == at::kBool) return;
   at::NoGradGuard no_grad;
+  // Its temporaries (the scalar) stand for a real round's, which no rank's MemTracker counts.
+  const debug::detail::UntrackedScope untracked;
   if (op == ReduceOp::SUM) t.mul_(n);
   else if (op == ReduceOp::PRODUCT) t.pow_(n);
 }

@@ -42,12 +42,13 @@ void run_all_reduce(const Calls& calls) {
 // Step 2 computes every result before writing any output because an output may share memory
 // with an input (in-place all_reduce, broadcast). For all_gather and reduce_scatter that is a
 // temporary as large as the whole output (all_gather) or input (reduce_scatter), allocated by
-// the runner: its rank alone pays it, on top of its own buffers (fsdp_benchmark's per-rank
-// peak, NOTE: [Per-rank memory accounting] in dtensor/debug/tracking_allocator_internal.h).
-// When no output shares memory with any input (except, for all_gather, a rank's input that is exactly
-// its own block of its output: the in-place all-gather FSDP issues), writing block by block
-// reads nothing already written, so the runner writes the outputs directly: the same values,
-// with at most one block (reduce_scatter) as a temporary.
+// the runner: its rank alone pays it, on top of its own buffers, in the per-rank accounting
+// (fsdp_benchmark's per-rank peak, NOTE: [Per-rank memory accounting] in
+// dtensor/debug/tracking_allocator_internal.h), though not in a MemTracker's (UntrackedScope).
+// When no output shares memory with any input (except, for all_gather, a rank's input that is
+// exactly its own block of its output: the in-place all-gather FSDP issues), writing block by
+// block reads nothing already written, so the runner writes the outputs directly: the same
+// values, with at most one block (reduce_scatter) as a temporary.
 static bool only_own_block_shared(const Calls& calls, bool allow_own_block) {
   const int64_t n = static_cast<int64_t>(calls.size());
   for (int64_t r = 0; r < n; ++r) {

@@ -52,6 +52,7 @@
 #include "dtensor/comm/thread_group.h"
 #include "dtensor/comm/group_checks_internal.h"
 #include "dtensor/comm/thread_rounds_internal.h"
+#include "dtensor/debug/tracking_allocator_internal.h"
 
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
@@ -147,6 +148,7 @@ void run_round(Round& round) {
   }
   try {
     at::NoGradGuard no_grad;
+    const debug::detail::UntrackedScope untracked;  // the round's temporaries: no rank's
     calls[0]->run(calls);
   } catch (const c10::Error& e) {
     round.failure = e.what_without_backtrace();

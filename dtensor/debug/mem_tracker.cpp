@@ -8,6 +8,7 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
@@ -29,8 +30,27 @@ namespace detail {
 namespace {
 TrackingAllocator* g_allocator = nullptr;
 thread_local int t_slot = 0;
+thread_local int t_use_scope = -1;      // a MemoryUseScope's use; -1: none
+thread_local int t_forward_depth = 0;   // tracked modules whose forward is running (the active tracker's)
 std::atomic<int> g_trackers_claimed{0};
+
+bool in_backward() { return torch::autograd::get_current_graph_task_exec_info() != nullptr; }
+
+// The use of a block allocated now, on this thread, in a tracker's slot.
+MemoryUse current_use() {
+  if (t_use_scope >= 0) return static_cast<MemoryUse>(t_use_scope);
+  if (in_backward()) return MemoryUse::kBackward;
+  return t_forward_depth > 0 ? MemoryUse::kActivation : MemoryUse::kOther;
+}
 }  // namespace
+
+MemoryUseScope::MemoryUseScope(MemoryUse use) : saved_(t_use_scope) { t_use_scope = static_cast<int>(use); }
+MemoryUseScope::~MemoryUseScope() { t_use_scope = saved_; }
+
+UntrackedScope::UntrackedScope() : saved_(t_slot) {
+  if (t_slot > TrackingAllocator::kMaxRanks) t_slot = 0;
+}
+UntrackedScope::~UntrackedScope() { t_slot = saved_; }
 
 TrackingAllocator& TrackingAllocator::install() {
   static TrackingAllocator* a = [] {
@@ -54,7 +74,7 @@ int TrackingAllocator::claim_tracker_slot() {
   const int n = g_trackers_claimed.fetch_add(1);
   TORCH_CHECK(n < kMaxTrackers, "MemTracker: a process makes at most ", kMaxTrackers,
               " trackers (each keeps its own counters for the process's life); this would be tracker ", n + 1);
-  return 1 + kMaxRanks + n;
+  return kFirstTrackerSlot + n;
 }
 
 int TrackingAllocator::checked(int s) {
@@ -62,13 +82,47 @@ int TrackingAllocator::checked(int s) {
               "): slot 0, one per rank (ranks 0 to ", kMaxRanks - 1, ") and one per MemTracker");
   return s;
 }
+int TrackingAllocator::checked_tracker(int s) {
+  TORCH_CHECK(checked(s) >= kFirstTrackerSlot, "TrackingAllocator: slot ", s, " is not a MemTracker's");
+  return s - kFirstTrackerSlot;
+}
+
+void TrackingAllocator::snapshot_at_peak(int s) const {
+  TrackerCounters& t = trackers_[s - kFirstTrackerSlot];
+  for (int u = 0; u < kMemoryUses; ++u) t.at_peak[u].store(t.current[u].load());
+}
+
+void TrackingAllocator::reset_peak(int s) {
+  peak_[checked(s)].store(current_[s].load());
+  if (s >= kFirstTrackerSlot) snapshot_at_peak(s);
+}
+
+MemoryUseBytes TrackingAllocator::current_by_use(int s) const {
+  const TrackerCounters& t = trackers_[checked_tracker(s)];
+  MemoryUseBytes b{};
+  for (int u = 0; u < kMemoryUses; ++u) b[u] = t.current[u].load();
+  return b;
+}
+MemoryUseBytes TrackingAllocator::peak_by_use(int s) const {
+  const TrackerCounters& t = trackers_[checked_tracker(s)];
+  MemoryUseBytes b{};
+  for (int u = 0; u < kMemoryUses; ++u) b[u] = t.at_peak[u].load();
+  return b;
+}
+int64_t TrackingAllocator::window_peak(int s) const { return trackers_[checked_tracker(s)].window_peak.load(); }
+void TrackingAllocator::set_window_peak(int s, int64_t bytes) { trackers_[checked_tracker(s)].window_peak.store(bytes); }
 
 c10::DataPtr TrackingAllocator::do_allocate(size_t n) const {
   auto* raw = static_cast<char*>(inner_->raw_allocate(n + kHeader));
   auto* h = reinterpret_cast<Header*>(raw);
   h->bytes = static_cast<int64_t>(n);
   h->slot = t_slot;
-  update_peak(h->slot, current_[h->slot].fetch_add(h->bytes) + h->bytes);
+  const bool tracker = h->slot >= kFirstTrackerSlot;
+  h->use = static_cast<uint8_t>(tracker ? current_use() : MemoryUse::kOther);
+  if (tracker) trackers_[h->slot - kFirstTrackerSlot].current[h->use].fetch_add(h->bytes);
+  const int64_t now = current_[h->slot].fetch_add(h->bytes) + h->bytes;
+  if (raise(peak_[h->slot], now) && tracker) snapshot_at_peak(h->slot);
+  if (tracker) raise(trackers_[h->slot - kFirstTrackerSlot].window_peak, now);
   void* data = raw + kHeader;
   return c10::DataPtr(data, data, &TrackingAllocator::release, c10::Device(c10::kCPU));
 }
@@ -77,6 +131,7 @@ void TrackingAllocator::release(void* data) {
   if (data == nullptr) return;
   char* raw = static_cast<char*>(data) - kHeader;
   auto* h = reinterpret_cast<Header*>(raw);
+  if (h->slot >= kFirstTrackerSlot) g_allocator->trackers_[h->slot - kFirstTrackerSlot].current[h->use].fetch_sub(h->bytes);
   g_allocator->current_[h->slot].fetch_sub(h->bytes);
   g_allocator->inner_->raw_deallocate(raw);
 }
@@ -224,8 +279,9 @@ void MemTracker::track_external(torch::nn::Module& module) {
         s.stats.push_back(ms);
       }
       ++s.stats[it->second].calls;
-      s.open.push_back({it->second, mem.peak(s.slot)});
-      mem.reset_peak(s.slot);
+      s.open.push_back({it->second, mem.window_peak(s.slot)});
+      mem.set_window_peak(s.slot, mem.current(s.slot));
+      ++detail::t_forward_depth;
     }));
     st.hooks.push_back(
         nn::register_forward_hook(*m, [this](torch::nn::Module& mod, const nn::ForwardInputs&, c10::IValue&) {
@@ -235,11 +291,12 @@ void MemTracker::track_external(torch::nn::Module& module) {
           auto& mem = TrackingAllocator::install();
           const State::Open o = s.open.back();
           s.open.pop_back();
+          if (detail::t_forward_depth > 0) --detail::t_forward_depth;
           ModuleMemoryStats& ms = s.stats[o.index];
-          const int64_t peak = mem.peak(s.slot);
+          const int64_t peak = mem.window_peak(s.slot);
           ms.peak_forward = std::max(ms.peak_forward, peak);
           if (ms.calls == 1) ms.post_forward = mem.current(s.slot);
-          mem.raise_peak(s.slot, o.outer_peak);
+          mem.set_window_peak(s.slot, std::max(o.outer_peak, peak));
           (void)mod;
         }));
   }
@@ -270,7 +327,10 @@ MemTracker::Active MemTracker::enter() {
   st.open.clear();
   st.saved_slot = TrackingAllocator::get_slot();
   TrackingAllocator::use_slot(st.slot);
-  TrackingAllocator::install().reset_peak(st.slot);
+  auto& mem = TrackingAllocator::install();
+  mem.reset_peak(st.slot);
+  mem.set_window_peak(st.slot, mem.current(st.slot));
+  detail::t_forward_depth = 0;
   t_active = this;
   active_ = true;
   return Active(this);
@@ -279,11 +339,28 @@ MemTracker::Active MemTracker::enter() {
 void MemTracker::exit() {
   if (!active_) return;
   TrackingAllocator::use_slot(state_->saved_slot);
+  detail::t_forward_depth = 0;
   t_active = nullptr;
   active_ = false;
   state_->open.clear();
 }
 
+namespace {
+MemoryByUse by_use(const detail::MemoryUseBytes& b) {
+  using detail::MemoryUse;
+  MemoryByUse m;
+  m.activations = b[static_cast<int>(MemoryUse::kActivation)];
+  m.backward = b[static_cast<int>(MemoryUse::kBackward)];
+  m.unsharded_parameters = b[static_cast<int>(MemoryUse::kUnshardedParameter)];
+  m.all_gather_buffers = b[static_cast<int>(MemoryUse::kAllGather)];
+  m.reduce_scatter_buffers = b[static_cast<int>(MemoryUse::kReduceScatter)];
+  m.other = b[static_cast<int>(MemoryUse::kOther)];
+  return m;
+}
+}  // namespace
+
+MemoryByUse MemTracker::current_by_use() const { return by_use(TrackingAllocator::install().current_by_use(state_->slot)); }
+MemoryByUse MemTracker::peak_by_use() const { return by_use(TrackingAllocator::install().peak_by_use(state_->slot)); }
 int64_t MemTracker::current() const { return TrackingAllocator::install().current(state_->slot); }
 int64_t MemTracker::peak() const { return TrackingAllocator::install().peak(state_->slot); }
 void MemTracker::reset_peak() { TrackingAllocator::install().reset_peak(state_->slot); }

@@ -35,6 +35,14 @@
 //   in the module's own forward hooks, which run after hooks registered before them: with
 //   fully_shard applied first, a module's "pre" already holds the parameters FSDP gathered for
 //   it, and its "post" comes after FSDP freed them.
+// - By use (current_by_use, peak_by_use: the bytes at the moment of the peak): each block is
+//   put, when it is allocated, under what it is for: fully_shard's unsharded parameters, its
+//   all-gather outputs, its reduce-scatter inputs and outputs; otherwise, by where the thread
+//   is: in backward (gradients and backward's temporaries), in a tracked module's forward
+//   (activations, and the forward's temporaries), or neither (other: the optimizer step, code
+//   outside the modules). PyTorch's FSDPMemTracker tags the same kinds by following each
+//   tensor; here a block keeps the use it was allocated for (a reduce-scatter output that
+//   becomes a gradient stays a reduce-scatter buffer).
 // - held(): what the tracked modules' parameters, buffers and gradients and the tracked
 //   optimizers' state tensors hold now, each storage counted once (a DTensor by its local
 //   tensor), wherever and whenever they were allocated. PyTorch's MemTracker tags every storage
@@ -81,6 +89,19 @@ struct HeldMemory {
   int64_t total() const { return parameters + buffers + gradients + optimizer_state; }
 };
 
+// The tracker's bytes by what they were allocated for (NOTE: [MemTracker]).
+struct MemoryByUse {
+  int64_t activations = 0;             // in a tracked module's forward, not in a buffer below
+  int64_t backward = 0;                // in backward: gradients and backward's temporaries
+  int64_t unsharded_parameters = 0;    // fully_shard's unsharded parameters
+  int64_t all_gather_buffers = 0;      // fully_shard's all-gather outputs
+  int64_t reduce_scatter_buffers = 0;  // fully_shard's reduce-scatter inputs and outputs
+  int64_t other = 0;                   // anywhere else: the optimizer step, code outside modules
+  int64_t total() const {
+    return activations + backward + unsharded_parameters + all_gather_buffers + reduce_scatter_buffers + other;
+  }
+};
+
 class MemTracker {
  public:
   MemTracker();
@@ -117,6 +138,10 @@ class MemTracker {
   int64_t peak() const;
   // Starts peak() over from current() (to take one phase's peak: forward, backward, the step).
   void reset_peak();
+  // current() by use; and by use at the moment peak() was reached (their totals are current()
+  // and peak()).
+  MemoryByUse current_by_use() const;
+  MemoryByUse peak_by_use() const;
   HeldMemory held() const;
   // Tracked modules in the order they were first called inside the scope.
   std::vector<ModuleMemoryStats> module_stats() const;

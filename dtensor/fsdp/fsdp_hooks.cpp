@@ -3,6 +3,7 @@
 #include "dtensor/fsdp/fsdp_state_internal.h"
 
 #include "dtensor/comm/group.h"
+#include "dtensor/debug/tracking_allocator_internal.h"
 #include "dtensor/nn/hooks.h"
 #include "dtensor/nn/module_surgery.h"
 #include "dtensor/tensor/dtensor.h"
@@ -377,8 +378,9 @@ void FSDPState::reduce_scatter_grads(std::vector<at::Tensor> grads) {
   FSDPState& root = root_or_self();
   root.finish_pending_reduce_scatter();
   const auto options = at::TensorOptions().dtype(reduce_dtype()).device(device_);
-  rs.output = at::empty({S}, options);
   {
+    const debug::detail::MemoryUseScope use(debug::detail::MemoryUse::kReduceScatter);
+    rs.output = at::empty({S}, options);
     // Not kept: the group holds the input while the collective needs it (NOTE: [Async
     // collectives]) and frees it when it completes.
     const at::Tensor input = reduce_scatter_input(params_, grads, shard_size_, S, options);

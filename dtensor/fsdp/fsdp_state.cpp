@@ -3,6 +3,7 @@
 #include "dtensor/fsdp/fsdp_state_internal.h"
 
 #include "dtensor/comm/group.h"
+#include "dtensor/debug/tracking_allocator_internal.h"
 #include "dtensor/nn/hooks.h"
 #include "dtensor/nn/module_surgery.h"
 #include "dtensor/tensor/dtensor.h"
@@ -275,6 +276,7 @@ void copy_in(const std::vector<FSDPParam>& params, int64_t rank, const at::Tenso
 
 // Each unsharded parameter (storage allocated) from its rows of the `world` blocks of `full`.
 void copy_out(std::vector<FSDPParam>& params, const at::Tensor& full, int64_t world, int64_t numel) {
+  const debug::detail::MemoryUseScope use(debug::detail::MemoryUse::kUnshardedParameter);
   int64_t off = 0;
   for (auto& p : params) {
     utils::alloc_storage(p.unsharded, p.global_shape);
@@ -304,7 +306,10 @@ void FSDPState::unshard() {
   const int64_t S = flat_numel();
   const at::ScalarType dtype = compute_dtype();
   AllGatherInFlight ag;
-  ag.output = at::empty({shard_size_ * S}, at::TensorOptions().dtype(dtype).device(device_));
+  {
+    const debug::detail::MemoryUseScope use(debug::detail::MemoryUse::kAllGather);
+    ag.output = at::empty({shard_size_ * S}, at::TensorOptions().dtype(dtype).device(device_));
+  }
   if (status_ == Status::kPostForward) {
     ag.input = std::move(post_forward_piece_);
     post_forward_piece_ = at::Tensor();

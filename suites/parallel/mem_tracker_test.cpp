@@ -117,6 +117,37 @@ TEST(MemTracker, PerModuleForwardFiguresAndWhatTheModelAndAdamHold) {
   EXPECT_PRED2(contains, table, "256 B");
 }
 
+// By use: the forward's blocks are activations (at its peak, all of it), the gradients are
+// backward's, Adam's moments (made in the step, outside any module) other; totals agree.
+TEST(MemTracker, BytesByUse) {
+  MemTracker mem;
+  TwoLayer model;
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
+  mem.track_external(*model);
+  const at::Tensor x = at::randn({4, 8});
+  auto active = mem.enter();
+  at::Tensor y = nn::call(model, x);
+  at::Tensor again = nn::call(model, x);
+  // The second call's peak: the first call's relu and b outputs, then the second's a, relu and b
+  // outputs (a's is freed when the root returns).
+  constexpr int64_t kLeft = (4 * 16 + 4 * 4) * kFloat, kHeld = (4 * 16 * 2 + 4 * 4) * kFloat;
+  debug::MemoryByUse at_peak = mem.peak_by_use();
+  EXPECT_EQ(at_peak.activations, kLeft + kHeld);
+  EXPECT_EQ(at_peak.total(), mem.peak());
+  EXPECT_EQ(mem.current_by_use().activations, 2 * kLeft);
+  EXPECT_EQ(mem.current_by_use().total(), mem.current());
+  (y.sum() + again.sum()).backward();
+  // Backward freed what b saved (the relu outputs); y and `again` remain; the gradients are new.
+  EXPECT_EQ(mem.current_by_use().activations, 2 * 4 * 4 * kFloat);
+  EXPECT_EQ(mem.current_by_use().backward, kTwoLayerParams);
+  opt.step();
+  EXPECT_EQ(mem.current_by_use().other, 2 * kTwoLayerParams) << "Adam's exp_avg and exp_avg_sq";
+  EXPECT_EQ(mem.current_by_use().unsharded_parameters + mem.current_by_use().all_gather_buffers +
+                mem.current_by_use().reduce_scatter_buffers,
+            0);
+  EXPECT_EQ(mem.current_by_use().total(), mem.current());
+}
+
 // Each known optimizer's state after a step, against its kind: a momentum or a running sum per
 // parameter (SGD with momentum, RMSprop, Adagrad), two moments (AdamW).
 TEST(MemTracker, HeldCountsEachKnownOptimizersState) {

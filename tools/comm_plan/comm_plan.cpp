@@ -3,8 +3,8 @@
 // dtensor/comm/fake_group.h) and recorded by CommDebugMode: per kind, the count, the bytes
 // the rank sends and receives and the group sizes; then CommDebugMode's per-module table; then
 // the rank's memory, from MemTracker (NOTE: [MemTracker] in dtensor/debug/mem_tracker.h): what
-// its parameters, gradients and Adam's state hold, the step's peak per phase, and each
-// module's forward.
+// its parameters, gradients and Adam's state hold, the step's peak per phase and by use at its
+// moment, and each module's forward.
 //
 //   comm_plan --mesh 64x8 --parallel fsdp+tp [--rank 300] [--dim 256] [--layers 2] [--heads 8]
 //             [--vocab 1024] [--seq 64] [--batch 1] [--sequence-parallel] [--noise-level 0..3]
@@ -160,18 +160,22 @@ int run(const Options& o) {
   mem.track_external(opt);
   const debug::HeldMemory before = mem.held();
   int64_t phase_peak[3] = {0, 0, 0};
+  debug::MemoryByUse phase_by_use[3];
   {
     auto comm_active = mode.enter();
     auto mem_active = mem.enter();
     at::Tensor loss = forward_loss();
     phase_peak[0] = mem.peak();
+    phase_by_use[0] = mem.peak_by_use();
     mem.reset_peak();
     loss.backward();
     loss = at::Tensor();
     phase_peak[1] = mem.peak();
+    phase_by_use[1] = mem.peak_by_use();
     mem.reset_peak();
     opt.step();
     phase_peak[2] = mem.peak();
+    phase_by_use[2] = mem.peak_by_use();
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -213,7 +217,9 @@ int run(const Options& o) {
     std::printf("JSON: %s\n", o.json.c_str());
   }
   const debug::HeldMemory after = mem.held();
-  const int64_t step_peak = std::max({phase_peak[0], phase_peak[1], phase_peak[2]});
+  const int peak_phase = static_cast<int>(std::max_element(phase_peak, phase_peak + 3) - phase_peak);
+  const int64_t step_peak = phase_peak[peak_phase];
+  const debug::MemoryByUse& at_peak = phase_by_use[peak_phase];
   using debug::format_bytes;
   std::printf("\nmemory of this rank (bytes libtorch's CPU allocator handed out; one step, after zero_grad)\n");
   std::printf("%-34s %12s %12s\n", "", "before", "after");
@@ -229,6 +235,12 @@ int run(const Options& o) {
               "left allocated after it: %s\n",
               format_bytes(step_peak).c_str(), format_bytes(phase_peak[0]).c_str(), format_bytes(phase_peak[1]).c_str(),
               format_bytes(phase_peak[2]).c_str(), format_bytes(mem.current()).c_str());
+  const char* phase_names[3] = {"forward", "backward", "optimizer step"};
+  std::printf("at that peak (in %s), by use: activations %s, backward (gradients, temporaries) %s, unsharded "
+              "parameters %s, all-gather buffers %s, reduce-scatter buffers %s, other %s\n",
+              phase_names[peak_phase], format_bytes(at_peak.activations).c_str(), format_bytes(at_peak.backward).c_str(),
+              format_bytes(at_peak.unsharded_parameters).c_str(), format_bytes(at_peak.all_gather_buffers).c_str(),
+              format_bytes(at_peak.reduce_scatter_buffers).c_str(), format_bytes(at_peak.other).c_str());
   std::printf("peak during the step, at most: %s (held before + the step's peak)\n\n%s",
               format_bytes(before.total() + step_peak).c_str(), mem.display_modulewise_stats().c_str());
   std::printf("planned in %.2f s\n", seconds);
