@@ -138,8 +138,8 @@ class MemTracker {
   int64_t peak() const;
   // Starts peak() over from current() (to take one phase's peak: forward, backward, the step).
   void reset_peak();
-  // current() by use; and by use at the moment peak() was reached (their totals are current()
-  // and peak()).
+  // current() by use; and by use at the moment peak() was reached. Their totals are current()
+  // and peak() (to a block, when another thread frees one of the tracker's blocks meanwhile).
   MemoryByUse current_by_use() const;
   MemoryByUse peak_by_use() const;
   HeldMemory held() const;
