@@ -498,49 +498,59 @@ DTENSOR_TEST_F(FsdpThreads, NoUnshardInBackwardSkipsTheEmbeddingsAllGather) {
 }
 
 // NOTE: [FSDP on the meta device], as PyTorch's test_fully_shard_init.py
-// test_meta_device_1d_init: a model on the meta device, sharded, materialised with to_empty (only
+// test_meta_device_1d_init: a model on the meta device (built in an nn::DeviceContext, as
+// PyTorch's `with torch.device("meta")`, or moved there), sharded, materialised with to_empty (only
 // the local shards allocated) and initialised with reset_parameters under the DTensor RNG tracker
 // equals the model built on one device from the same seed, and trains like it. Process ranks:
 // the reference draws from each process's default generator.
 DTENSOR_TEST_F(FsdpGloo, MetaDeviceInitMaterializesOnlyTheLocalShards) {
   auto mesh = init_device_mesh(device_type(), {ranks()}, {}, group_ptr());
-  torch::manual_seed(11);
-  UnevenMLP ref;
-  UnevenMLP model;
-  nn::to_empty(*model, c10::Device(c10::kMeta));  // libtorch modules allocate when built
-  fsdp::FullyShardOptions opts;
-  opts.mesh = mesh;
-  shard_uneven(model, mesh, opts);
-  for (auto& p : nn::parameters(*model)) {
-    ASSERT_TRUE(is_dtensor(p));
-    EXPECT_TRUE(local_tensor(p).is_meta());
-  }
-  const std::string early = testing::error_of([&] { nn::call(model, values({2, 7})); });
-  EXPECT_TRUE(testing::contains(early, "is on the meta device; materialise the model before its forward")) << early;
-  nn::to_empty(*model, c10::Device(device_type()));
-  for (auto& kv : nn::named_parameters(*model)) {
-    const at::Tensor& local = local_tensor(kv.second);
-    EXPECT_EQ(local.device(), c10::Device(device_type())) << kv.first;
-    const DTensorSpec& spec = get_spec(kv.second);
-    EXPECT_EQ(local.sizes().vec(), compute_local_shape_and_global_offset(spec.tensor_meta.shape, mesh, spec.placements).first)
-        << kv.first;
-  }
-  manual_seed(11, mesh);
-  for (const auto& m : model->modules())
-    if (auto* lin = m->as<torch::nn::Linear>()) lin->reset_parameters();
-  expect_sharded_parity(*ref, *model, /*grads=*/false, "initialised");
-  auto opt_ref = make_optimizer(Optim::kSGD, nn::parameters(*ref));
-  auto opt = make_optimizer(Optim::kSGD, nn::parameters(*model));
-  const at::Tensor global = values({2 * ranks(), 7}, 0.3);
-  for (int step = 0; step < 2; ++step) {
-    opt_ref->zero_grad();
-    opt->zero_grad();
-    mean_square(nn::call(ref, global)).backward();
-    mean_square(nn::call(model, my_rows(global, rank(), ranks()))).backward();
-    expect_sharded_parity(*ref, *model, /*grads=*/true, "step " + std::to_string(step));
-    opt_ref->step();
-    opt->step();
-    expect_sharded_parity(*ref, *model, /*grads=*/false, "after step " + std::to_string(step));
+  for (bool in_context : {true, false}) {
+    SCOPED_TRACE(in_context ? "built in a DeviceContext on the meta device" : "built, then moved to the meta device");
+    torch::manual_seed(11);
+    UnevenMLP ref;
+    UnevenMLP model{nullptr};
+    if (in_context) {
+      nn::DeviceContext on_meta(c10::kMeta);  // PyTorch: `with torch.device("meta"):`
+      model = UnevenMLP();
+    } else {
+      model = UnevenMLP();
+      nn::to_empty(*model, c10::Device(c10::kMeta));  // built on the CPU, then moved
+    }
+    fsdp::FullyShardOptions opts;
+    opts.mesh = mesh;
+    shard_uneven(model, mesh, opts);
+    for (auto& p : nn::parameters(*model)) {
+      ASSERT_TRUE(is_dtensor(p));
+      EXPECT_TRUE(local_tensor(p).is_meta());
+    }
+    const std::string early = testing::error_of([&] { nn::call(model, values({2, 7})); });
+    EXPECT_TRUE(testing::contains(early, "is on the meta device; materialise the model before its forward")) << early;
+    nn::to_empty(*model, c10::Device(device_type()));
+    for (auto& kv : nn::named_parameters(*model)) {
+      const at::Tensor& local = local_tensor(kv.second);
+      EXPECT_EQ(local.device(), c10::Device(device_type())) << kv.first;
+      const DTensorSpec& spec = get_spec(kv.second);
+      EXPECT_EQ(local.sizes().vec(), compute_local_shape_and_global_offset(spec.tensor_meta.shape, mesh, spec.placements).first)
+          << kv.first;
+    }
+    manual_seed(11, mesh);
+    for (const auto& m : model->modules())
+      if (auto* lin = m->as<torch::nn::Linear>()) lin->reset_parameters();
+    expect_sharded_parity(*ref, *model, /*grads=*/false, "initialised");
+    auto opt_ref = make_optimizer(Optim::kSGD, nn::parameters(*ref));
+    auto opt = make_optimizer(Optim::kSGD, nn::parameters(*model));
+    const at::Tensor global = values({2 * ranks(), 7}, 0.3);
+    for (int step = 0; step < 2; ++step) {
+      opt_ref->zero_grad();
+      opt->zero_grad();
+      mean_square(nn::call(ref, global)).backward();
+      mean_square(nn::call(model, my_rows(global, rank(), ranks()))).backward();
+      expect_sharded_parity(*ref, *model, /*grads=*/true, "step " + std::to_string(step));
+      opt_ref->step();
+      opt->step();
+      expect_sharded_parity(*ref, *model, /*grads=*/false, "after step " + std::to_string(step));
+    }
   }
 }
 

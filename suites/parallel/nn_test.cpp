@@ -5,6 +5,7 @@
 #include "dtensor/nn/nn.h"
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
+#include "models/models.h"
 #include "suites/parallel/parallel_testing.h"
 #include "suites/testing/errors.h"
 
@@ -14,6 +15,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <optional>
+#include <thread>
 #include <tuple>
 
 namespace dtensor {
@@ -55,6 +58,65 @@ void set_linear(torch::nn::LinearImpl& lin, double offset) {
   at::NoGradGuard no_grad;
   lin.weight.copy_(values(lin.weight.sizes().vec(), offset) * 0.5);
   if (lin.bias.defined()) lin.bias.copy_(values(lin.bias.sizes().vec(), offset + 1) * 0.1);
+}
+
+// ---- DeviceContext (NOTE: [Device context]) ------------------------------------------------
+
+// As PyTorch's `with torch.device("meta"): model = Transformer(args)`: the model built in the
+// context has the parameters, names and shapes of the one built on the CPU, all on the meta
+// device; its forward runs there.
+TEST(DeviceContext, BuildsAModelOnTheMetaDevice) {
+  models::ModelArgs args;
+  args.dropout_p = 0.0;
+  models::Transformer cpu(args);
+  std::optional<models::Transformer> meta;
+  {
+    nn::DeviceContext on_meta(c10::kMeta);
+    ASSERT_TRUE(nn::DeviceContext::current().has_value());
+    EXPECT_EQ(*nn::DeviceContext::current(), c10::Device(c10::kMeta));
+    meta.emplace(args);
+  }
+  EXPECT_FALSE(nn::DeviceContext::current().has_value());
+  const auto want = cpu->named_parameters(), got = (*meta)->named_parameters();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].key(), want[i].key());
+    EXPECT_TRUE(got[i].value().is_meta()) << got[i].key();
+    EXPECT_EQ(got[i].value().sizes(), want[i].value().sizes()) << got[i].key();
+    EXPECT_EQ(got[i].value().requires_grad(), want[i].value().requires_grad()) << got[i].key();
+  }
+  const at::Tensor tokens = at::zeros({2, 5}, at::kLong);
+  const at::Tensor logits = nn::call(*meta, tokens.to(c10::kMeta));
+  EXPECT_TRUE(logits.is_meta());
+  EXPECT_EQ(logits.sizes(), nn::call(cpu, tokens).sizes());
+}
+
+// Only factories called without a device are redirected: a given device, ops on tensors and the
+// ops' own work are as without the context; contexts nest; other threads are not affected.
+TEST(DeviceContext, RedirectsOnlyFactoriesWithoutADevice) {
+  const at::Tensor a = at::randn({3, 4}), b = at::randn({4, 2});
+  nn::DeviceContext on_meta(c10::kMeta);
+  EXPECT_TRUE(at::empty({2}).is_meta());
+  EXPECT_TRUE(at::arange(5).is_meta());
+  EXPECT_EQ(at::arange(5).sizes(), c10::IntArrayRef({5}));
+  EXPECT_TRUE(at::randn({2, 2}).is_meta());
+  EXPECT_TRUE(at::full({2}, 1.5, at::kDouble).is_meta());
+  EXPECT_EQ(at::full({2}, 1.5, at::kDouble).scalar_type(), at::kDouble);
+  EXPECT_EQ(at::zeros({2}, at::TensorOptions().device(c10::kCPU)).device(), c10::Device(c10::kCPU));
+  EXPECT_EQ(at::empty_like(a).device(), c10::Device(c10::kCPU));
+  EXPECT_EQ(a.to(at::kDouble).device(), c10::Device(c10::kCPU));
+  // A CPU op's result, and its value, are what they are outside the context.
+  const at::Tensor c = at::mm(a, b);
+  EXPECT_EQ(c.device(), c10::Device(c10::kCPU));
+  {
+    nn::DeviceContext on_cpu(c10::kCPU);
+    EXPECT_EQ(at::empty({2}).device(), c10::Device(c10::kCPU));
+    EXPECT_TRUE(at::allclose(c, at::matmul(a, b)));
+  }
+  EXPECT_TRUE(at::empty({2}).is_meta()) << "the outer context again";
+  c10::Device other_thread(c10::kMeta);
+  std::thread([&] { other_thread = at::empty({2}).device(); }).join();
+  EXPECT_EQ(other_thread, c10::Device(c10::kCPU));
 }
 
 // ---- swap_parameter ----------------------------------------------------------------------
