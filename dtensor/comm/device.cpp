@@ -58,8 +58,9 @@ int use_rank_cuda_device(int rank, int local_rank) {
 c10::Device rank_device(const std::string& device_type, const std::string& what) {
   const std::string who = what.empty() ? std::string("rank_device") : what;
   if (device_type == "cpu") return c10::Device(c10::DeviceType::CPU);
+  if (device_type == "meta") return c10::Device(c10::DeviceType::Meta);
   TORCH_CHECK(device_type == "cuda", who, ": device type '", device_type,
-              "' is not supported; use \"cpu\" or \"cuda\"");
+              "' is not supported; use \"cpu\", \"cuda\" or (on a fake world) \"meta\"");
   TORCH_CHECK(cuda_device_count() > 0, who,
               ": local tensors go on a CUDA device, but this machine has none (or libtorch was "
               "built without CUDA); use a \"cpu\" mesh");

@@ -22,7 +22,9 @@
 //   all_to_all_single and recv, which that does not define, write zeros. Code that agrees
 //   across ranks (a mesh's fingerprint check) then agrees. The numbers of a computation on a
 //   fake world are not the real ones: only its shapes, placements and collectives are.
-// - On meta tensors nothing is written or allocated at all.
+// - On meta tensors nothing is written or allocated at all. A "meta" mesh over a fake world
+//   keeps every tensor of a step on the meta device (the model built in an nn::DeviceContext):
+//   shapes, placements, collectives and bytes without data, for a model of any size.
 // - new_subgroup gives members a FakeGroup over the chosen ranks (global ranks kept), others
 //   nullptr, as a real group does; nothing is exchanged.
 #pragma once

@@ -17,6 +17,7 @@
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
+#include <new>
 #include <cstdio>
 #include <sstream>
 #include <unordered_map>
@@ -29,6 +30,7 @@ namespace debug {
 namespace detail {
 namespace {
 TrackingAllocator* g_allocator = nullptr;
+c10::Allocator* g_meta_allocator = nullptr;
 thread_local int t_slot = 0;
 thread_local int t_use_scope = -1;      // a MemoryUseScope's use; -1: none
 thread_local int t_forward_depth = 0;   // tracked modules whose forward is running (the active tracker's)
@@ -52,14 +54,35 @@ UntrackedScope::UntrackedScope() : saved_(t_slot) {
 }
 UntrackedScope::~UntrackedScope() { t_slot = saved_; }
 
+// Meta storages: no data, so the header is a heap block of its own, the DataPtr's context (the
+// data pointer stays null, as the meta allocator's). They count for a MemTracker only (a fake
+// world on the meta device plans the memory a real rank would use), not for a rank's or the
+// default slot, whose figures are the CPU memory a rank really holds.
+class MetaTrackingAllocator final : public compat::Allocator {
+ public:
+  c10::DataPtr do_allocate(size_t n) const override {
+    if (t_slot < TrackingAllocator::kMaxRanks + 1) return c10::DataPtr(nullptr, c10::Device(c10::kMeta));
+    return c10::DataPtr(nullptr, g_allocator->charge(n, nullptr), &TrackingAllocator::release_meta,
+                        c10::Device(c10::kMeta));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+};
+
 TrackingAllocator& TrackingAllocator::install() {
   static TrackingAllocator* a = [] {
     auto* t = new TrackingAllocator(c10::GetCPUAllocator());
     g_allocator = t;
     c10::SetCPUAllocator(t, /*priority=*/100);
+    g_meta_allocator = new MetaTrackingAllocator();
+    c10::SetAllocator(c10::kMeta, g_meta_allocator, /*priority=*/100);
     return t;
   }();
   return *a;
+}
+
+const c10::Allocator* TrackingAllocator::meta() {
+  install();
+  return g_meta_allocator;
 }
 
 void TrackingAllocator::set_slot(int s) {
@@ -112,9 +135,8 @@ MemoryUseBytes TrackingAllocator::peak_by_use(int s) const {
 int64_t TrackingAllocator::window_peak(int s) const { return trackers_[checked_tracker(s)].window_peak.load(); }
 void TrackingAllocator::set_window_peak(int s, int64_t bytes) { trackers_[checked_tracker(s)].window_peak.store(bytes); }
 
-c10::DataPtr TrackingAllocator::do_allocate(size_t n) const {
-  auto* raw = static_cast<char*>(inner_->raw_allocate(n + kHeader));
-  auto* h = reinterpret_cast<Header*>(raw);
+TrackingAllocator::Header* TrackingAllocator::charge(size_t n, void* at) const {
+  auto* h = at != nullptr ? new (at) Header : new Header;
   h->bytes = static_cast<int64_t>(n);
   h->slot = t_slot;
   const bool tracker = h->slot >= kFirstTrackerSlot;
@@ -123,6 +145,18 @@ c10::DataPtr TrackingAllocator::do_allocate(size_t n) const {
   const int64_t now = current_[h->slot].fetch_add(h->bytes) + h->bytes;
   if (raise(peak_[h->slot], now) && tracker) snapshot_at_peak(h->slot);
   if (tracker) raise(trackers_[h->slot - kFirstTrackerSlot].window_peak, now);
+  return h;
+}
+
+void TrackingAllocator::refund(const Header* h) {
+  if (h->slot >= kFirstTrackerSlot) g_allocator->trackers_[h->slot - kFirstTrackerSlot].current[h->use].fetch_sub(h->bytes);
+  g_allocator->current_[h->slot].fetch_sub(h->bytes);
+}
+
+c10::DataPtr TrackingAllocator::do_allocate(size_t n) const {
+  static_assert(sizeof(Header) <= kHeader, "the header must fit before the block");
+  auto* raw = static_cast<char*>(inner_->raw_allocate(n + kHeader));
+  charge(n, raw);
   void* data = raw + kHeader;
   return c10::DataPtr(data, data, &TrackingAllocator::release, c10::Device(c10::kCPU));
 }
@@ -130,10 +164,15 @@ c10::DataPtr TrackingAllocator::do_allocate(size_t n) const {
 void TrackingAllocator::release(void* data) {
   if (data == nullptr) return;
   char* raw = static_cast<char*>(data) - kHeader;
-  auto* h = reinterpret_cast<Header*>(raw);
-  if (h->slot >= kFirstTrackerSlot) g_allocator->trackers_[h->slot - kFirstTrackerSlot].current[h->use].fetch_sub(h->bytes);
-  g_allocator->current_[h->slot].fetch_sub(h->bytes);
+  refund(reinterpret_cast<Header*>(raw));
   g_allocator->inner_->raw_deallocate(raw);
+}
+
+void TrackingAllocator::release_meta(void* header) {
+  if (header == nullptr) return;
+  auto* h = static_cast<Header*>(header);
+  refund(h);
+  delete h;
 }
 }  // namespace detail
 
@@ -245,8 +284,9 @@ void MemTracker::track_external(torch::nn::Module& module) {
   auto check_allocator = [&](const std::string& kind, const std::string& name, const at::Tensor& t) {
     if (!t.defined()) return;
     const at::Tensor& local = is_dtensor(t) ? local_tensor(t) : t;
-    if (!local.has_storage() || local.device().type() != c10::kCPU || local.storage().nbytes() == 0) return;
-    TORCH_CHECK(local.storage().allocator() == accounting, "MemTracker::track_external: ", kind, " ", root_name,
+    if (!local.has_storage() || local.storage().nbytes() == 0) return;
+    if (local.device().type() != c10::kCPU && local.device().type() != c10::kMeta) return;
+    TORCH_CHECK(local.storage().allocator() == (local.is_meta() ? TrackingAllocator::meta() : accounting), "MemTracker::track_external: ", kind, " ", root_name,
                 name.empty() ? "" : ".", name,
                 " was allocated before the memory accounting was installed, and storages re-allocate through the "
                 "allocator they were made with (fully_shard's unshard does), so its memory would be missed: make "
@@ -417,3 +457,4 @@ std::string MemTracker::display_modulewise_stats() const {
 
 }  // namespace debug
 }  // namespace dtensor
+

@@ -13,7 +13,9 @@ namespace debug {
 namespace detail {
 
 // NOTE: [Per-rank memory accounting]
-// Wraps libtorch's CPU allocator (installed once, process-wide, by install()). Each allocation
+// Wraps libtorch's CPU allocator, and the meta allocator (meta storages count for a MemTracker
+// as if they held their bytes: a fake world on the meta device plans a real rank's memory; for
+// no other slot), installed once, process-wide, by install(). Each allocation
 // is charged to the slot of the thread that makes it and refunded to the same slot when freed,
 // whichever thread frees it; each slot keeps its current and peak bytes. The size and slot live
 // in a 64-byte header before the block (libtorch's alignment is kept, and data == context as
@@ -94,6 +96,9 @@ class TrackingAllocator final : public compat::Allocator {
   int64_t window_peak(int tracker_slot) const;
   void set_window_peak(int tracker_slot, int64_t bytes);
 
+  // The allocator that counts meta storages (installed with this one).
+  static const c10::Allocator* meta();
+
   c10::DataPtr do_allocate(size_t n) const override;
   c10::DeleterFnPtr raw_deleter() const override { return &TrackingAllocator::release; }
 
@@ -122,7 +127,13 @@ class TrackingAllocator final : public compat::Allocator {
     return false;
   }
   void snapshot_at_peak(int s) const;
+  // Charges a block of `n` bytes to this thread's slot; its header is placed at `at` (the
+  // CPU block's first kHeader bytes) or, for a meta storage (`at` null), allocated.
+  Header* charge(size_t n, void* at) const;
+  static void refund(const Header* h);
   static void release(void* data);
+  static void release_meta(void* header);
+  friend class MetaTrackingAllocator;
 
   c10::Allocator* inner_;
   mutable std::array<std::atomic<int64_t>, kSlots> current_{};

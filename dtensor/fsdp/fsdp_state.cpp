@@ -297,7 +297,7 @@ void FSDPState::unshard() {
   if (status_ == Status::kUnsharded || all_gather_ || params_.empty()) return;
   follow_replaced_params();
   for (const auto& p : params_) {
-    TORCH_CHECK(!local_tensor(p.sharded).is_meta(), "fully_shard(", module_type(*module_), "): parameter '", p.fqn,
+    TORCH_CHECK(device_.is_meta() || !local_tensor(p.sharded).is_meta(), "fully_shard(", module_type(*module_), "): parameter '", p.fqn,
                 "' is on the meta device; materialise the model before its forward (dtensor::nn::to_empty, then "
                 "initialise the parameters)");
   }

@@ -141,8 +141,8 @@ DeviceMesh::DeviceMesh(std::string device_type, const at::Tensor& mesh,
                        std::vector<std::string> mesh_dim_names, comm::GroupPtr world) {
   // Step 1: local checks. They see the same arguments on every rank, so every rank throws
   // alike before any collective (DESIGN.md D7).
-  TORCH_CHECK(device_type == "cpu" || device_type == "cuda", "DeviceMesh: device_type '",
-              device_type, "' is not supported; use \"cpu\" or \"cuda\"");
+  TORCH_CHECK(device_type == "cpu" || device_type == "cuda" || device_type == "meta", "DeviceMesh: device_type '",
+              device_type, "' is not supported; use \"cpu\", \"cuda\" or (on a fake world) \"meta\"");
   TORCH_CHECK(mesh.defined(), "DeviceMesh('", device_type,
               "', <undefined>): the rank tensor is undefined; pass e.g. at::arange(4)");
   TORCH_CHECK(at::isIntegralType(mesh.scalar_type(), /*includeBool=*/false), "DeviceMesh('",
@@ -153,6 +153,10 @@ DeviceMesh::DeviceMesh(std::string device_type, const at::Tensor& mesh,
               "', <0-d tensor>): the rank tensor needs at least one dim; for a single rank "
               "pass a 1-D tensor such as at::tensor({0})");
   if (!world) world = comm::default_group();
+  // Meta tensors carry no data for a real group to send: a "meta" mesh plans on a fake world.
+  TORCH_CHECK(device_type != "meta" || world->backend() == "fake", "DeviceMesh('meta'): a meta mesh's tensors have no data, "
+              "so its world must be a comm::FakeGroup (NOTE: [Fake world]); this world is ", world->describe(),
+              ": use \"cpu\" or \"cuda\" on it");
 
   auto state = std::make_shared<State>();
   State& s = *state;

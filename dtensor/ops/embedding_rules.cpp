@@ -70,7 +70,7 @@ std::vector<c10::IValue> embedding_kernel(const c10::OperatorHandle& op, std::ve
   if (!shards_dim0(s.inputs[0])) return call_op(op, args);
   const at::Tensor weight = args[0].toTensor(), indices = args[1].toTensor();
   const auto [offset, rows] = local_rows(call, call.inputs[0]->tensor_meta.shape, s.inputs[0]);
-  const at::Tensor outside = (indices < offset).logical_or_(indices >= offset + rows);
+  const at::Tensor outside = (indices < offset) | (indices >= offset + rows);
   auto out_shape = indices.sizes().vec();
   out_shape.push_back(weight.size(1));
   if (rows == 0) return {at::zeros(out_shape, weight.options())};
@@ -98,7 +98,7 @@ std::vector<c10::IValue> embedding_backward_kernel(const c10::OperatorHandle& op
   const int64_t padding_idx = args[3].toInt();
   const bool scale = args[4].toBool();
   const auto [offset, rows] = local_rows(call, call.output_meta[0].shape, s.outputs[0]);
-  const at::Tensor outside = (indices < offset).logical_or_(indices >= offset + rows);
+  const at::Tensor outside = (indices < offset) | (indices >= offset + rows);
   const at::Tensor local_indices = (indices - offset).masked_fill_(outside, rows);  // dummy row `rows`
   const int64_t local_padding = padding_idx >= offset && padding_idx < offset + rows ? padding_idx - offset : -1;
   at::Tensor g = at::embedding_dense_backward(grad, local_indices, rows + 1, local_padding, scale);

@@ -77,7 +77,7 @@ std::vector<c10::IValue> gather_kernel(const c10::OperatorHandle& op, std::vecto
   const auto so = compute_local_shape_and_global_offset(call.inputs[0]->tensor_meta.shape, *call.mesh, s.inputs[0]);
   const int64_t offset = so.second[dim], rows = so.first[dim];
   const at::Tensor index = args[2].toTensor();
-  const at::Tensor outside = (index < offset).logical_or_(index >= offset + rows);
+  const at::Tensor outside = (index < offset) | (index >= offset + rows);
   if (rows == 0) {  // nothing to gather from: one row of zeros stands in for the shard
     auto shape = args[0].toTensor().sizes().vec();
     shape[dim] = 1;

@@ -16,6 +16,7 @@
 // re-expression, which takes one (native_dropout has no meta kernel either); no inference
 // draws from the caller's generator or the default one.
 #include "dtensor/tensor/output_meta_internal.h"
+#include "dtensor/debug/tracking_allocator_internal.h"
 
 #include "dtensor/tensor/dtensor_impl.h"
 #include "dtensor/tensor/random.h"
@@ -29,6 +30,7 @@
 #include <algorithm>
 #include <iomanip>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <unordered_set>
@@ -113,6 +115,11 @@ bool is_generator_argument(const c10::IValue& v, const c10::Argument& a) {
 // The op's returns, run on stand-ins of `kind`.
 torch::jit::Stack run_on_stand_ins(const c10::OperatorHandle& op, const torch::jit::Stack& args,
                                    const ops::OpCall& call, StandIn kind) {
+  // Meta stand-ins (and the meta outputs of the run) hold nothing: no MemTracker counts them,
+  // even on a fake world on the meta device, whose own meta tensors it counts. CPU stand-ins are
+  // real memory and count.
+  std::optional<debug::detail::UntrackedScope> untracked;
+  if (kind == StandIn::kMeta) untracked.emplace();
   torch::jit::Stack ms = args;
   const auto& schema_args = op.schema().arguments();
   for (size_t i = 0; i < ms.size(); ++i) {

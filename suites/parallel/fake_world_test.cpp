@@ -4,8 +4,9 @@
 // (kind, bytes sent and received, the group's ranks, forward or backward, module path, cause and
 // placements) are the same, one for one, in the same order. Tensor parallel (with and without
 // sequence parallelism), FSDP (blocks and root; Adam) and FSDP x TP on a (ranks / 2, 2) mesh.
-// MemTracker's figures for the step are the real rank's too. Then the fake group itself: a mesh
-// of 512 ranks, argument checks, the values it writes.
+// MemTracker's figures for the step are the real rank's too. Both hold for a fake world on the
+// meta device as well (the model built in an nn::DeviceContext, a "meta" mesh: no data at all).
+// Then the fake group itself: a mesh of 512 ranks, argument checks, the values it writes.
 #include "dtensor/comm/fake_group.h"
 #include "dtensor/debug/comm_mode.h"
 #include "dtensor/debug/mem_tracker.h"
@@ -59,24 +60,35 @@ models::ModelArgs small_args() {
   return a;
 }
 
-// A model parallelized on a mesh over `world` and trained for one step (forward, cross-entropy,
-// backward, optimizer step) on this rank's batch; returns the collectives of the step.
-using Build = std::function<void(models::Transformer&, comm::GroupPtr world)>;
+// A model parallelized on a mesh of `device` ("cpu", or "meta" on a fake world) over `world`.
+using Build = std::function<void(models::Transformer&, comm::GroupPtr world, const std::string& device)>;
 
-std::vector<std::string> step_collectives(const Build& build, comm::GroupPtr world, bool adam) {
+// The Transformer, built on the meta device when `meta`, else on the CPU.
+models::Transformer make_model(const models::ModelArgs& args, bool meta) {
+  if (!meta) return models::Transformer(args);
+  nn::DeviceContext on_meta(c10::kMeta);
+  return models::Transformer(args);
+}
+
+// The tokens on the device of the world's model.
+at::Tensor on(const at::Tensor& t, bool meta) { return meta ? t.to(c10::kMeta) : t; }
+
+// The model trained for one step (forward, cross-entropy, backward, optimizer step) on this
+// rank's batch; returns the collectives of the step.
+std::vector<std::string> step_collectives(const Build& build, comm::GroupPtr world, bool adam, bool meta = false) {
   const models::ModelArgs args = small_args();
-  models::Transformer model(args);
-  build(model, world);
+  models::Transformer model = make_model(args, meta);
+  build(model, world, meta ? "meta" : "cpu");
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (adam) opt = std::make_unique<torch::optim::Adam>(nn::parameters(*model), torch::optim::AdamOptions(1e-3));
   else opt = std::make_unique<torch::optim::SGD>(nn::parameters(*model), torch::optim::SGDOptions(0.01));
   const at::Tensor tokens = testing::tokens_for(args, 2, 8) + world->rank() % 2;
-  const at::Tensor targets = tokens.roll(1, 1).flatten().remainder(args.vocab_size);
+  const at::Tensor targets = on(tokens.roll(1, 1).flatten().remainder(args.vocab_size), meta);
   CommDebugMode mode;
   {
     auto active = mode.enter();
     opt->zero_grad();
-    at::Tensor logits = nn::call(model, tokens.remainder(args.vocab_size));
+    at::Tensor logits = nn::call(model, on(tokens.remainder(args.vocab_size), meta));
     torch::nn::functional::cross_entropy(logits.reshape({-1, args.vocab_size}), targets).backward();
     opt->step();
   }
@@ -86,8 +98,8 @@ std::vector<std::string> step_collectives(const Build& build, comm::GroupPtr wor
 // The parallelizations, on a world of any kind: tensor parallel (with or without sequence
 // parallelism) on a 1-D mesh, FSDP (blocks, then the root) on a 1-D mesh, and FSDP x TP on a
 // (ranks / 2, 2) mesh.
-void build_tp(models::Transformer& m, comm::GroupPtr world, bool sequence_parallel) {
-  models::Transformer::parallelize(m, init_device_mesh("cpu", {world->size()}, {}, world), sequence_parallel);
+void build_tp(models::Transformer& m, comm::GroupPtr world, const std::string& device, bool sequence_parallel) {
+  models::Transformer::parallelize(m, init_device_mesh(device, {world->size()}, {}, world), sequence_parallel);
 }
 void fully_shard_blocks_and_root(models::Transformer& m, const DeviceMesh& mesh) {
   fsdp::FullyShardOptions opts;
@@ -95,30 +107,35 @@ void fully_shard_blocks_and_root(models::Transformer& m, const DeviceMesh& mesh)
   for (size_t i = 0; i < m->layers->size(); ++i) fsdp::fully_shard(*m->layers->ptr(i), opts);
   fsdp::fully_shard(m, opts);
 }
-void build_fsdp(models::Transformer& m, comm::GroupPtr world) {
-  fully_shard_blocks_and_root(m, init_device_mesh("cpu", {world->size()}, {}, world));
+void build_fsdp(models::Transformer& m, comm::GroupPtr world, const std::string& device) {
+  fully_shard_blocks_and_root(m, init_device_mesh(device, {world->size()}, {}, world));
 }
-void build_fsdp_tp(models::Transformer& m, comm::GroupPtr world) {
-  auto mesh = init_device_mesh("cpu", {world->size() / 2, 2}, {"dp", "tp"}, world);
+void build_fsdp_tp(models::Transformer& m, comm::GroupPtr world, const std::string& device) {
+  auto mesh = init_device_mesh(device, {world->size() / 2, 2}, {"dp", "tp"}, world);
   models::Transformer::parallelize(m, mesh["tp"], false);
   fully_shard_blocks_and_root(m, mesh["dp"]);
 }
 
-// This rank's step on the real world, then on a fake world of the same size: the same records.
+// This rank's step on the real world, then on a fake world of the same size, with real tensors
+// and on the meta device: the same records.
 void expect_fake_matches_real(testing::MultiRankTest& t, const Build& build, bool adam) {
   const std::vector<std::string> real = step_collectives(build, t.group_ptr(), adam);
-  const std::vector<std::string> fake =
-      step_collectives(build, std::make_shared<comm::FakeGroup>(t.rank(), t.ranks()), adam);
   ASSERT_FALSE(real.empty());
-  EXPECT_EQ(fake.size(), real.size());
-  for (size_t i = 0; i < std::min(real.size(), fake.size()); ++i) EXPECT_EQ(fake[i], real[i]) << "collective " << i;
+  for (bool meta : {false, true}) {
+    SCOPED_TRACE(meta ? "fake world on the meta device" : "fake world on the CPU");
+    const std::vector<std::string> fake =
+        step_collectives(build, std::make_shared<comm::FakeGroup>(t.rank(), t.ranks()), adam, meta);
+    EXPECT_EQ(fake.size(), real.size());
+    for (size_t i = 0; i < std::min(real.size(), fake.size()); ++i) EXPECT_EQ(fake[i], real[i]) << "collective " << i;
+  }
 }
 
 DTENSOR_TEST_F(FakeWorldThreads, TensorParallelStepCommunicatesAsOnRealRanks) {
   for (bool sp : {false, true}) {
     SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
     expect_fake_matches_real(
-        *this, [sp](models::Transformer& m, comm::GroupPtr world) { build_tp(m, world, sp); }, /*adam=*/false);
+        *this, [sp](models::Transformer& m, comm::GroupPtr world, const std::string& device) { build_tp(m, world, device, sp); },
+        /*adam=*/false);
   }
 }
 
@@ -143,14 +160,14 @@ struct StepMemory {
   std::vector<debug::ModuleMemoryStats> modules;
 };
 
-StepMemory step_memory(const Build& build, comm::GroupPtr world) {
+StepMemory step_memory(const Build& build, comm::GroupPtr world, bool meta = false) {
   debug::MemTracker mem;
   const models::ModelArgs args = small_args();
-  models::Transformer model(args);
-  build(model, world);
+  models::Transformer model = make_model(args, meta);
+  build(model, world, meta ? "meta" : "cpu");
   torch::optim::Adam opt(nn::parameters(*model), torch::optim::AdamOptions(1e-3));
-  const at::Tensor tokens = testing::tokens_for(args, 2, 8);
-  const at::Tensor targets = tokens.roll(1, 1).flatten();
+  const at::Tensor tokens = on(testing::tokens_for(args, 2, 8), meta);
+  const at::Tensor targets = on(testing::tokens_for(args, 2, 8).roll(1, 1).flatten(), meta);
   auto step = [&] {
     at::Tensor logits = nn::call(model, tokens);
     torch::nn::functional::cross_entropy(logits.reshape({-1, args.vocab_size}), targets).backward();
@@ -172,57 +189,60 @@ DTENSOR_TEST_F(FakeWorldThreads, StepMemoryMatchesRealRanks) {
   DTENSOR_REQUIRE_WORLD_SIZE_DIVISIBLE_BY(2);  // the FSDP x TP case's (ranks / 2, 2) mesh
   const std::vector<std::pair<std::string, Build>> cases = {
       {"FSDP", build_fsdp},
-      {"TP", [](models::Transformer& m, comm::GroupPtr world) { build_tp(m, world, false); }},
+      {"TP", [](models::Transformer& m, comm::GroupPtr world, const std::string& device) { build_tp(m, world, device, false); }},
       {"FSDP x TP", build_fsdp_tp},
   };
   for (const auto& [name, build] : cases) {
     SCOPED_TRACE(name);
     const StepMemory real = step_memory(build, group_ptr());
     group().barrier();  // every rank's real step is over before any fake one starts
-    const StepMemory fake = step_memory(build, std::make_shared<comm::FakeGroup>(rank(), ranks()));
     ASSERT_GT(real.peak, 0);
-    EXPECT_LE(std::abs(static_cast<double>(fake.peak - real.peak)), 0.1 * static_cast<double>(real.peak))
-        << "the step's peak: real " << real.peak << " bytes, fake " << fake.peak;
-    // The peak by use: each within a tenth of the peak; fully_shard's unsharded parameters are
-    // there when it is applied.
-    EXPECT_EQ(real.at_peak.total(), real.peak);
-    EXPECT_EQ(fake.at_peak.total(), fake.peak);
-    const std::vector<std::pair<const char*, int64_t debug::MemoryByUse::*>> uses = {
-        {"activations", &debug::MemoryByUse::activations},
-        {"backward", &debug::MemoryByUse::backward},
-        {"unsharded parameters", &debug::MemoryByUse::unsharded_parameters},
-        {"all-gather buffers", &debug::MemoryByUse::all_gather_buffers},
-        {"reduce-scatter buffers", &debug::MemoryByUse::reduce_scatter_buffers},
-        {"other", &debug::MemoryByUse::other}};
-    for (const auto& [use, field] : uses)
-      EXPECT_LE(std::abs(static_cast<double>(fake.at_peak.*field - real.at_peak.*field)),
-                0.1 * static_cast<double>(real.peak))
-          << use << ": real " << real.at_peak.*field << ", fake " << fake.at_peak.*field;
-    if (name != "TP") EXPECT_GT(real.at_peak.unsharded_parameters, 0);
-    // What the model and Adam hold is the same tensors' sizes: exactly equal.
-    EXPECT_GT(real.held.parameters, 0);
-    EXPECT_GT(real.held.gradients, 0);
-    EXPECT_EQ(real.held.optimizer_state, 2 * real.held.parameters) << "Adam: two moments per parameter";
-    EXPECT_EQ(fake.held.parameters, real.held.parameters);
-    EXPECT_EQ(fake.held.buffers, real.held.buffers);
-    EXPECT_EQ(fake.held.gradients, real.held.gradients);
-    EXPECT_EQ(fake.held.optimizer_state, real.held.optimizer_state);
-    // Per module: the same modules in the same order, holding the same bytes when each forward
-    // began and returned; the peaks during each forward within a tenth of the step's peak.
-    ASSERT_EQ(fake.modules.size(), real.modules.size());
-    ASSERT_GT(real.modules.size(), 3u);
-    for (size_t i = 0; i < real.modules.size(); ++i) {
-      const auto &r = real.modules[i], &f = fake.modules[i];
-      SCOPED_TRACE(r.fqn);
-      EXPECT_EQ(f.fqn, r.fqn);
-      EXPECT_EQ(f.calls, r.calls);
-      EXPECT_EQ(f.pre_forward, r.pre_forward);
-      EXPECT_EQ(f.post_forward, r.post_forward);
-      EXPECT_LE(std::abs(static_cast<double>(f.peak_forward - r.peak_forward)), 0.1 * static_cast<double>(real.peak))
-          << "real " << r.peak_forward << ", fake " << f.peak_forward << "; the step's peak " << real.peak;
+    for (bool meta : {false, true}) {
+      SCOPED_TRACE(meta ? "fake world on the meta device" : "fake world on the CPU");
+      const StepMemory fake = step_memory(build, std::make_shared<comm::FakeGroup>(rank(), ranks()), meta);
+      EXPECT_LE(std::abs(static_cast<double>(fake.peak - real.peak)), 0.1 * static_cast<double>(real.peak))
+          << "the step's peak: real " << real.peak << " bytes, fake " << fake.peak;
+      // The peak by use: each within a tenth of the peak; fully_shard's unsharded parameters are
+      // there when it is applied.
+      EXPECT_EQ(real.at_peak.total(), real.peak);
+      EXPECT_EQ(fake.at_peak.total(), fake.peak);
+      const std::vector<std::pair<const char*, int64_t debug::MemoryByUse::*>> uses = {
+          {"activations", &debug::MemoryByUse::activations},
+          {"backward", &debug::MemoryByUse::backward},
+          {"unsharded parameters", &debug::MemoryByUse::unsharded_parameters},
+          {"all-gather buffers", &debug::MemoryByUse::all_gather_buffers},
+          {"reduce-scatter buffers", &debug::MemoryByUse::reduce_scatter_buffers},
+          {"other", &debug::MemoryByUse::other}};
+      for (const auto& [use, field] : uses)
+        EXPECT_LE(std::abs(static_cast<double>(fake.at_peak.*field - real.at_peak.*field)),
+                  0.1 * static_cast<double>(real.peak))
+            << use << ": real " << real.at_peak.*field << ", fake " << fake.at_peak.*field;
+      if (name != "TP") EXPECT_GT(real.at_peak.unsharded_parameters, 0);
+      // What the model and Adam hold is the same tensors' sizes: exactly equal.
+      EXPECT_GT(real.held.parameters, 0);
+      EXPECT_GT(real.held.gradients, 0);
+      EXPECT_EQ(real.held.optimizer_state, 2 * real.held.parameters) << "Adam: two moments per parameter";
+      EXPECT_EQ(fake.held.parameters, real.held.parameters);
+      EXPECT_EQ(fake.held.buffers, real.held.buffers);
+      EXPECT_EQ(fake.held.gradients, real.held.gradients);
+      EXPECT_EQ(fake.held.optimizer_state, real.held.optimizer_state);
+      // Per module: the same modules in the same order, holding the same bytes when each forward
+      // began and returned; the peaks during each forward within a tenth of the step's peak.
+      ASSERT_EQ(fake.modules.size(), real.modules.size());
+      ASSERT_GT(real.modules.size(), 3u);
+      for (size_t i = 0; i < real.modules.size(); ++i) {
+        const auto &r = real.modules[i], &f = fake.modules[i];
+        SCOPED_TRACE(r.fqn);
+        EXPECT_EQ(f.fqn, r.fqn);
+        EXPECT_EQ(f.calls, r.calls);
+        EXPECT_EQ(f.pre_forward, r.pre_forward);
+        EXPECT_EQ(f.post_forward, r.post_forward);
+        EXPECT_LE(std::abs(static_cast<double>(f.peak_forward - r.peak_forward)), 0.1 * static_cast<double>(real.peak))
+            << "real " << r.peak_forward << ", fake " << f.peak_forward << "; the step's peak " << real.peak;
+      }
+      RecordProperty(name + (meta ? "_fake_meta_peak_bytes" : "_fake_peak_bytes"), static_cast<int>(fake.peak));
     }
     RecordProperty(name + "_real_peak_bytes", static_cast<int>(real.peak));
-    RecordProperty(name + "_fake_peak_bytes", static_cast<int>(fake.peak));
   }
 }
 

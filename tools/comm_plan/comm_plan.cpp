@@ -14,13 +14,15 @@
 // Transformer::parallelize), fsdp+tp (a 2-D (dp, tp) mesh: parallelize on tp, then
 // fully_shard on dp). The step: forward on --batch sequences of --seq tokens, cross-entropy,
 // backward, an Adam step; the step measured is the second (Adam's state exists, as in a
-// training loop), after zero_grad. The tensors are real (small: each rank's shards, and the blocks
-// FSDP gathers), the world is not: the numbers of the step are not the real ones, its shapes,
-// placements and collectives are.
+// training loop), after zero_grad. Nothing holds data: the model is built on the meta device
+// (nn::DeviceContext) and the mesh is a "meta" mesh over the fake world, so every tensor of the
+// step is a meta tensor, whose bytes MemTracker counts as a real rank's; a model of billions of
+// parameters is planned in seconds, on any machine.
 #include "dtensor/comm/fake_group.h"
 #include "dtensor/debug/comm_mode.h"
 #include "dtensor/debug/mem_tracker.h"
 #include "dtensor/fsdp/fsdp.h"
+#include "dtensor/nn/device_context.h"
 #include "dtensor/nn/nn.h"
 #include "dtensor/parallel/parallel.h"
 #include "models/models.h"
@@ -35,6 +37,7 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -131,10 +134,18 @@ int run(const Options& o) {
   for (int64_t d : o.mesh) world_size *= d;
   const auto start = std::chrono::steady_clock::now();
   auto world = std::make_shared<comm::FakeGroup>(static_cast<int>(o.rank), static_cast<int>(world_size));
-  const DeviceMesh mesh = o.mesh.size() == 2 ? init_device_mesh("cpu", o.mesh, {"dp", "tp"}, world)
-                                             : init_device_mesh("cpu", o.mesh, {}, world);
+  const DeviceMesh mesh = o.mesh.size() == 2 ? init_device_mesh("meta", o.mesh, {"dp", "tp"}, world)
+                                             : init_device_mesh("meta", o.mesh, {}, world);
   debug::MemTracker mem;  // before the model: NOTE: [MemTracker]
-  models::Transformer model(o.args);
+  models::Transformer model{nullptr};
+  {
+    nn::DeviceContext on_meta(c10::kMeta);
+    model = models::Transformer(o.args);
+  }
+  int64_t n_params = 0;  // tied weights once
+  std::set<const void*> counted;
+  for (const auto& p : model->parameters())
+    if (counted.insert(p.unsafeGetTensorImpl()).second) n_params += p.numel();
   if (o.parallel == "tp" || o.parallel == "fsdp+tp")
     models::Transformer::parallelize(model, o.parallel == "tp" ? mesh : mesh["tp"], o.sequence_parallel);
   if (o.parallel == "fsdp" || o.parallel == "fsdp+tp") {
@@ -145,8 +156,8 @@ int run(const Options& o) {
   }
   torch::optim::Adam opt(nn::parameters(*model), torch::optim::AdamOptions(1e-3));
   const int64_t seq = o.args.max_seq_len;
-  const at::Tensor tokens = (at::arange(o.batch * seq, at::kLong) * 7 + 1).remainder(o.args.vocab_size).view({o.batch, seq});
-  const at::Tensor targets = tokens.roll(1, 1).flatten();
+  const at::Tensor tokens = at::empty({o.batch, seq}, at::TensorOptions().dtype(at::kLong).device(c10::kMeta));
+  const at::Tensor targets = at::empty({o.batch * seq}, at::TensorOptions().dtype(at::kLong).device(c10::kMeta));
   auto forward_loss = [&] {
     at::Tensor logits = nn::call(model, tokens);
     return torch::nn::functional::cross_entropy(logits.reshape({-1, o.args.vocab_size}), targets);
@@ -182,10 +193,11 @@ int run(const Options& o) {
   std::string shape;
   for (size_t d = 0; d < o.mesh.size(); ++d)
     shape += (d ? ", " : "") + (o.mesh.size() == 2 ? std::string(d ? "tp=" : "dp=") : std::string()) + std::to_string(o.mesh[d]);
-  std::printf("rank %lld of %lld on a mesh (%s), %s%s; Transformer dim %lld, %lld layers, %lld heads, vocab %lld, "
-              "%lld x %lld tokens; one step (forward, cross-entropy, backward, Adam)\n",
+  std::printf("rank %lld of %lld on a mesh (%s), %s%s; Transformer of %.3g parameters: dim %lld, %lld layers, %lld heads, "
+              "vocab %lld, %lld x %lld tokens; one step (forward, cross-entropy, backward, Adam)\n",
               (long long)o.rank, (long long)world_size, shape.c_str(), o.parallel.c_str(),
-              o.sequence_parallel ? " (sequence parallel)" : "", (long long)o.args.dim, (long long)o.args.n_layers,
+              o.sequence_parallel ? " (sequence parallel)" : "", static_cast<double>(n_params), (long long)o.args.dim,
+              (long long)o.args.n_layers,
               (long long)o.args.n_heads, (long long)o.args.vocab_size, (long long)o.batch, (long long)seq);
   struct Row {
     int64_t count = 0, sent = 0, received = 0;
@@ -221,7 +233,7 @@ int run(const Options& o) {
   const int64_t step_peak = phase_peak[peak_phase];
   const debug::MemoryByUse& at_peak = phase_by_use[peak_phase];
   using debug::format_bytes;
-  std::printf("\nmemory of this rank (bytes libtorch's CPU allocator handed out; one step, after zero_grad)\n");
+  std::printf("\nmemory of this rank (bytes of the tensors it allocates; one step, after zero_grad)\n");
   std::printf("%-34s %12s %12s\n", "", "before", "after");
   auto held_row = [](const char* name, int64_t b, int64_t a) {
     std::printf("%-34s %12s %12s\n", name, format_bytes(b).c_str(), format_bytes(a).c_str());
