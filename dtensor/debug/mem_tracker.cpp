@@ -242,7 +242,7 @@ struct MemTracker::State {
   std::vector<std::shared_ptr<torch::nn::Module>> roots;
   std::vector<const torch::optim::Optimizer*> optimizers;
   std::vector<nn::RemovableHandle> hooks;
-  // Per tracked module: its fqn and depth, and its figures in this scope.
+  // Per tracked module: its fqn and depth (its figures are in `stats`, by first call).
   struct Tracked {
     std::string fqn;
     int depth = 0;
@@ -250,7 +250,8 @@ struct MemTracker::State {
   std::unordered_map<const torch::nn::Module*, Tracked> modules;
   std::vector<ModuleMemoryStats> stats;  // first-call order
   std::unordered_map<const torch::nn::Module*, size_t> stats_index;
-  // Modules whose forward is running on the entered thread, with the slot's peak before each.
+  // Modules whose forward is running on the entered thread, with the enclosing window's peak
+  // when each began (restored, raised by the inner one's, when it returns).
   struct Open {
     size_t index;
     int64_t outer_peak;

@@ -8,8 +8,8 @@
 // relu, native_layer_norm and its backward, index_select and embedding_dense_backward
 // (Embedding), native_dropout and its backward (the same in libtorch 1.13 and 2.x); in
 // libtorch 1.13 the logical ops' out variants (its scaled dot-product attention masks with
-// logical_not); in 2.x where.self and the CPU flash attention and its backward (the kernels
-// scaled_dot_product_attention runs on the CPU). Each is
+// logical_not); in 2.x where.self and its out variant and the CPU flash attention and its
+// backward (the kernels scaled_dot_product_attention runs on the CPU). Each is
 // registered here for the Meta key, as a boxed kernel that makes outputs of the shapes and
 // dtypes the CPU kernel makes, and only when libtorch has no Meta kernel of its own for the op
 // (a later libtorch that adds one keeps its own).
@@ -152,6 +152,15 @@ void where_meta(const c10::OperatorHandle&, Stack* s) {
   s->emplace_back(at::empty(shape, self.options().dtype(at::result_type(self, other))));
 }
 
+// where.self_out(condition, self, other, out) (2.x's _safe_softmax calls it directly).
+void where_out_meta(const c10::OperatorHandle&, Stack* s) {
+  auto a = pop_args(s, 4);
+  const at::Tensor out = a[3].toTensor();
+  resize_output(out, at::infer_size(at::infer_size(a[0].toTensor().sizes(), a[1].toTensor().sizes()),
+                                    a[2].toTensor().sizes()));
+  s->emplace_back(out);
+}
+
 // _scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, *,
 // attn_mask?, scale?) -> (output [B, H, L, Ev] in the query's dtype, logsumexp [B, H, L], float
 // for reduced-precision queries).
@@ -201,6 +210,7 @@ const bool registered = [] {
   add("logical_or.out", boxed<&logical_binary_out_meta>());
   add("logical_xor.out", boxed<&logical_binary_out_meta>());
   add("where.self", boxed<&where_meta>());
+  add("where.self_out", boxed<&where_out_meta>());
   add("_scaled_dot_product_flash_attention_for_cpu", boxed<&flash_attention_cpu_meta>());
   add("_scaled_dot_product_flash_attention_for_cpu_backward", boxed<&flash_attention_cpu_backward_meta>());
   return true;

@@ -113,8 +113,11 @@ TEST(LibtorchCompat, MetaKernelsGiveTheCpuKernelsShapes) {
   expect_like(at::logical_or(m(bits), m(other)), at::logical_or(bits, other), "logical_or");
   expect_like(at::logical_and(m(bits), m(other)), at::logical_and(bits, other), "logical_and");
   expect_like(at::where(m(bits), m(xf), m(yd)), at::where(bits, xf, yd), "where");
+  at::Tensor where_out = m(at::empty({0}, at::kDouble));
+  at::where_out(where_out, m(bits), m(xf.to(at::kDouble)), m(yd));
+  expect_like(where_out, at::where(bits, xf, yd), "where.self_out");
 #if DTENSOR_TORCH_2
-  const at::Tensor q = at::randn({1, 2, 5, 4}), k = at::randn({1, 2, 6, 4}), v = at::randn({1, 2, 6, 3});
+  const at::Tensor q = at::randn({1, 2, 5, 4}), k = at::randn({1, 2, 6, 4}), v = at::randn({1, 2, 6, 4});
   const auto cpu_fa = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, true);
   const auto meta_fa = at::_scaled_dot_product_flash_attention_for_cpu(m(q), m(k), m(v), 0.0, true);
   expect_like(std::get<0>(meta_fa), std::get<0>(cpu_fa), "flash attention output");

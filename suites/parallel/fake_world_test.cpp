@@ -248,6 +248,42 @@ DTENSOR_TEST_F(FakeWorldThreads, StepMemoryMatchesRealRanks) {
 
 // ---- the group itself ------------------------------------------------------------------------
 
+// A "meta" mesh: every tensor on it is a meta tensor (distribute_tensor's shards, factories,
+// redistribute's results), the collectives are recorded with the bytes real ones would move,
+// and MemTracker counts the meta tensors a step makes. Over a real group it is refused on every
+// rank, before any collective.
+TEST(FakeGroup, AMetaMeshKeepsEveryTensorOnTheMetaDevice) {
+  auto world = std::make_shared<comm::FakeGroup>(300, 512);
+  auto mesh = init_device_mesh("meta", {64, 8}, {"dp", "tp"}, world);
+  EXPECT_EQ(mesh.device(), c10::Device(c10::kMeta));
+  debug::MemTracker mem;
+  at::Tensor x = distribute_tensor(at::empty({128, 16}, at::TensorOptions().device(c10::kMeta)), mesh, {Shard{0}, Shard{1}});
+  EXPECT_TRUE(local_tensor(x).is_meta());
+  EXPECT_EQ(local_tensor(x).sizes(), c10::IntArrayRef({2, 2}));
+  at::Tensor ones = dtensor::ones({64, 8}, mesh, {Shard{0}, Replicate{}});
+  EXPECT_TRUE(local_tensor(ones).is_meta());
+  CommDebugMode mode;
+  {
+    auto comm_active = mode.enter();
+    auto mem_active = mem.enter();
+    at::Tensor r = redistribute(x, mesh, {Replicate{}, Replicate{}});
+    EXPECT_TRUE(local_tensor(r).is_meta());
+    EXPECT_EQ(local_tensor(r).sizes(), c10::IntArrayRef({128, 16}));
+    EXPECT_EQ(mem.current(), 128 * 16 * 4) << "the replicated tensor, as a real rank would hold it";
+  }
+  ASSERT_EQ(mode.get_collectives().size(), 2u);
+  EXPECT_EQ(mode.get_collectives().back().output_bytes, 128 * 16 * 4);
+  EXPECT_GE(mem.peak(), 128 * 16 * 4);
+}
+
+DTENSOR_TEST_F(FakeWorldThreads, AMetaMeshNeedsAFakeWorld) {
+  const std::string e = testing::error_of([&] { init_device_mesh("meta", {ranks()}, {}, group_ptr()); });
+  EXPECT_TRUE(testing::contains(e, "a meta mesh's tensors have no data, so its world must be a comm::FakeGroup")) << e;
+  // The world is still usable: nothing was issued.
+  EXPECT_EQ(init_device_mesh("cpu", {ranks()}, {}, group_ptr()).size(), ranks());
+}
+
+
 // Rank 300 of 512 on a (64, 8) mesh: its sub-groups are its row and column, with their global
 // ranks; a DTensor sharded over both dims has rank 300's piece; redistributing it records the
 // all-gathers a real rank 300 would issue, with their bytes, and nothing is exchanged.
