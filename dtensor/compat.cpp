@@ -10,6 +10,17 @@ at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tenso
                                         const c10::optional<at::Tensor>& attn_mask, double dropout_p,
                                         bool is_causal) {
 #if DTENSOR_TORCH_2
+  if (query.is_meta() && key.is_meta() && value.is_meta()) {
+    // On meta tensors libtorch always picks the math kernel, which holds the [L, S] attention
+    // weights the CPU's flash kernel never makes: a fake world on the meta device would plan more
+    // memory than a CPU rank uses. The CPU's own choice reads only shapes, strides and dtypes, so
+    // it is asked directly (1 is sdp::SDPBackend::flash_attention).
+    const int64_t choice = at::_ops::_fused_sdp_choice::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), query,
+                                                                   key, value, attn_mask, dropout_p, is_causal,
+                                                                   c10::nullopt, /*enable_gqa=*/false);
+    if (choice == 1)
+      return std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, attn_mask));
+  }
   return at::scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal);
 #else
   return std::get<0>(
