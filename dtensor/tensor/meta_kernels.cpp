@@ -20,6 +20,7 @@
 #include <c10/core/WrapDimMinimal.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -161,17 +162,33 @@ void where_out_meta(const c10::OperatorHandle&, Stack* s) {
   s->emplace_back(out);
 }
 
+// An empty tensor of `sizes` whose dims are laid out in memory in the order of `like`'s (by
+// decreasing stride), as the CPU kernels lay out outputs like their inputs: a later
+// .contiguous() of a transposed result is then a copy, or not, as on the CPU.
+at::Tensor empty_in_layout_of(const at::Tensor& like, c10::IntArrayRef sizes, const at::TensorOptions& options) {
+  const int64_t n = like.dim();
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t d = 0; d < n; ++d) order[static_cast<size_t>(d)] = d;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
+  std::vector<int64_t> laid_out, inverse(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    laid_out.push_back(sizes[static_cast<size_t>(order[static_cast<size_t>(i)])]);
+    inverse[static_cast<size_t>(order[static_cast<size_t>(i)])] = i;
+  }
+  return at::empty(laid_out, options).permute(inverse);
+}
+
 // _scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, *,
-// attn_mask?, scale?) -> (output [B, H, L, Ev] in the query's dtype, logsumexp [B, H, L], float
-// for reduced-precision queries).
+// attn_mask?, scale?) -> (output [B, H, L, Ev] in the query's dtype and memory layout,
+// logsumexp [B, H, L] laid out as [B, L, H], float for reduced-precision queries).
 void flash_attention_cpu_meta(const c10::OperatorHandle&, Stack* s) {
   auto a = pop_args(s, 7);
   const at::Tensor q = a[0].toTensor(), v = a[2].toTensor();
   TORCH_CHECK(q.dim() == 4 && v.dim() == 4, "_scaled_dot_product_flash_attention_for_cpu (meta): expected 4-D query and "
               "value, got ", q.sizes(), " and ", v.sizes());
   const auto lse_dtype = (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) ? at::kFloat : q.scalar_type();
-  s->emplace_back(at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options()));
-  s->emplace_back(at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_dtype)));
+  s->emplace_back(empty_in_layout_of(q, {q.size(0), q.size(1), q.size(2), v.size(3)}, q.options()));
+  s->emplace_back(at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(lse_dtype)).transpose(1, 2));
 }
 
 // _scaled_dot_product_flash_attention_for_cpu_backward(grad_out, query, key, value, out,
