@@ -86,7 +86,8 @@ at::Tensor reduce_scatter_input(const std::vector<FSDPParam>& params, std::vecto
     const FSDPParam& p = params[i];
     if (!grads[i].defined()) continue;
     at::Tensor g = grads[i].to(options.dtype().toScalarType());
-    for (int64_t r = 0; r < world; ++r) {
+    // On meta tensors the copies write nothing and their views allocate nothing (as copy_out).
+    for (int64_t r = 0; r < (input.is_meta() ? 0 : world); ++r) {
       const int64_t rows = p.rows_of(r);
       if (rows == 0) continue;
       input.narrow(0, r * numel + off, p.padded_numel).view(p.padded_shard_shape).narrow(p.shard_dim, 0, rows)

@@ -281,7 +281,9 @@ void copy_out(std::vector<FSDPParam>& params, const at::Tensor& full, int64_t wo
   for (auto& p : params) {
     utils::alloc_storage(p.unsharded, p.global_shape);
     at::Tensor out = storage_alias(p.unsharded);
-    for (int64_t r = 0; r < world; ++r) {
+    // On meta tensors (a fake world's) the copies write nothing and their views allocate
+    // nothing: skipped, as they are world ops per parameter, thousands on a fake world.
+    for (int64_t r = 0; r < (full.is_meta() ? 0 : world); ++r) {
       const int64_t rows = p.rows_of(r);
       if (rows == 0) continue;
       out.narrow(p.shard_dim, r * p.chunk, rows)
