@@ -14,7 +14,7 @@
 // dtypes the CPU kernel makes, and only when libtorch has no Meta kernel of its own for the op
 // (a later libtorch that adds one keeps its own).
 #include <ATen/ATen.h>
-#include <ATen/ExpandUtils.h>
+#include <ATen/TensorIterator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/WrapDimMinimal.h>
@@ -47,9 +47,30 @@ std::vector<int64_t> ints_of(const c10::IValue& v) {
 
 at::Tensor optional_tensor(const c10::IValue& v) { return v.isNone() ? at::Tensor() : v.toTensor(); }
 
+// An elementwise op's output: the inputs' broadcast shape, laid out in memory as the CPU's
+// TensorIterator lays it out (in the inputs' memory order), of `dtype`. The output's strides
+// become a DTensor's, so they must be the CPU kernel's.
+at::Tensor elementwise_output(const std::vector<at::Tensor>& inputs, at::ScalarType dtype) {
+  at::Tensor out;
+  at::TensorIteratorConfig config;
+  config.check_all_same_dtype(false).declare_static_dtype_and_device(dtype, c10::Device(c10::kMeta));
+  config.add_output(out);
+  for (const at::Tensor& t : inputs) config.add_input(t);
+  return config.build().output();
+}
+
+// Makes `out` (an out= argument) the result: kept when it has the shape already (the CPU kernel
+// writes into it as it is), else replaced by `fresh` (as the CPU's resize, with the layout the
+// CPU kernel gives, and allocated so that MemTracker counts it).
+void become(const at::Tensor& out, const at::Tensor& fresh) {
+  if (out.sizes() == fresh.sizes()) return;
+  out.set_(fresh);
+}
+
 void relu_meta(const c10::OperatorHandle&, Stack* s) {
   auto a = pop_args(s, 1);
-  s->emplace_back(at::empty_like(a[0].toTensor()));
+  const at::Tensor self = a[0].toTensor();
+  s->emplace_back(elementwise_output({self}, self.scalar_type()));
 }
 
 void relu_inplace_meta(const c10::OperatorHandle&, Stack* s) {
@@ -122,18 +143,11 @@ void native_dropout_backward_meta(const c10::OperatorHandle&, Stack* s) {
   s->emplace_back(at::empty_like(a[0].toTensor(), at::MemoryFormat::Contiguous));
 }
 
-// Makes `out` hold `shape` (as resize_ would), through a fresh storage so that the new bytes are
-// allocated, and counted, as on the CPU.
-void resize_output(const at::Tensor& out, c10::IntArrayRef shape) {
-  if (out.sizes() == shape) return;
-  out.set_(at::empty(shape, out.options()));
-}
-
 // logical_not.out(self, out).
 void logical_not_out_meta(const c10::OperatorHandle&, Stack* s) {
   auto a = pop_args(s, 2);
   const at::Tensor out = a[1].toTensor();
-  resize_output(out, a[0].toTensor().sizes());
+  become(out, elementwise_output({a[0].toTensor()}, out.scalar_type()));
   s->emplace_back(out);
 }
 
@@ -141,24 +155,22 @@ void logical_not_out_meta(const c10::OperatorHandle&, Stack* s) {
 void logical_binary_out_meta(const c10::OperatorHandle&, Stack* s) {
   auto a = pop_args(s, 3);
   const at::Tensor out = a[2].toTensor();
-  resize_output(out, at::infer_size(a[0].toTensor().sizes(), a[1].toTensor().sizes()));
+  become(out, elementwise_output({a[0].toTensor(), a[1].toTensor()}, out.scalar_type()));
   s->emplace_back(out);
 }
 
 // where.self(condition, self, other): the three broadcast; the dtype self and other promote to.
 void where_meta(const c10::OperatorHandle&, Stack* s) {
   auto a = pop_args(s, 3);
-  const at::Tensor cond = a[0].toTensor(), self = a[1].toTensor(), other = a[2].toTensor();
-  const auto shape = at::infer_size(at::infer_size(cond.sizes(), self.sizes()), other.sizes());
-  s->emplace_back(at::empty(shape, self.options().dtype(at::result_type(self, other))));
+  const at::Tensor self = a[1].toTensor(), other = a[2].toTensor();
+  s->emplace_back(elementwise_output({a[0].toTensor(), self, other}, at::result_type(self, other)));
 }
 
 // where.self_out(condition, self, other, out) (2.x's _safe_softmax calls it directly).
 void where_out_meta(const c10::OperatorHandle&, Stack* s) {
   auto a = pop_args(s, 4);
   const at::Tensor out = a[3].toTensor();
-  resize_output(out, at::infer_size(at::infer_size(a[0].toTensor().sizes(), a[1].toTensor().sizes()),
-                                    a[2].toTensor().sizes()));
+  become(out, elementwise_output({a[0].toTensor(), a[1].toTensor(), a[2].toTensor()}, out.scalar_type()));
   s->emplace_back(out);
 }
 

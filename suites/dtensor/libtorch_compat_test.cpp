@@ -65,6 +65,7 @@ void expect_like(const at::Tensor& meta, const at::Tensor& cpu, const char* what
   EXPECT_TRUE(meta.is_meta()) << what;
   EXPECT_EQ(meta.sizes(), cpu.sizes()) << what;
   EXPECT_EQ(meta.scalar_type(), cpu.scalar_type()) << what;
+  EXPECT_EQ(meta.strides(), cpu.strides()) << what << " (a DTensor's output takes the meta kernel's strides)";
 }
 
 TEST(LibtorchCompat, MetaKernelsGiveTheCpuKernelsShapes) {
@@ -73,6 +74,8 @@ TEST(LibtorchCompat, MetaKernelsGiveTheCpuKernelsShapes) {
   auto m = [](const at::Tensor& t) { return t.to(c10::kMeta); };
 
   expect_like(at::relu(m(x)), at::relu(x), "relu");
+  const at::Tensor xt = x.transpose(0, 2);  // not contiguous: the output follows its layout
+  expect_like(at::relu(m(xt)), at::relu(xt), "relu of a transposed tensor");
   at::Tensor r = m(x).clone();
   EXPECT_TRUE(at::relu_(r).is_same(r)) << "relu_ returns its argument";
 
@@ -113,6 +116,10 @@ TEST(LibtorchCompat, MetaKernelsGiveTheCpuKernelsShapes) {
   expect_like(at::logical_or(m(bits), m(other)), at::logical_or(bits, other), "logical_or");
   expect_like(at::logical_and(m(bits), m(other)), at::logical_and(bits, other), "logical_and");
   expect_like(at::where(m(bits), m(xf), m(yd)), at::where(bits, xf, yd), "where");
+  const at::Tensor bt = (at::rand({4, 3}) > 0.5).t(), xft = at::randn({4, 3}).t();
+  expect_like(at::where(m(bt), m(xft), m(xft)), at::where(bt, xft, xft), "where of transposed tensors");
+  expect_like(at::logical_not(m(bt)), at::logical_not(bt), "logical_not of a transposed tensor");
+  expect_like(at::logical_xor(m(bt), m(bt)), at::logical_xor(bt, bt), "logical_xor of transposed tensors");
   at::Tensor where_out = m(at::empty({0}, at::kDouble));
   at::where_out(where_out, m(bits), m(xf.to(at::kDouble)), m(yd));
   expect_like(where_out, at::where(bits, xf, yd), "where.self_out");
