@@ -204,10 +204,15 @@ void flash_attention_cpu_meta(const c10::OperatorHandle&, Stack* s) {
 }
 
 // _scaled_dot_product_flash_attention_for_cpu_backward(grad_out, query, key, value, out,
-// logsumexp, dropout_p, is_causal, *, attn_mask?, scale?) -> (grad_query, grad_key, grad_value).
+// logsumexp, dropout_p, is_causal, *, attn_mask?, scale?) -> (grad_query, grad_key, grad_value),
+// each of its input's shape.
 void flash_attention_cpu_backward_meta(const c10::OperatorHandle&, Stack* s) {
   auto a = pop_args(s, 10);
-  for (int i = 1; i <= 3; ++i) s->emplace_back(at::empty_like(a[static_cast<size_t>(i)].toTensor(), at::MemoryFormat::Contiguous));
+  // The CPU kernel lays each gradient out as [B, L, H, E], whatever its input's layout.
+  for (int i = 1; i <= 3; ++i) {
+    const at::Tensor t = a[static_cast<size_t>(i)].toTensor();
+    s->emplace_back(at::empty({t.size(0), t.size(2), t.size(1), t.size(3)}, t.options()).transpose(1, 2));
+  }
 }
 
 template <void (*F)(const c10::OperatorHandle&, Stack*)>

@@ -129,12 +129,17 @@ TEST(LibtorchCompat, MetaKernelsGiveTheCpuKernelsShapes) {
   const auto meta_fa = at::_scaled_dot_product_flash_attention_for_cpu(m(q), m(k), m(v), 0.0, true);
   expect_like(std::get<0>(meta_fa), std::get<0>(cpu_fa), "flash attention output");
   expect_like(std::get<1>(meta_fa), std::get<1>(cpu_fa), "flash attention logsumexp");
-  EXPECT_EQ(std::get<0>(meta_fa).strides(), std::get<0>(cpu_fa).strides());
-  EXPECT_EQ(std::get<1>(meta_fa).strides(), std::get<1>(cpu_fa).strides());
   // A query laid out as [B, L, H, E] (a projection's view, transposed): the output follows it.
   const at::Tensor qt = at::randn({1, 5, 2, 4}).transpose(1, 2), kt = at::randn({1, 6, 2, 4}).transpose(1, 2);
-  EXPECT_EQ(std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(m(qt), m(kt), m(kt), 0.0, true)).strides(),
-            std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(qt, kt, kt, 0.0, true)).strides());
+  const auto cpu_ft = at::_scaled_dot_product_flash_attention_for_cpu(qt, kt, kt, 0.0, true);
+  const auto meta_ft = at::_scaled_dot_product_flash_attention_for_cpu(m(qt), m(kt), m(kt), 0.0, true);
+  expect_like(std::get<0>(meta_ft), std::get<0>(cpu_ft), "flash attention output of a transposed query");
+  const auto cpu_bt = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+      std::get<0>(cpu_ft), qt, kt, kt, std::get<0>(cpu_ft), std::get<1>(cpu_ft), 0.0, true);
+  const auto meta_bt = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+      std::get<0>(meta_ft), m(qt), m(kt), m(kt), std::get<0>(meta_ft), std::get<1>(meta_ft), 0.0, true);
+  expect_like(std::get<0>(meta_bt), std::get<0>(cpu_bt), "flash attention grad_query of a transposed query");
+  expect_like(std::get<1>(meta_bt), std::get<1>(cpu_bt), "flash attention grad_key of a transposed key");
   const at::Tensor go = at::randn_like(std::get<0>(cpu_fa));
   const auto cpu_fb = at::_scaled_dot_product_flash_attention_for_cpu_backward(go, q, k, v, std::get<0>(cpu_fa),
                                                                                std::get<1>(cpu_fa), 0.0, true);
