@@ -40,8 +40,9 @@ int local_rank_from_env(const std::map<std::string, std::string>* env = nullptr)
 int use_rank_cuda_device(int rank, int local_rank = -1);
 
 // The device a rank's local tensors of `device_type` live on: cpu for "cpu", cuda:<current
-// device> for "cuda", meta for "meta" (a fake world's, NOTE: [Fake world]). `what` names the caller in errors (e.g. the mesh): a "cuda" request on a
-// machine without GPUs, or another device type, throws c10::Error saying so.
+// device> for "cuda", meta for "meta" (a fake world's, NOTE: [Fake world]). `what` names the
+// caller in errors (e.g. the mesh): a "cuda" request on a machine without GPUs, or another
+// device type, throws c10::Error saying so.
 c10::Device rank_device(const std::string& device_type, const std::string& what = "");
 
 }  // namespace comm

@@ -17,8 +17,8 @@
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
-#include <new>
 #include <cstdio>
+#include <new>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -287,7 +287,8 @@ void MemTracker::track_external(torch::nn::Module& module) {
     const at::Tensor& local = is_dtensor(t) ? local_tensor(t) : t;
     if (!local.has_storage() || local.storage().nbytes() == 0) return;
     if (local.device().type() != c10::kCPU && local.device().type() != c10::kMeta) return;
-    TORCH_CHECK(local.storage().allocator() == (local.is_meta() ? TrackingAllocator::meta() : accounting), "MemTracker::track_external: ", kind, " ", root_name,
+    const c10::Allocator* expected = local.is_meta() ? TrackingAllocator::meta() : accounting;
+    TORCH_CHECK(local.storage().allocator() == expected, "MemTracker::track_external: ", kind, " ", root_name,
                 name.empty() ? "" : ".", name,
                 " was allocated before the memory accounting was installed, and storages re-allocate through the "
                 "allocator they were made with (fully_shard's unshard does), so its memory would be missed: make "
@@ -458,4 +459,3 @@ std::string MemTracker::display_modulewise_stats() const {
 
 }  // namespace debug
 }  // namespace dtensor
-

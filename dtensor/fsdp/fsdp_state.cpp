@@ -299,7 +299,9 @@ void FSDPState::unshard() {
   if (status_ == Status::kUnsharded || all_gather_ || params_.empty()) return;
   follow_replaced_params();
   for (const auto& p : params_) {
-    TORCH_CHECK(device_.is_meta() || !local_tensor(p.sharded).is_meta(), "fully_shard(", module_type(*module_), "): parameter '", p.fqn,
+    // On a "meta" mesh (a fake world's) the whole step runs on meta tensors.
+    TORCH_CHECK(device_.is_meta() || !local_tensor(p.sharded).is_meta(), "fully_shard(", module_type(*module_),
+                "): parameter '", p.fqn,
                 "' is on the meta device; materialise the model before its forward (dtensor::nn::to_empty, then "
                 "initialise the parameters)");
   }

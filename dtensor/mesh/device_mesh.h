@@ -47,9 +47,9 @@ class DeviceMesh {
   // `device_type`, `mesh` and `mesh_dim_names`.
   //
   // `device_type`: "cpu" or "cuda"; "meta" on a fake world (comm::FakeGroup), whose local
-  // tensors, factories and fully_shard buffers are then meta tensors (NOTE: [Fake world]). `mesh`: integer tensor of world ranks, any number of
-  // dims >= 1, numel <= world->size(), each rank at most once. `mesh_dim_names`: empty, or
-  // one unique name per mesh dim.
+  // tensors, factories and fully_shard buffers are then meta tensors (NOTE: [Fake world]).
+  // `mesh`: integer tensor of world ranks, any number of dims >= 1, numel <= world->size(),
+  // each rank at most once. `mesh_dim_names`: empty, or one unique name per mesh dim.
   //
   // Steps:
   //   1. Local argument checks (identical on every rank, so every rank throws alike).

@@ -196,6 +196,9 @@ at::Tensor empty_in_layout_of(const at::Tensor& like, c10::IntArrayRef sizes, co
 void flash_attention_cpu_meta(const c10::OperatorHandle&, Stack* s) {
   auto a = pop_args(s, 7);
   const at::Tensor q = a[0].toTensor(), v = a[2].toTensor();
+  // Refused where the CPU kernel refuses it.
+  TORCH_CHECK(a[3].toDouble() == 0.0, "_scaled_dot_product_flash_attention_for_cpu (meta): dropout > 0 is not supported, "
+              "as by the CPU kernel");
   TORCH_CHECK(q.dim() == 4 && v.dim() == 4, "_scaled_dot_product_flash_attention_for_cpu (meta): expected 4-D query and "
               "value, got ", q.sizes(), " and ", v.sizes());
   const auto lse_dtype = (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) ? at::kFloat : q.scalar_type();
