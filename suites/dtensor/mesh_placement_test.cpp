@@ -301,7 +301,7 @@ DTENSOR_TEST_F(DeviceMeshThreaded, ConstructionErrorsNameTheMeshAndTheFix) {
       {"0-d ranks", [&] { DeviceMesh(dt, at::scalar_tensor(0, at::kLong)); },
        "the rank tensor needs at least one dim"},
       {"device type", [&] { init_device_mesh("tpu", {n}); },
-       "device_type 'tpu' is not supported; use \"cpu\" or \"cuda\""},
+       "device_type 'tpu' is not supported; use \"cpu\", \"cuda\" or (on a fake world) \"meta\""},
   });
   // The world is still usable.
   EXPECT_EQ(reduce_world_rank_over(init_device_mesh(dt, {n}), 0), rank_sum(n));
