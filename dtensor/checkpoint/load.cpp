@@ -297,7 +297,9 @@ struct Dest {
 // What the load reads, planned from every matched key, with every error found before any read.
 class LoadPlan {
  public:
-  explicit LoadPlan(Reader& reader) : reader_(reader) {}
+  // reader: nullptr plans without reading (plan_load): a None placeholder is neither checked
+  // against its files nor allocated.
+  explicit LoadPlan(Reader* reader) : reader_(reader) {}
   void add(const Match& mt);
   // Raises every error found, in one message.
   void check() const {
@@ -313,7 +315,7 @@ class LoadPlan {
   bool check_tensor(const std::string& fqn, const Entry& e, at::ScalarType dtype, c10::IntArrayRef size);
   void add_tensor(const std::string& fqn, const Entry& e, const at::Tensor& t);
 
-  Reader& reader_;
+  Reader* reader_;
   std::vector<Dest> dests_;
   std::vector<const Match*> objects_;
   std::vector<std::string> errors_;
@@ -364,7 +366,11 @@ void LoadPlan::add(const Match& mt) {
     } else if (e.kind == ItemKind::Tensor && iv->isNone()) {
       // A None placeholder receives the whole tensor: its chunks' bytes (which tile it) must
       // be in their files before it is allocated.
-      for (const auto& sc : e.chunks) reader_.check_in_file(fqn, sc);
+      if (!reader_) {
+        dests_.push_back({&fqn, &e, ChunkMeta{std::vector<int64_t>(e.size.size(), 0), e.size}, at::Tensor()});
+        return;
+      }
+      for (const auto& sc : e.chunks) reader_->check_in_file(fqn, sc);
       v = at::empty(e.size, at::TensorOptions().dtype(dtype_from_name(e.dtype)));
     } else if (e.kind != ItemKind::Object) {
       errors_.push_back("key '" + fqn + "' is a tensor in the checkpoint but a " + iv->tagKind() + " in the state dict");
@@ -393,13 +399,37 @@ LoadResult detail::load_local(StateDict& state_dict, const ReadSource& src, cons
   const std::vector<Match> matched = match_keys(state_dict, m, src, opts.strict, res);
   // Check every key first, then read.
   Reader reader(src.dir, m.checksum_block_bytes, src.verify_checksums && opts.verify_checksums);
-  LoadPlan plan(reader);
+  LoadPlan plan(&reader);
   for (const Match& mt : matched) plan.add(mt);
   plan.check();
   c10::AutoGradMode no_grad(false);
   for (const auto& d : plan.dests()) read_into(reader, *d.fqn, *d.entry, d.box, d.target);
   for (const Match* o : plan.objects()) *o->value = read_object(reader, src, *o->fqn, *o->entry);
   return res;
+}
+
+PlannedLoad plan_load(const StateDict& state_dict, const Metadata& metadata, const LoadOptions& options) {
+  StateDict sd = state_dict;  // match_keys and LoadPlan take values they may replace
+  detail::ReadSource src;
+  src.metadata = &metadata;
+  src.what = "the checkpoint";
+  PlannedLoad out;
+  const std::vector<Match> matched = match_keys(sd, metadata, src, options.strict, out.keys);
+  LoadPlan plan(nullptr);
+  for (const Match& mt : matched) plan.add(mt);
+  plan.check();
+  for (const auto& d : plan.dests()) {
+    const int64_t element = element_size(d.entry->dtype);
+    for (const auto& sc : d.entry->chunks) {
+      auto overlap = chunk_overlap(sc.chunk, d.box);
+      if (!overlap) continue;
+      const int64_t bytes = overlap->numel() * element;
+      out.bytes += bytes;
+      out.reads.push_back({*d.fqn, std::move(*overlap), sc.file, bytes});
+    }
+  }
+  for (const Match* o : plan.objects()) out.objects.push_back(*o->fqn);
+  return out;
 }
 
 namespace {

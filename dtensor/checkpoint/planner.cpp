@@ -14,7 +14,9 @@
 #include <numeric>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <tuple>
+#include <unordered_map>
 
 namespace dtensor {
 namespace checkpoint {
@@ -83,8 +85,17 @@ void validate_chunks(const What& what, const std::vector<int64_t>& size, const s
     }
     if (c.numel() > 0) nonempty.push_back(&c);
   }
+  // A sweep along dim 0: sorted by their offset there, a chunk can overlap only the chunks
+  // after it that start before it ends in that dim. Linear for chunks split along dim 0 (FSDP's
+  // thousands of shards of a key), where checking every pair would be quadratic.
+  const bool sweep = !size.empty();
+  if (sweep) {
+    std::stable_sort(nonempty.begin(), nonempty.end(),
+                     [](const ChunkMeta* a, const ChunkMeta* b) { return a->offsets[0] < b->offsets[0]; });
+  }
   for (size_t i = 0; i < nonempty.size(); ++i) {
     for (size_t j = i + 1; j < nonempty.size(); ++j) {
+      if (sweep && nonempty[j]->offsets[0] >= nonempty[i]->offsets[0] + nonempty[i]->sizes[0]) break;
       TORCH_CHECK(!boxes_overlap(*nonempty[i], *nonempty[j]), what(), ": chunks ", nonempty[i]->to_string(), " and ",
                   nonempty[j]->to_string(), " overlap");
     }
@@ -148,28 +159,33 @@ namespace {
 // One key as the first rank that holds it sees it.
 struct KeyInfo {
   ItemKind kind;
-  std::string dtype;
-  std::vector<int64_t> size;
+  std::string_view dtype;
+  const std::vector<int64_t>* size;
   int rank;
 };
 
+// Keys and boxes are looked up once per item of every rank's plan (millions on a large world:
+// NOTE: [Checkpoint plans] in save_load.cpp), so the tables below hash views of the plans'
+// strings and vectors instead of copying them into ordered maps.
+size_t hash_ints(size_t h, const std::vector<int64_t>& v) {
+  for (int64_t x : v) h = h * 1000003u ^ std::hash<int64_t>()(x);
+  return h;
+}
+
 // Every rank's view of each key, checked to agree.
-std::map<std::string, KeyInfo> agreed_keys(const std::vector<SavePlan>& local_plans) {
-  std::map<std::string, KeyInfo> keys;
+std::unordered_map<std::string_view, KeyInfo> agreed_keys(const std::vector<SavePlan>& local_plans) {
+  std::unordered_map<std::string_view, KeyInfo> keys;
   for (int r = 0; r < int(local_plans.size()); ++r) {
     for (const auto& item : local_plans[r].items) {
-      auto it = keys.find(item.fqn);
-      if (it == keys.end()) {
-        keys.emplace(item.fqn, KeyInfo{item.kind, item.dtype, item.global_size, r});
-        continue;
-      }
+      auto [it, inserted] = keys.try_emplace(item.fqn, KeyInfo{item.kind, item.dtype, &item.global_size, r});
+      if (inserted) continue;
       const KeyInfo& k = it->second;
       TORCH_CHECK(k.kind == item.kind, "key '", item.fqn, "' is a ", kind_name(k.kind), " on rank ", k.rank,
                   " but a ", kind_name(item.kind), " on rank ", r);
       if (item.kind == ItemKind::Tensor) {
         TORCH_CHECK(k.dtype == item.dtype, "key '", item.fqn, "' has dtype ", k.dtype, " on rank ", k.rank, " but ",
                     item.dtype, " on rank ", r);
-        TORCH_CHECK(k.size == item.global_size, "key '", item.fqn, "' has global size ", join(k.size), " on rank ",
+        TORCH_CHECK(*k.size == item.global_size, "key '", item.fqn, "' has global size ", join(*k.size), " on rank ",
                     k.rank, " but ", join(item.global_size), " on rank ", r);
       }
     }
@@ -177,33 +193,50 @@ std::map<std::string, KeyInfo> agreed_keys(const std::vector<SavePlan>& local_pl
   return keys;
 }
 
-// Dedup: one writer per (key, box), the least-loaded rank holding it, largest first; each
-// rank's items in a deterministic order (by key, then box).
+// (key, box) of an item, by reference into the plans.
+struct ItemRef {
+  const WriteItem* item;
+  bool operator==(const ItemRef& o) const {
+    return item->fqn == o.item->fqn && item->chunk.offsets == o.item->chunk.offsets &&
+           item->chunk.sizes == o.item->chunk.sizes;
+  }
+  bool operator<(const ItemRef& o) const {
+    return std::tie(item->fqn, item->chunk.offsets, item->chunk.sizes) <
+           std::tie(o.item->fqn, o.item->chunk.offsets, o.item->chunk.sizes);
+  }
+};
+struct ItemRefHash {
+  size_t operator()(const ItemRef& r) const {
+    return hash_ints(hash_ints(std::hash<std::string_view>()(r.item->fqn), r.item->chunk.offsets), r.item->chunk.sizes);
+  }
+};
+
+// Dedup: one writer per (key, box), the least-loaded rank holding it, largest first (ties: by
+// key, then box); each rank's items in a deterministic order (by key, then box).
 std::vector<SavePlan> assign_writers(const std::vector<SavePlan>& local_plans) {
-  using ItemKey = std::tuple<std::string, std::vector<int64_t>, std::vector<int64_t>>;
-  std::map<ItemKey, std::vector<int>> holders;
-  std::map<ItemKey, const WriteItem*> first_item;
+  std::unordered_map<ItemRef, std::vector<int>, ItemRefHash> holders;
   for (int r = 0; r < int(local_plans.size()); ++r) {
     for (const auto& item : local_plans[r].items) {
-      ItemKey key{item.fqn, item.chunk.offsets, item.chunk.sizes};
-      auto& hs = holders[key];
+      auto& hs = holders[ItemRef{&item}];
       if (hs.empty() || hs.back() != r) hs.push_back(r);
-      first_item.emplace(key, &item);
     }
   }
-  std::vector<std::pair<ItemKey, const WriteItem*>> order(first_item.begin(), first_item.end());
-  std::stable_sort(order.begin(), order.end(),
-                   [](const auto& a, const auto& b) { return a.second->nbytes > b.second->nbytes; });
+  std::vector<std::pair<ItemRef, const std::vector<int>*>> order;
+  order.reserve(holders.size());
+  for (const auto& [ref, hs] : holders) order.emplace_back(ref, &hs);
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    if (a.first.item->nbytes != b.first.item->nbytes) return a.first.item->nbytes > b.first.item->nbytes;
+    return a.first < b.first;
+  });
   std::vector<int64_t> load(local_plans.size(), 0);
   std::vector<SavePlan> out(local_plans.size());
-  for (const auto& [key, item] : order) {
-    const auto& hs = holders[key];
-    int best = hs.front();
-    for (int r : hs) {
+  for (const auto& [ref, hs] : order) {
+    int best = hs->front();
+    for (int r : *hs) {
       if (load[r] < load[best]) best = r;
     }
-    load[best] += std::max<int64_t>(item->nbytes, 1);
-    out[best].items.push_back(*item);
+    load[best] += std::max<int64_t>(ref.item->nbytes, 1);
+    out[best].items.push_back(*ref.item);
   }
   for (auto& p : out) {
     std::sort(p.items.begin(), p.items.end(), [](const WriteItem& a, const WriteItem& b) {
@@ -215,19 +248,17 @@ std::vector<SavePlan> assign_writers(const std::vector<SavePlan>& local_plans) {
 
 // Every tensor's chunks tile it exactly once; an error names the ranks that offered them.
 void validate_plan(const std::vector<SavePlan>& local_plans, const std::vector<SavePlan>& out,
-                   const std::map<std::string, KeyInfo>& keys) {
-  std::map<std::string, std::vector<ChunkMeta>> chunks;
+                   const std::unordered_map<std::string_view, KeyInfo>& keys) {
+  std::map<std::string_view, std::vector<const ChunkMeta*>> chunks;  // ordered: the first bad key is reported
   for (const auto& p : out) {
     for (const auto& item : p.items) {
-      if (item.kind == ItemKind::Tensor) chunks[item.fqn].push_back(item.chunk);
+      if (item.kind == ItemKind::Tensor) chunks[item.fqn].push_back(&item.chunk);
     }
   }
   for (const auto& key_chunks : chunks) {
-    const std::string& fqn = key_chunks.first;  // named: C++17 lambdas cannot capture bindings
-    std::vector<const ChunkMeta*> ptrs;
-    for (const auto& c : key_chunks.second) ptrs.push_back(&c);
+    const std::string_view fqn = key_chunks.first;  // named: C++17 lambdas cannot capture bindings
     try {
-      validate_chunks([&] { return "key '" + fqn + "'"; }, keys.at(fqn).size, ptrs);
+      validate_chunks([&] { return "key '" + std::string(fqn) + "'"; }, *keys.at(fqn).size, key_chunks.second);
     } catch (const c10::Error& e) {
       std::vector<int> ranks;
       for (int r = 0; r < int(local_plans.size()); ++r) {
@@ -242,7 +273,7 @@ void validate_plan(const std::vector<SavePlan>& local_plans, const std::vector<S
 }  // namespace
 
 std::vector<SavePlan> create_global_save_plan(const std::vector<SavePlan>& local_plans) {
-  const std::map<std::string, KeyInfo> keys = agreed_keys(local_plans);
+  const std::unordered_map<std::string_view, KeyInfo> keys = agreed_keys(local_plans);
   std::vector<SavePlan> out = assign_writers(local_plans);
   validate_plan(local_plans, out, keys);
   return out;

@@ -32,6 +32,8 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <string_view>
+#include <unordered_map>
 
 namespace dtensor {
 namespace checkpoint {
@@ -229,12 +231,14 @@ std::vector<WriteResult> write_items(const std::vector<LocalItem>& local, const 
 }
 
 // The metadata of a save from every rank's write results (every rank builds the same).
-Metadata build_metadata(const std::vector<std::vector<WriteResult>>& all, int64_t save_id, const SaveOptions& opts) {
+// `planned`: results of plan_save, without checksums.
+Metadata build_metadata(const std::vector<std::vector<WriteResult>>& all, int64_t save_id, const SaveOptions& opts,
+                        bool planned = false) {
   Metadata m;
   m.save_id = save_id;
   m.world_size = int(all.size());
   m.checksum_block_bytes = opts.checksum_block_bytes;
-  m.checksummed = opts.format == CheckpointFormat::kDtensorCpp;
+  m.checksummed = !planned && opts.format == CheckpointFormat::kDtensorCpp;
   for (const auto& rank_results : all) {
     for (const auto& r : rank_results) {
       Entry& e = m.entries[r.item.fqn];
@@ -432,11 +436,21 @@ Metadata save_items(const std::vector<LocalItem>& local, std::exception_ptr loca
   return m;
 }
 
+bool is_fake_world(const comm::GroupPtr& group) { return group && group->backend() == "fake"; }
+
+// A fake world's ranks hold no data (or, on CPU tensors, only this rank's): nothing to write.
+void refuse_fake_world(const comm::GroupPtr& group, const char* what) {
+  TORCH_CHECK(!is_fake_world(group), "checkpoint::", what, ": the process group is a fake world (backend 'fake', ",
+              "rank ", group->rank(), " of ", group->size(), "): it has no other ranks' data to write; ",
+              "checkpoint::plan_save plans the save without writing");
+}
+
 }  // namespace
 
 Metadata save(const StateDict& state_dict, const std::string& checkpoint_dir, const SaveOptions& options) {
   const bool use_dist = resolve_use_dist(options.no_dist, options.process_group);
   comm::GroupPtr group = resolve_group(use_dist, options.process_group);
+  refuse_fake_world(group, "save");
   std::vector<LocalItem> local;
   std::exception_ptr collect_error;
   try {
@@ -449,10 +463,210 @@ Metadata save(const StateDict& state_dict, const std::string& checkpoint_dir, co
 }
 
 
+// NOTE: [Checkpoint plans]
+// plan_save runs save's planning step (collect_local_items, the all_gather of the local plans,
+// create_global_save_plan) and lays each rank's part out as write_items would, without
+// writing. On a real group the other ranks' plans come from the all_gather. On a fake world
+// (comm::FakeGroup) its all_gather would give this rank's plan N times, so every other rank's
+// plan is derived instead from what the state dict says of it:
+//   - a DTensor: the box compute_local_shape_and_global_offset gives at that rank's mesh
+//     coordinate (nothing for a rank outside the mesh), as collect_local_items takes at its own;
+//   - a ShardedTensor: the shards its metadata places on that rank;
+//   - a plain tensor or an object: the same on every rank (save's assumption for them); an
+//     object's stored size is this rank's pickle's.
+// The test that plan_save on a fake world gives each real rank's plan, and that the real save
+// commits the planned metadata, is suites/checkpoint/plan_test.cpp.
+//
+// Cost: the coordinator's merge is O(N x items) for N ranks (as save's is on a real job); on a
+// fake world every rank's plan is built in this one process.
+
+namespace {
+
+// The flat position in `mesh` of each global rank, per mesh (the same mesh tensor is shared by
+// every DTensor on it).
+class MeshPositions {
+ public:
+  // The coordinate of global rank `g` in `mesh`, nullopt when it is not in it.
+  std::optional<std::vector<int64_t>> coordinate(const DeviceMesh& mesh, int g) {
+    const at::Tensor& ranks = mesh.mesh();
+    auto [it, inserted] = by_mesh_.try_emplace(ranks.unsafeGetTensorImpl());
+    if (inserted) {
+      const int64_t* r = ranks.data_ptr<int64_t>();
+      const comm::GroupPtr& world = mesh.world();
+      for (int64_t i = 0; i < ranks.numel(); ++i) {
+        const int global = world ? world->global_ranks().at(size_t(r[i])) : int(r[i]);
+        it->second.emplace(global, i);
+      }
+    }
+    auto pos = it->second.find(g);
+    if (pos == it->second.end()) return std::nullopt;
+    std::vector<int64_t> coord(size_t(mesh.ndim()));
+    int64_t flat = pos->second;
+    for (int64_t d = mesh.ndim() - 1; d >= 0; --d) {
+      coord[size_t(d)] = flat % mesh.size(d);
+      flat /= mesh.size(d);
+    }
+    return coord;
+  }
+
+ private:
+  std::unordered_map<const void*, std::unordered_map<int, int64_t>> by_mesh_;
+};
+
+// This rank's items by key.
+using ItemsByKey = std::unordered_map<std::string_view, std::vector<const WriteItem*>>;
+
+// The items global rank `g` offers to save, derived from the state dict's specs (NOTE:
+// [Checkpoint plans]); `own_items` are this rank's, whose plain tensors and objects every rank
+// offers alike.
+SavePlan derived_plan(const StateDict& state_dict, int g, const ItemsByKey& own_items, MeshPositions& positions) {
+  SavePlan p;
+  auto add_dtensor = [&](const std::string& fqn, const at::Tensor& t) {
+    const DTensorSpec& spec = get_spec(t);
+    const auto coord = positions.coordinate(spec.mesh, g);
+    if (!coord) return;
+    std::vector<Placement> ps = spec.placements;
+    for (auto& pl : ps) {
+      if (std::holds_alternative<Partial>(pl)) pl = Replicate{};
+    }
+    const std::vector<int64_t> global(t.sizes().begin(), t.sizes().end());
+    auto [shape, offset] = compute_local_shape_and_global_offset(t.sizes(), spec.mesh.shape(), ps, coord);
+    ChunkMeta box{offset, shape};
+    if (t.numel() == 0) box = ChunkMeta{zeros_like_dims(global.size()), global};
+    if (box.numel() == 0 && t.numel() != 0) return;
+    p.items.push_back(tensor_item(fqn, t, global, std::move(box)));
+  };
+  for (const auto& [fqn, value] : state_dict) {
+    const at::Tensor* t = std::get_if<at::Tensor>(&value);
+    const auto* iv = std::get_if<c10::IValue>(&value);
+    at::Tensor from_ivalue;
+    if (iv && iv->isTensor()) {
+      from_ivalue = iv->toTensor();
+      t = &from_ivalue;
+    }
+    if (t && is_dtensor(*t)) {
+      add_dtensor(fqn, *t);
+    } else if (const auto* st = std::get_if<sharded::ShardedTensor>(&value)) {
+      const std::vector<int64_t> global = st->size();
+      const auto& props = st->metadata().tensor_properties;
+      const at::Tensor like = at::empty({0}, at::TensorOptions().dtype(props.dtype).device(c10::kMeta));
+      for (const auto& sm : st->metadata().shards_metadata) {
+        if (!sm.placement() || sm.placement()->rank() != std::optional<int>(g)) continue;
+        ChunkMeta box{sm.shard_offsets(), sm.shard_sizes()};
+        if (box.numel() == 0) continue;
+        p.items.push_back(tensor_item(fqn, like, global, std::move(box)));
+      }
+    } else {
+      // A plain tensor or an object: this rank's item, offered by every rank.
+      auto it = own_items.find(fqn);
+      if (it == own_items.end()) continue;
+      for (const WriteItem* w : it->second) p.items.push_back(*w);
+    }
+  }
+  return p;
+}
+
+// The results write_items would give for `plan` on `rank` (objects sized by `object_bytes`).
+std::vector<WriteResult> planned_results(const SavePlan& plan, int rank, const std::map<std::string, int64_t>& object_bytes) {
+  std::vector<WriteResult> out;
+  const std::string name = data_file_name(rank, /*save_id=*/1);
+  int64_t offset = 0;
+  for (const auto& w : plan.items) {
+    StoredChunk sc;
+    sc.file = name;
+    sc.offset = offset;
+    if (w.kind == ItemKind::Object) {
+      sc.length = object_bytes.at(w.fqn);
+    } else {
+      sc.chunk = w.chunk;
+      sc.length = w.nbytes;
+    }
+    offset += sc.length;
+    out.push_back({w, std::move(sc)});
+  }
+  return out;
+}
+
+}  // namespace
+
+PlannedSave plan_save(const StateDict& state_dict, const SaveOptions& options) {
+  TORCH_CHECK(options.format == CheckpointFormat::kDtensorCpp,
+              "checkpoint::plan_save plans the dtensor-cpp format (CheckpointFormat::kDtensorCpp) only: the byte "
+              "layout of PyTorch's DCP and of safetensors files depends on the data");
+  const bool use_dist = resolve_use_dist(options.no_dist, options.process_group);
+  comm::GroupPtr group = resolve_group(use_dist, options.process_group);
+  DistWrapper dist(group, use_dist, options.coordinator_rank);
+  const int rank = dist.get_rank();
+
+  std::vector<LocalItem> local;
+  std::exception_ptr collect_error;
+  try {
+    local = collect_local_items(state_dict);
+  } catch (...) {
+    collect_error = std::current_exception();
+  }
+  // This rank's offer: its items and the pickled size of each of its objects.
+  using Offer = std::pair<SavePlan, std::map<std::string, int64_t>>;
+  auto own_offer = [&] {
+    if (collect_error) std::rethrow_exception(collect_error);
+    Offer o;
+    for (const auto& li : local) {
+      o.first.items.push_back(li.item);
+      if (li.item.kind == ItemKind::Object)
+        o.second[li.item.fqn] = int64_t(torch::jit::pickle_save(li.object).size());
+    }
+    return o;
+  };
+  std::vector<SavePlan> plans;
+  std::vector<std::map<std::string, int64_t>> object_bytes;
+  if (use_dist && is_fake_world(group)) {
+    Offer own;
+    try {
+      own = own_offer();
+    } catch (...) {
+      throw CheckpointException("plan", {{rank, wrap_exception(std::current_exception())}});
+    }
+    MeshPositions positions;
+    ItemsByKey own_items;
+    for (const auto& w : own.first.items) own_items[w.fqn].push_back(&w);
+    const std::vector<int>& global_ranks = group->global_ranks();
+    plans.reserve(global_ranks.size());
+    for (int r = 0; r < int(global_ranks.size()); ++r) {
+      plans.push_back(r == rank ? own.first : derived_plan(state_dict, global_ranks[size_t(r)], own_items, positions));
+    }
+    object_bytes.assign(plans.size(), own.second);
+  } else {
+    std::vector<nlohmann::json> offers = dist.all_gather("plan", [&] {
+      Offer o = own_offer();
+      return nlohmann::json{{"plan", o.first}, {"object_bytes", o.second}};
+    });
+    for (const auto& o : offers) {
+      plans.push_back(o.at("plan").get<SavePlan>());
+      object_bytes.push_back(o.at("object_bytes").get<std::map<std::string, int64_t>>());
+    }
+  }
+  return dist.on_every_rank("plan", [&] {
+    std::vector<SavePlan> global = create_global_save_plan(plans);
+    PlannedSave out;
+    std::vector<std::vector<WriteResult>> results;
+    for (int r = 0; r < int(global.size()); ++r) {
+      results.push_back(planned_results(global[size_t(r)], r, object_bytes[size_t(r)]));
+      int64_t bytes = 0;
+      for (const auto& wr : results.back()) bytes += wr.stored.length;
+      out.bytes_per_rank.push_back(bytes);
+    }
+    out.metadata = build_metadata(results, /*save_id=*/1, options, /*planned=*/true);
+    out.plan = std::move(global.at(size_t(rank)));
+    return out;
+  });
+}
+
+
 std::future<Metadata> async_save(const StateDict& state_dict, const std::string& checkpoint_dir,
                                  const SaveOptions& options) {
   const bool use_dist = resolve_use_dist(options.no_dist, options.process_group);
   comm::GroupPtr group = resolve_group(use_dist, options.process_group);
+  refuse_fake_world(group, "async_save");
   std::vector<LocalItem> staged;
   std::exception_ptr stage_error;
   try {

@@ -141,6 +141,57 @@ Metadata save(const StateDict& state_dict, const std::string& checkpoint_dir, co
 // shards), objects are replaced by the saved values.
 LoadResult load(StateDict& state_dict, const std::string& checkpoint_dir, const LoadOptions& options = {});
 
+// ---- planning without data (NOTE: [Checkpoint plans] in save_load.cpp) ---------------------
+//
+// What save and load would do, computed from the tensors' specs alone: nothing is written or
+// read, so a state dict of meta tensors on a fake world (comm::FakeGroup: one process playing
+// rank r of N) plans the checkpoint of a model no machine holds, as the real ranks would.
+//
+//   auto world = std::make_shared<comm::FakeGroup>(/*rank=*/300, /*world_size=*/512);
+//   ... a model built on meta, fully_shard-ed on a "meta" mesh over `world` ...
+//   SaveOptions o;
+//   o.process_group = world;
+//   PlannedSave p = checkpoint::plan_save(state_dict, o);  // rank 300's part, every rank's bytes
+//   PlannedLoad l = checkpoint::plan_load(state_dict, p.metadata);
+
+struct PlannedSave {
+  // What this rank would write: its part of the global plan (one writer per replicated chunk),
+  // in the order save writes it.
+  SavePlan plan;
+  // The bytes each rank of the group would write to its data file (index: the group's rank).
+  std::vector<int64_t> bytes_per_rank;
+  // The metadata save would commit into an empty directory (save id 1): every key's chunks,
+  // their files and byte ranges. Without checksums (checksummed false): a plan has no bytes.
+  Metadata metadata;
+};
+
+// Collective over options.process_group like save (one all_gather of the local plans), or,
+// on a fake group, not collective: every other rank's plan is derived from the specs of the
+// state dict's DTensors and ShardedTensors (plain tensors and objects: the same on every rank,
+// as save assumes). A Partial DTensor is reduced first, as save does. For
+// CheckpointFormat::kDtensorCpp (other formats' byte layouts need the data); errors are save's.
+PlannedSave plan_save(const StateDict& state_dict, const SaveOptions& options = {});
+
+struct PlannedLoad {
+  // One read: the box of key `fqn` that this rank's destination takes from one stored chunk
+  // (in `file`), and its bytes.
+  struct Read {
+    std::string fqn;
+    ChunkMeta box;
+    std::string file;
+    int64_t bytes = 0;
+  };
+  std::vector<Read> reads;           // by key, then destination, then stored chunk
+  std::vector<std::string> objects;  // the object keys this rank reads
+  int64_t bytes = 0;                 // tensor bytes read (the sum of reads' bytes)
+  LoadResult keys;                   // missing and unexpected keys (strict: an error instead)
+};
+
+// Not collective: what load would read into `state_dict` on this rank from a checkpoint with
+// `metadata` (read_metadata's, or plan_save's), with load's checks (keys, dtypes, shapes) and
+// their errors, without reading or allocating (a None placeholder plans the whole tensor).
+PlannedLoad plan_load(const StateDict& state_dict, const Metadata& metadata, const LoadOptions& options = {});
+
 // Not collective: the parsed `.metadata` of a checkpoint directory (throws naming the path).
 Metadata read_metadata(const std::string& checkpoint_dir);
 
