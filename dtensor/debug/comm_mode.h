@@ -27,8 +27,9 @@
 // - Per module: a collective counts on "Global", on the module it was issued in and on every
 //   module that module was called from (NOTE: [Module path] in dtensor/nn/hooks.h), under
 //   forward or backward. In backward, a redistribution's gradient step (RedistributeBackward,
-//   FromLocalBackward) is attributed to the modules its forward ran in; other backward
-//   collectives count on Global only.
+//   FromLocalBackward) is attributed to the modules its forward ran in, and so are FSDP's
+//   backward hooks (all-gathers, prefetches and reduce-scatters) and its post-backward run by
+//   the callback that ends a backward.
 // - Entering clears what was recorded (as PyTorch's __enter__). Modes nest: every mode active on
 //   the thread records. A mode is entered and exited on one thread; with ranks as threads each
 //   rank thread enters its own.

@@ -3,6 +3,7 @@
 #include "dtensor/fsdp/fsdp_state_internal.h"
 
 #include "dtensor/comm/group.h"
+#include "dtensor/debug/comm_mode_internal.h"
 #include "dtensor/debug/tracking_allocator_internal.h"
 #include "dtensor/nn/hooks.h"
 #include "dtensor/nn/module_surgery.h"
@@ -152,6 +153,7 @@ GradientDivide gradient_divide(at::ScalarType reduce_dtype, int64_t shard, int64
 void FSDPState::post_backward_from_hook() {
   if (post_backward_done_ || !pre_backward_done_) return;
   post_backward_done_ = true;
+  const nn::detail::ModuleStackScope where(forward_modules_);
   post_backward();
 }
 
@@ -159,6 +161,7 @@ void FSDPState::post_backward_from_hook() {
 
 void FSDPState::pre_forward(nn::ForwardInputs& inputs) {
   if (root_.expired()) lazy_init();
+  forward_modules_ = debug::detail::module_stack_to_save();
   // The root's final callback is queued by every backward and cleared when it runs; still set
   // outside a backward, the last backward raised before its end (NOTE: [FSDP after a failed
   // backward]).
@@ -217,6 +220,7 @@ void FSDPState::post_forward(c10::IValue& output) {
 void FSDPState::pre_backward() {
   if (pre_backward_done_) return;
   pre_backward_done_ = true;
+  const nn::detail::ModuleStackScope where(forward_modules_);
   if (auto root = root_.lock()) root->queue_final_callback();
   if (unshard_in_backward_) {
     unshard();  // no-op when prefetched (in flight) or unsharded
@@ -269,7 +273,12 @@ void FSDPState::final_callback() {
   forwarded_.clear();
   for (auto it = forwarded.rbegin(); it != forwarded.rend(); ++it) {
     if (auto s = it->lock()) {
-      if (!s->post_backward_done_) s->post_backward();
+      if (!s->post_backward_done_) {
+        // In the group's modules, as PyTorch's ModTracker counts it: a module whose input
+        // needs no gradient (the root taking tokens) has not ended its backward for it.
+        const nn::detail::ModuleStackScope where(s->forward_modules_);
+        s->post_backward();
+      }
       s->drop_unshard();  // a mistargeted prefetch (PyTorch's finalize_backward)
       s->pre_backward_done_ = false;
       s->post_backward_done_ = false;

@@ -291,6 +291,10 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   std::weak_ptr<FSDPState> root_;
   bool pre_backward_done_ = false;
   bool post_backward_done_ = false;
+  // The modules being called when this group's forward began, while a CommDebugMode records:
+  // its backward hooks run there, so that their all-gathers and reduce-scatters count on the
+  // module, as PyTorch's ModTracker sees them.
+  std::vector<nn::detail::ModuleFrame> forward_modules_;
   int64_t id_ = -1;
   // Root only: states forwarded with grad enabled since the last backward, in forward order.
   std::vector<std::weak_ptr<FSDPState>> forwarded_;

@@ -237,7 +237,10 @@ DTENSOR_TEST_F(CommModeThreads, TransformerStepMatchesPyTorchsCounts) {
 
 // test_fully_shard_comm: the Transformer with its blocks and root sharded. Forward all-gathers
 // each group once (blocks + 1); backward reduce-scatters each (blocks + 1) and all-gathers the
-// blocks again (resharded after forward; the root keeps its parameters).
+// blocks again (resharded after forward; the root keeps its parameters). Per module, as
+// PyTorch's CommDebugMode attributes FSDP's collectives when one mode records forward and
+// backward (PyTorch 2.15, a root over two sharded blocks on a fake world): a group's
+// collectives count on the module it shards and on the modules it was called from.
 DTENSOR_TEST_F(CommModeThreads, FullyShardedTransformerMatchesPyTorchsCounts) {
   models::ModelArgs args;
   args.dropout_p = 0.0;
@@ -250,6 +253,25 @@ DTENSOR_TEST_F(CommModeThreads, FullyShardedTransformerMatchesPyTorchsCounts) {
   EXPECT_EQ(forward_mode.get_comm_counts(), (CommCounts{{funcol::all_gather_into_tensor, blocks + 1}}));
   EXPECT_EQ(backward_mode.get_comm_counts(),
             (CommCounts{{funcol::all_gather_into_tensor, blocks}, {funcol::reduce_scatter_tensor, blocks + 1}}));
+  // Forward: each group gathers in its own pre-forward hook. Backward: each block gathers the one
+  // before it (the default prefetch, in its pre-backward hook), the root's hook the last block;
+  // each group reduce-scatters in its post-backward (the root's in the callback that ends the
+  // backward, since its input, the tokens, needs no gradient).
+  const auto& fwd = forward_mode.get_comm_module_counts();
+  const auto& bwd = backward_mode.get_comm_module_counts();
+  auto backward_of = [&](const std::string& module) {  // none: a module that recorded nothing
+    auto it = bwd.find(module);
+    return it == bwd.end() ? CommCounts{} : it->second.backward;
+  };
+  EXPECT_EQ(fwd.at("Transformer").forward, (CommCounts{{funcol::all_gather_into_tensor, blocks + 1}}));
+  EXPECT_EQ(backward_of("Transformer"), backward_mode.get_comm_counts());
+  for (int64_t i = 0; i < blocks; ++i) {
+    const std::string layer = "Transformer.layers." + std::to_string(i);
+    EXPECT_EQ(fwd.at(layer).forward, (CommCounts{{funcol::all_gather_into_tensor, 1}})) << layer;
+    CommCounts want_backward{{funcol::reduce_scatter_tensor, 1}};
+    if (i > 0) want_backward[funcol::all_gather_into_tensor] = 1;
+    EXPECT_EQ(backward_of(layer), want_backward) << layer;
+  }
   // Each block's all-gather moves its parameters, each split on dim 0 into `ranks` equal
   // pieces (the last ones padded, as FSDP2 pads): ranks x sum of ceil(rows / ranks) x row
   // size, in four-byte floats; each rank puts in its 1/ranks of that.
