@@ -8,6 +8,8 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adagrad.h>
@@ -257,15 +259,160 @@ struct MemTracker::State {
     int64_t outer_peak;
   };
   std::vector<Open> open;
+
+  // Backward (NOTE: [Per-module backward]). The hooks on gradients reach the tracker through
+  // `self` (null once it is destroyed) and act only in the scope that registered them.
+  std::shared_ptr<State*> self;
+  MemTracker* owner = nullptr;
+  uint64_t scope = 0;  // enter() counts them
+  // kEndedFirst: its inputs' gradients came before its outputs' (a module that returns its
+  // input, as dropout with p = 0 does: both hooks are on one tensor, the input's first).
+  enum class Backward : uint8_t { kNone, kOpen, kEnded, kEndedFirst };
+  std::vector<Backward> backward;              // by stats index, in the current backward
+  std::vector<bool> first_backward_ended;     // by stats index: its post_backward is set
+  std::vector<std::pair<size_t, int64_t>> open_backward;  // (stats index, its peak so far)
+  bool end_queued = false;
+
+  bool active() const { return t_active == owner; }
+  void begin_backward(size_t index);
+  void end_backward(size_t index);
+  void end_of_backward();
+  void queue_end_of_backward(bool requeue);
+  // Raises every open module's peak to the window's, and starts a new window.
+  void fold_window();
+  void hook_outputs(const c10::IValue& v, size_t index);
+  void hook_inputs(nn::ForwardInputs& inputs, size_t index);
 };
+
+// NOTE: [Per-module backward]
+// A module's backward, as PyTorch's ModTracker delimits it, begins when the gradient of one of
+// its outputs is computed (a hook on each output, registered by the forward hook) and ends
+// when the gradients of all its inputs that need one are (a hook on each, registered by the
+// forward pre-hook; a tensor's hook fires once its gradient is complete, all uses summed). A
+// module none of whose inputs needs a gradient (the root taking tokens, an embedding) ends with
+// the backward (a callback queued on the autograd engine). Backwards do not nest as calls do
+// (a block's backward begins on the same gradient that ends the next block's), so the peak is
+// not kept by a stack: at every begin and end, the window's peak since the last one is folded
+// into every open module's, and a new window starts. The hooks change no gradient.
+
+void MemTracker::State::fold_window() {
+  auto& mem = TrackingAllocator::install();
+  const int64_t peak = mem.window_peak(slot);
+  for (auto& [index, p] : open_backward) p = std::max(p, peak);
+  mem.set_window_peak(slot, mem.current(slot));
+}
+
+void MemTracker::State::begin_backward(size_t index) {
+  if (index >= stats.size()) return;
+  if (backward.size() < stats.size()) backward.resize(stats.size(), Backward::kNone);
+  if (backward[index] != Backward::kNone && backward[index] != Backward::kEndedFirst) return;
+  const bool ended_first = backward[index] == Backward::kEndedFirst;
+  backward[index] = Backward::kOpen;
+  fold_window();
+  const int64_t now = TrackingAllocator::install().current(slot);
+  ModuleMemoryStats& ms = stats[index];
+  if (!ms.backward) {
+    ms.backward = true;
+    ms.pre_backward = now;
+  }
+  open_backward.emplace_back(index, now);
+  if (ended_first) {
+    end_backward(index);  // an empty backward
+    return;
+  }
+  if (!end_queued) {
+    end_queued = true;
+    queue_end_of_backward(/*requeue=*/true);
+  }
+}
+
+// The engine runs its callbacks in the order queued, those queued while they run included: the
+// first run queues the end again, so that it comes after every callback queued before it runs
+// (fully_shard's, which reduce-scatters the root's gradients and waits for that).
+void MemTracker::State::queue_end_of_backward(bool requeue) {
+  std::weak_ptr<State*> weak = self;
+  const uint64_t registered = scope;
+  torch::autograd::Engine::get_default_engine().queue_callback([weak, registered, requeue] {
+    auto s = weak.lock();
+    if (!s || (*s)->scope != registered || !(*s)->active()) return;
+    if (requeue) {
+      (*s)->queue_end_of_backward(/*requeue=*/false);
+    } else {
+      (*s)->end_of_backward();
+    }
+  });
+}
+
+void MemTracker::State::end_backward(size_t index) {
+  if (index >= stats.size()) return;
+  if (backward.size() < stats.size()) backward.resize(stats.size(), Backward::kNone);
+  if (backward[index] == Backward::kNone) backward[index] = Backward::kEndedFirst;
+  if (backward[index] != Backward::kOpen) return;
+  fold_window();
+  auto it = std::find_if(open_backward.begin(), open_backward.end(), [&](const auto& o) { return o.first == index; });
+  ModuleMemoryStats& ms = stats[index];
+  ms.peak_backward = std::max(ms.peak_backward, it->second);
+  // The figures are the first backward's; the peak is any's.
+  if (first_backward_ended.size() < stats.size()) first_backward_ended.resize(stats.size(), false);
+  if (!first_backward_ended[index]) {
+    first_backward_ended[index] = true;
+    ms.post_backward = TrackingAllocator::install().current(slot);
+  }
+  open_backward.erase(it);
+  backward[index] = Backward::kEnded;
+}
+
+void MemTracker::State::end_of_backward() {
+  while (!open_backward.empty()) end_backward(open_backward.back().first);
+  std::fill(backward.begin(), backward.end(), Backward::kNone);
+  end_queued = false;
+}
+
+void MemTracker::State::hook_outputs(const c10::IValue& v, size_t index) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined() || !t.requires_grad()) return;
+    std::weak_ptr<State*> weak = self;
+    const uint64_t registered = scope;
+    t.register_hook([weak, registered, index](const at::Tensor&) {
+      auto s = weak.lock();
+      if (s && (*s)->scope == registered && (*s)->active()) (*s)->begin_backward(index);
+    });
+  } else if (v.isTensorList() || v.isList() || v.isTuple()) {
+    const std::vector<c10::IValue> elements = v.isTuple() ? v.toTupleRef().elements().vec() : v.toListRef().vec();
+    for (const auto& e : elements) hook_outputs(e, index);
+  }
+}
+
+void MemTracker::State::hook_inputs(nn::ForwardInputs& inputs, size_t index) {
+  std::vector<at::Tensor> needing;
+  for (const auto& in : inputs) {
+    if (in.isTensor() && in.toTensor().defined() && in.toTensor().requires_grad()) needing.push_back(in.toTensor());
+  }
+  if (needing.empty()) return;
+  // The module's backward ends when every one of them has its gradient.
+  auto left = std::make_shared<size_t>(needing.size());
+  std::weak_ptr<State*> weak = self;
+  const uint64_t registered = scope;
+  for (auto& t : needing) {
+    t.register_hook([weak, registered, index, left](const at::Tensor&) {
+      auto s = weak.lock();
+      if (!s || (*s)->scope != registered || !(*s)->active()) return;
+      if (*left > 0 && --*left == 0) (*s)->end_backward(index);
+    });
+  }
+}
 
 MemTracker::MemTracker() : state_(std::make_unique<State>()) {
   TrackingAllocator::install();
   state_->slot = TrackingAllocator::claim_tracker_slot();
+  state_->self = std::make_shared<State*>(state_.get());
+  state_->owner = this;
 }
 
 MemTracker::~MemTracker() {
   for (auto& h : state_->hooks) h.remove();
+  state_->self.reset();  // the hooks on gradients find no tracker
   if (active_) exit();
 }
 
@@ -306,7 +453,7 @@ void MemTracker::track_external(torch::nn::Module& module) {
     t.fqn = key.empty() ? root_name : root_name + "." + key;
     t.depth = key.empty() ? 0 : static_cast<int>(std::count(key.begin(), key.end(), '.')) + 1;
     st.modules.emplace(m, t);
-    st.hooks.push_back(nn::register_forward_pre_hook(*m, [this](torch::nn::Module& mod, nn::ForwardInputs&) {
+    st.hooks.push_back(nn::register_forward_pre_hook(*m, [this](torch::nn::Module& mod, nn::ForwardInputs& inputs) {
       if (t_active != this) return;
       State& s = *state_;
       auto& mem = TrackingAllocator::install();
@@ -321,12 +468,13 @@ void MemTracker::track_external(torch::nn::Module& module) {
         s.stats.push_back(ms);
       }
       ++s.stats[it->second].calls;
+      if (at::GradMode::is_enabled()) s.hook_inputs(inputs, it->second);
       s.open.push_back({it->second, mem.window_peak(s.slot)});
       mem.set_window_peak(s.slot, mem.current(s.slot));
       ++detail::t_forward_depth;
     }));
     st.hooks.push_back(
-        nn::register_forward_hook(*m, [this](torch::nn::Module& mod, const nn::ForwardInputs&, c10::IValue&) {
+        nn::register_forward_hook(*m, [this](torch::nn::Module& mod, const nn::ForwardInputs&, c10::IValue& output) {
           if (t_active != this) return;
           State& s = *state_;
           if (s.open.empty()) return;
@@ -339,6 +487,7 @@ void MemTracker::track_external(torch::nn::Module& module) {
           ms.peak_forward = std::max(ms.peak_forward, peak);
           if (ms.calls == 1) ms.post_forward = mem.current(s.slot);
           mem.set_window_peak(s.slot, std::max(o.outer_peak, peak));
+          if (at::GradMode::is_enabled()) s.hook_outputs(output, o.index);
           (void)mod;
         }));
   }
@@ -367,6 +516,11 @@ MemTracker::Active MemTracker::enter() {
   st.stats.clear();
   st.stats_index.clear();
   st.open.clear();
+  ++st.scope;
+  st.backward.clear();
+  st.first_backward_ended.clear();
+  st.open_backward.clear();
+  st.end_queued = false;
   st.saved_slot = TrackingAllocator::get_slot();
   TrackingAllocator::use_slot(st.slot);
   auto& mem = TrackingAllocator::install();
@@ -385,6 +539,7 @@ void MemTracker::exit() {
   t_active = nullptr;
   active_ = false;
   state_->open.clear();
+  state_->open_backward.clear();
 }
 
 namespace {
@@ -452,6 +607,20 @@ std::string MemTracker::display_modulewise_stats() const {
     std::snprintf(line, sizeof line, "%-*s %6lld %12s %12s %12s %12s\n", w, name.c_str(), (long long)m.calls,
                   format_bytes(m.pre_forward).c_str(), format_bytes(m.post_forward).c_str(),
                   format_bytes(m.post_forward - m.pre_forward).c_str(), format_bytes(m.peak_forward).c_str());
+    os << line;
+  }
+  bool any_backward = false;
+  for (const auto& m : state_->stats) any_backward = any_backward || m.backward;
+  if (!any_backward) return os.str();
+  std::snprintf(line, sizeof line, "\n%-*s %12s %12s %12s %12s\n", w, "module (backward)", "pre", "post", "post - pre",
+                "peak");
+  os << line;
+  for (const auto& m : state_->stats) {
+    if (!m.backward) continue;
+    const std::string name = std::string(2 * m.depth, ' ') + m.fqn;
+    std::snprintf(line, sizeof line, "%-*s %12s %12s %12s %12s\n", w, name.c_str(), format_bytes(m.pre_backward).c_str(),
+                  format_bytes(m.post_backward).c_str(), format_bytes(m.post_backward - m.pre_backward).c_str(),
+                  format_bytes(m.peak_backward).c_str());
     os << line;
   }
   return os.str();

@@ -34,7 +34,8 @@
 //   activations, and its output), and the peak during any of its calls. The figures are taken
 //   in the module's own forward hooks, which run after hooks registered before them: with
 //   fully_shard applied first, a module's "pre" already holds the parameters FSDP gathered for
-//   it, and its "post" comes after FSDP freed them.
+//   it, and its "post" comes after FSDP freed them. The same for its first backward, delimited
+//   by hooks on the gradients of its outputs and inputs as PyTorch's ModTracker delimits it.
 // - By use (current_by_use, peak_by_use: the bytes at the moment of the peak): each block is
 //   put, when it is allocated, under what it is for: fully_shard's unsharded parameters, its
 //   all-gather outputs, its reduce-scatter inputs and outputs; otherwise, by where the thread
@@ -78,6 +79,14 @@ struct ModuleMemoryStats {
   int64_t pre_forward = 0;   // current() when the first call began
   int64_t post_forward = 0;  // current() when the first call returned
   int64_t peak_forward = 0;  // the most current() reached during any call
+  // Its first backward inside the scope (NOTE: [Per-module backward] in mem_tracker.cpp), as
+  // PyTorch's ModTracker delimits it: from when the gradient of an output arrives to when the
+  // gradients of its inputs are complete (or the backward ends, for a module none of whose
+  // inputs needs a gradient: the root taking tokens, an embedding). All 0 without a backward.
+  bool backward = false;      // a backward of it ran inside the scope
+  int64_t pre_backward = 0;   // current() when the first backward began
+  int64_t post_backward = 0;  // current() when it ended
+  int64_t peak_backward = 0;  // the most current() reached during any of its backwards
 };
 
 // What the tracked modules and optimizers hold now (bytes; each storage once).
@@ -145,7 +154,8 @@ class MemTracker {
   HeldMemory held() const;
   // Tracked modules in the order they were first called inside the scope.
   std::vector<ModuleMemoryStats> module_stats() const;
-  // A table of module_stats(), indented by depth, bytes in KiB/MiB/GiB.
+  // A table of module_stats(), indented by depth, bytes in KiB/MiB/GiB: the forward figures,
+  // then the backward ones of the modules that had a backward.
   std::string display_modulewise_stats() const;
 
  private:

@@ -117,6 +117,114 @@ TEST(MemTracker, PerModuleForwardFiguresAndWhatTheModelAndAdamHold) {
   EXPECT_PRED2(contains, table, "256 B");
 }
 
+// Backward per module, delimited as PyTorch's ModTracker delimits it: from the gradient of the
+// output (read here by a hook of the test's own on it) to the gradients of the inputs (a hook on
+// x), the root's and b's beginning on the same gradient, the root's and a's ending on the same.
+// A module whose input needs no gradient ends with the backward; a second backward in the scope
+// leaves the first one's figures.
+TEST(MemTracker, PerModuleBackwardFigures) {
+  MemTracker mem;
+  TwoLayer model;
+  mem.track_external(*model);
+  const at::Tensor x = at::randn({4, 8}).requires_grad_();
+  int64_t at_output_gradient = -1, at_input_gradient = -1;
+  debug::ModuleMemoryStats root, a, b;
+  int64_t backward_peak = 0;
+  {
+    auto active = mem.enter();
+    at::Tensor y = nn::call(model, x);
+    y.register_hook([&](const at::Tensor&) { at_output_gradient = mem.current(); });
+    x.register_hook([&](const at::Tensor&) {
+      if (at_input_gradient < 0) at_input_gradient = mem.current();  // the first backward's
+    });
+    for (const auto& s : mem.module_stats()) EXPECT_FALSE(s.backward) << s.fqn << ": no backward yet";
+    mem.reset_peak();
+    y.sum().backward();
+    backward_peak = mem.peak();
+    const auto stats = mem.module_stats();
+    ASSERT_EQ(stats.size(), 3u);
+    root = stats[0], a = stats[1], b = stats[2];
+    // Another backward through the same modules: the figures stay the first one's.
+    nn::call(model, x).sum().backward();
+    const auto again = mem.module_stats();
+    EXPECT_EQ(again[0].pre_backward, root.pre_backward);
+    EXPECT_EQ(again[0].post_backward, root.post_backward);
+    EXPECT_GE(again[0].peak_backward, root.peak_backward);
+  }
+  ASSERT_GE(at_output_gradient, 0);
+  ASSERT_GE(at_input_gradient, 0);
+  for (const auto* s : {&root, &a, &b}) {
+    EXPECT_TRUE(s->backward) << s->fqn;
+    EXPECT_GE(s->peak_backward, std::max(s->pre_backward, s->post_backward)) << s->fqn;
+    EXPECT_LE(s->peak_backward, root.peak_backward) << s->fqn << ": inside the root's backward";
+  }
+  EXPECT_EQ(root.pre_backward, at_output_gradient);
+  EXPECT_EQ(b.pre_backward, at_output_gradient);
+  EXPECT_EQ(root.post_backward, at_input_gradient);
+  EXPECT_EQ(a.post_backward, at_input_gradient);
+  EXPECT_LE(root.peak_backward, backward_peak);
+  // The gradient b computes for its input, [4, 16] floats, is held when b's backward ends.
+  EXPECT_GE(b.post_backward - b.pre_backward, 4 * 16 * kFloat);
+  EXPECT_PRED2(contains, mem.display_modulewise_stats(), "module (backward)");
+
+  // Without an input that needs a gradient, the root ends with the backward, when its
+  // parameters' gradients are all there.
+  MemTracker tokens_mem;
+  TwoLayer tokens_model;
+  tokens_mem.track_external(*tokens_model);
+  {
+    auto active = tokens_mem.enter();
+    nn::call(tokens_model, at::randn({4, 8})).sum().backward();
+  }
+  const auto stats = tokens_mem.module_stats();
+  ASSERT_EQ(stats.size(), 3u);
+  EXPECT_TRUE(stats[0].backward);
+  EXPECT_EQ(stats[0].post_backward, stats[1].post_backward) << "a's input needs no gradient either";
+  EXPECT_GE(stats[0].post_backward, kTwoLayerParams) << "every parameter's gradient is held";
+}
+
+// A module that returns its input (dropout with p = 0) has an empty backward: both its hooks are
+// on one tensor, the input's first.
+struct PassImpl : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& x) { return x; }
+};
+TORCH_MODULE(Pass);
+struct LinearThenPassImpl : torch::nn::Module {
+  LinearThenPassImpl() {
+    a = register_module("a", torch::nn::Linear(8, 16));
+    pass = register_module("pass", Pass());
+  }
+  at::Tensor forward(const at::Tensor& x) { return nn::call(pass, nn::call(a, x)); }
+  torch::nn::Linear a{nullptr};
+  Pass pass{nullptr};
+};
+TORCH_MODULE(LinearThenPass);
+
+TEST(MemTracker, AModuleReturningItsInputHasAnEmptyBackward) {
+  MemTracker mem;
+  LinearThenPass model;
+  mem.track_external(*model);
+  const at::Tensor x = at::randn({4, 8}).requires_grad_();
+  int64_t at_output_gradient = -1;
+  {
+    auto active = mem.enter();
+    at::Tensor y = nn::call(model, x);
+    y.register_hook([&](const at::Tensor&) { at_output_gradient = mem.current(); });
+    y.sum().backward();
+  }
+  const auto stats = mem.module_stats();
+  ASSERT_EQ(stats.size(), 3u);
+  const auto& pass = stats[2];
+  EXPECT_EQ(pass.fqn, "LinearThenPass.pass");
+  EXPECT_TRUE(pass.backward);
+  EXPECT_EQ(pass.pre_backward, at_output_gradient);
+  EXPECT_EQ(pass.post_backward, at_output_gradient);
+  EXPECT_EQ(pass.peak_backward, at_output_gradient);
+  // a's backward begins on the same gradient and holds at least the gradient it computes.
+  EXPECT_EQ(stats[1].pre_backward, at_output_gradient);
+  EXPECT_GE(stats[1].post_backward, stats[1].pre_backward + 4 * 8 * kFloat) << "x's gradient";
+}
+
 // By use: the forward's blocks are activations (at its peak, all of it), the gradients are
 // backward's, Adam's moments (made in the step, outside any module) other; totals agree.
 TEST(MemTracker, BytesByUse) {
