@@ -439,6 +439,15 @@ Metadata save_items(const std::vector<LocalItem>& local, std::exception_ptr loca
 bool is_fake_world(const comm::GroupPtr& group) { return group && group->backend() == "fake"; }
 
 // A fake world's ranks hold no data (or, on CPU tensors, only this rank's): nothing to write.
+// This rank's items, or the error collecting them.
+std::pair<std::vector<LocalItem>, std::exception_ptr> collect_or_error(const StateDict& state_dict) {
+  try {
+    return {collect_local_items(state_dict), nullptr};
+  } catch (...) {
+    return {{}, std::current_exception()};
+  }
+}
+
 void refuse_fake_world(const comm::GroupPtr& group, const char* what) {
   TORCH_CHECK(!is_fake_world(group), "checkpoint::", what, ": the process group is a fake world (backend 'fake', ",
               "rank ", group->rank(), " of ", group->size(), "): it has no other ranks' data to write; ",
@@ -451,14 +460,8 @@ Metadata save(const StateDict& state_dict, const std::string& checkpoint_dir, co
   const bool use_dist = resolve_use_dist(options.no_dist, options.process_group);
   comm::GroupPtr group = resolve_group(use_dist, options.process_group);
   refuse_fake_world(group, "save");
-  std::vector<LocalItem> local;
-  std::exception_ptr collect_error;
-  try {
-    local = collect_local_items(state_dict);
-  } catch (...) {
-    collect_error = std::current_exception();
-  }
   // A rank that failed still takes part in the plan step, which reports the error everywhere.
+  auto [local, collect_error] = collect_or_error(state_dict);
   return save_items(local, collect_error, checkpoint_dir, options, use_dist, group);
 }
 
@@ -597,14 +600,9 @@ PlannedSave plan_save(const StateDict& state_dict, const SaveOptions& options) {
   comm::GroupPtr group = resolve_group(use_dist, options.process_group);
   DistWrapper dist(group, use_dist, options.coordinator_rank);
   const int rank = dist.get_rank();
-
   std::vector<LocalItem> local;
   std::exception_ptr collect_error;
-  try {
-    local = collect_local_items(state_dict);
-  } catch (...) {
-    collect_error = std::current_exception();
-  }
+  std::tie(local, collect_error) = collect_or_error(state_dict);  // captured below: no bindings
   // This rank's offer: its items and the pickled size of each of its objects.
   using Offer = std::pair<SavePlan, std::map<std::string, int64_t>>;
   auto own_offer = [&] {
