@@ -438,7 +438,6 @@ Metadata save_items(const std::vector<LocalItem>& local, std::exception_ptr loca
 
 bool is_fake_world(const comm::GroupPtr& group) { return group && group->backend() == "fake"; }
 
-// A fake world's ranks hold no data (or, on CPU tensors, only this rank's): nothing to write.
 // This rank's items, or the error collecting them.
 std::pair<std::vector<LocalItem>, std::exception_ptr> collect_or_error(const StateDict& state_dict) {
   try {
@@ -448,6 +447,7 @@ std::pair<std::vector<LocalItem>, std::exception_ptr> collect_or_error(const Sta
   }
 }
 
+// A fake world's ranks hold no data (or, on CPU tensors, only this rank's): nothing to write.
 void refuse_fake_world(const comm::GroupPtr& group, const char* what) {
   TORCH_CHECK(!is_fake_world(group), "checkpoint::", what, ": the process group is a fake world (backend 'fake', ",
               "rank ", group->rank(), " of ", group->size(), "): it has no other ranks' data to write; ",

@@ -346,7 +346,13 @@ void MemTracker::State::queue_end_of_backward(bool requeue) {
 void MemTracker::State::end_backward(size_t index) {
   if (index >= stats.size()) return;
   if (backward.size() < stats.size()) backward.resize(stats.size(), Backward::kNone);
-  if (backward[index] == Backward::kNone) backward[index] = Backward::kEndedFirst;
+  if (backward[index] == Backward::kNone) {
+    backward[index] = Backward::kEndedFirst;  // for this backward only: reset at its end
+    if (!end_queued) {
+      end_queued = true;
+      queue_end_of_backward(/*requeue=*/true);
+    }
+  }
   if (backward[index] != Backward::kOpen) return;
   fold_window();
   auto it = std::find_if(open_backward.begin(), open_backward.end(), [&](const auto& o) { return o.first == index; });
