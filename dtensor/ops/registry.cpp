@@ -1,6 +1,7 @@
 // dtensor/ops/registry.cpp: rule registry, strategy expansion and costs (the propagation cache is in
 // propagation_cache.cpp).
 #include "dtensor/ops/registry.h"
+#include "dtensor/ops/strategy_query.h"
 
 #include "dtensor/ops/propagation_cache_internal.h"
 
@@ -430,6 +431,31 @@ OutputSharding propagate_plain(OpCall& call, const std::function<std::vector<Ten
   return best;
 }
 }  // namespace
+
+std::optional<StrategyQuery> query_strategies(OpCall& call,
+                                              const std::function<std::vector<TensorMeta>()>& infer_meta) {
+  const Entry* entry = find_rule(call.name);
+  if (entry == nullptr) return std::nullopt;
+  call.output_meta = infer_meta();
+  StrategyQuery q;
+  q.options = entry->rule(call);
+  if (q.options.empty()) return q;
+  const std::vector<size_t> outs = out_inputs(call);
+  fit_options_to_call(call, outs, q.options);
+  const size_t m = static_cast<size_t>(call.mesh->ndim());
+  for (const DimOption& o : q.options) {
+    OutputSharding every_dim;
+    for (const auto& p : o.inputs) every_dim.inputs.emplace_back(m, p);
+    for (const auto& p : o.outputs) every_dim.outputs.emplace_back(m, p);
+    q.runnable.push_back(valid_strategy(call, *entry, outs, every_dim));
+  }
+  q.chosen = cheapest_strategy(call, *entry, q.options, outs);
+  q.chosen.output_meta = call.output_meta;
+  q.has_kernel = static_cast<bool>(entry->options.kernel);
+  q.has_rewrite = static_cast<bool>(entry->rewrite);
+  q.random = entry->options.random;
+  return q;
+}
 
 ReplicateFallbackGuard::ReplicateFallbackGuard() : prev_(t_replicate_fallback) { t_replicate_fallback = true; }
 ReplicateFallbackGuard::~ReplicateFallbackGuard() { t_replicate_fallback = prev_; }

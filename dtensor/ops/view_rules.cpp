@@ -340,8 +340,9 @@ const bool registered = [] {
     map.back() = -1;
     return mapped_options(map);
   });
+  // A complex number has no min or max: only a sum or average of (re, im) pairs stays Partial.
   register_rule("aten::view_as_complex", [](const OpCall& c) {
-    return mapped_options(identity_map(static_cast<int64_t>(out_shape(c).size())));
+    return mapped_options(identity_map(static_cast<int64_t>(out_shape(c).size())), PartialKind::kLinear);
   });
 
   RuleOptions exact_view;

@@ -1,0 +1,235 @@
+// converters/strategy_discovery.h: the strategies discovered for ops whose valid strategies
+// follow from algebra (linearity, monotonicity, which dims a matmul contracts), on even and
+// uneven shards, and the pieces each placement gives.
+#include "converters/strategy_discovery.h"
+#include "dtensor/ops/registry.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace dtensor {
+namespace testing {
+namespace {
+
+// "R", "S(0)", "P(sum)".
+std::string short_name(const Placement& p) {
+  if (std::holds_alternative<Replicate>(p)) return "R";
+  if (const auto* s = std::get_if<Shard>(&p)) return "S(" + std::to_string(s->dim) + ")";
+  return "P(" + comm::to_string(std::get<Partial>(p).reduce_op) + ")";
+}
+
+c10::OperatorHandle op(const char* name, const char* overload) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+}
+
+// The valid placements of output `o` for the input placements `inputs` (short names); "error"
+// when the op raised on the pieces. Fails the test when the combination was not visited.
+std::vector<std::string> valid(const SampleDiscovery& d, const std::vector<std::string>& inputs, size_t o = 0) {
+  for (const auto& c : d.combinations) {
+    std::vector<std::string> names;
+    for (const auto& p : c.inputs) names.push_back(short_name(p));
+    if (names != inputs) continue;
+    if (!c.error.empty()) return {"error"};
+    std::vector<std::string> out;
+    for (const auto& p : c.valid_outputs.at(o)) out.push_back(short_name(p));
+    return out;
+  }
+  ADD_FAILURE() << "combination not visited";
+  return {};
+}
+
+using Names = std::vector<std::string>;
+
+SampleDiscovery discover(const c10::OperatorHandle& h, std::vector<c10::IValue> args, int64_t ranks = 2) {
+  DiscoveryOptions o;
+  o.ranks = ranks;
+  SampleDiscovery d = discover_strategies(h, OpSample("test", std::move(args)), o);
+  EXPECT_EQ(d.skipped, "");
+  return d;
+}
+
+TEST(StrategyDiscovery, AddIsLinearAndShardsElementwise) {
+  SampleGen g(1);
+  const SampleDiscovery d = discover(op("aten::add", "Tensor"), {g.tensor({8, 4}), g.tensor({8, 4})});
+  EXPECT_EQ(valid(d, {"S(0)", "S(0)"}), Names{"S(0)"});
+  EXPECT_EQ(valid(d, {"S(1)", "S(1)"}), Names{"S(1)"});
+  EXPECT_EQ(valid(d, {"P(sum)", "P(sum)"}), Names{"P(sum)"});
+  EXPECT_EQ(valid(d, {"P(avg)", "P(avg)"}), Names{"P(avg)"});
+  // A Partial plus a replicated value counts the value on every rank; max(a) + max(b) is not
+  // max(a + b); a shard plus another dim's shard does not broadcast.
+  EXPECT_EQ(valid(d, {"P(sum)", "R"}), Names{});
+  EXPECT_EQ(valid(d, {"P(max)", "P(max)"}), Names{});
+  EXPECT_EQ(valid(d, {"S(0)", "S(1)"}), Names{"error"});  // [4, 4] + [8, 2] do not broadcast
+}
+
+TEST(StrategyDiscovery, MonotoneOpsKeepMinAndMaxAndNegSwapsThem) {
+  SampleGen g(2);
+  const SampleDiscovery relu = discover(op("aten::relu", ""), {g.tensor({8, 4})});
+  EXPECT_EQ(valid(relu, {"P(max)"}), Names{"P(max)"});
+  EXPECT_EQ(valid(relu, {"P(min)"}), Names{"P(min)"});
+  EXPECT_EQ(valid(relu, {"P(sum)"}), Names{});
+  EXPECT_EQ(valid(relu, {"S(1)"}), Names{"S(1)"});
+  const SampleDiscovery abs = discover(op("aten::abs", ""), {g.tensor({8, 4})});
+  EXPECT_EQ(valid(abs, {"P(max)"}), Names{});
+  EXPECT_EQ(valid(abs, {"P(sum)"}), Names{});
+  const SampleDiscovery neg = discover(op("aten::neg", ""), {g.tensor({8, 4})});
+  EXPECT_EQ(valid(neg, {"P(max)"}), Names{"P(min)"});
+  EXPECT_EQ(valid(neg, {"P(min)"}), Names{"P(max)"});
+  EXPECT_EQ(valid(neg, {"P(sum)"}), Names{"P(sum)"});
+  EXPECT_EQ(valid(neg, {"P(avg)"}), Names{"P(avg)"});
+}
+
+TEST(StrategyDiscovery, MatmulShardsRowsAndColumnsAndContractsToPartial) {
+  SampleGen g(3);
+  const SampleDiscovery d = discover(op("aten::mm", ""), {g.tensor({8, 4}), g.tensor({4, 6})});
+  EXPECT_EQ(valid(d, {"S(0)", "R"}), Names{"S(0)"});
+  EXPECT_EQ(valid(d, {"R", "S(1)"}), Names{"S(1)"});
+  EXPECT_EQ(valid(d, {"S(1)", "S(0)"}), Names{"P(sum)"});
+  EXPECT_EQ(valid(d, {"P(sum)", "R"}), Names{"P(sum)"});
+  EXPECT_EQ(valid(d, {"R", "P(avg)"}), Names{"P(avg)"});
+  EXPECT_EQ(valid(d, {"P(sum)", "P(sum)"}), Names{});
+  // Contracting dims sharded on different ranks' pieces of unequal size raise.
+  EXPECT_EQ(valid(d, {"S(1)", "R"}), Names{"error"});
+}
+
+TEST(StrategyDiscovery, ReductionsTurnShardsIntoPartials) {
+  SampleGen g(4);
+  const SampleDiscovery sum = discover(op("aten::sum", ""), {g.tensor({8, 4})});
+  EXPECT_EQ(valid(sum, {"S(0)"}), Names{"P(sum)"});
+  EXPECT_EQ(valid(sum, {"S(1)"}), Names{"P(sum)"});
+  EXPECT_EQ(valid(sum, {"P(sum)"}), Names{"P(sum)"});
+  EXPECT_EQ(valid(sum, {"P(max)"}), Names{});
+  const SampleDiscovery amax = discover(op("aten::amax", ""), {g.tensor({8, 4}), c10::IValue(std::vector<int64_t>{0})});
+  EXPECT_EQ(valid(amax, {"S(0)"}), Names{"P(max)"});
+  EXPECT_EQ(valid(amax, {"S(1)"}), Names{"S(0)"});  // [8, 4] -> [4]: columns stay split
+  EXPECT_EQ(valid(amax, {"P(max)"}), Names{"P(max)"});
+}
+
+TEST(StrategyDiscovery, UnevenShardsAreTheirOwnPieces) {
+  SampleGen g(5);
+  // 5 rows on 4 ranks: 2, 2, 1 and an empty piece.
+  const SampleDiscovery d = discover(op("aten::add", "Tensor"), {g.tensor({5, 6}), g.tensor({5, 6})}, 4);
+  EXPECT_EQ(valid(d, {"S(0)", "S(0)"}), Names{"S(0)"});
+  EXPECT_EQ(valid(d, {"S(1)", "S(1)"}), Names{"S(1)"});
+  const at::Tensor t = at::arange(30, at::kFloat).view({5, 6});
+  const auto pieces = local_pieces(t, Shard{0}, 4);
+  ASSERT_EQ(pieces.size(), 4u);
+  EXPECT_EQ(pieces[2].size(0), 1);
+  EXPECT_EQ(pieces[3].size(0), 0);
+  EXPECT_TRUE(pieces_match(pieces, Shard{0}, t));
+  EXPECT_FALSE(pieces_match(pieces, Shard{1}, t));
+}
+
+TEST(StrategyDiscovery, PartialPiecesReduceToTheValueWithMixedSigns) {
+  SampleGen g(6);
+  const at::Tensor t = g.tensor({4, 6});
+  for (auto op : {comm::ReduceOp::SUM, comm::ReduceOp::AVG, comm::ReduceOp::MIN, comm::ReduceOp::MAX}) {
+    for (int shift : {0, 1}) {
+      const auto pieces = local_pieces(t, Partial{op}, 3, shift);
+      EXPECT_TRUE(pieces_match(pieces, Partial{op}, t)) << comm::to_string(op) << " shift " << shift;
+      // No rank holds the value itself everywhere.
+      for (const auto& p : pieces) EXPECT_FALSE(at::allclose(p, t)) << comm::to_string(op);
+    }
+  }
+  const at::Tensor ints = at::arange(-6, 6, at::kLong).view({3, 4});
+  EXPECT_TRUE(pieces_match(local_pieces(ints, Partial{comm::ReduceOp::SUM}, 4), Partial{comm::ReduceOp::SUM}, ints));
+  EXPECT_TRUE(pieces_match(local_pieces(ints, Partial{comm::ReduceOp::MAX}, 4), Partial{comm::ReduceOp::MAX}, ints));
+}
+
+TEST(StrategyDiscovery, SkipsWhatItCannotJudge) {
+  SampleGen g(7);
+  EXPECT_EQ(discover_strategies(op("aten::add_", "Tensor"), OpSample("x", {g.tensor({4}), g.tensor({4})})).skipped,
+            "the op writes an argument (in-place or out=)");
+  EXPECT_EQ(discover_strategies(op("aten::mul", "Tensor"), OpSample("x", {g.tensor({4}), at::zeros({4})})).skipped,
+            "an all-zero output");
+}
+
+// ---- judging rules ----------------------------------------------------------------------------
+
+std::vector<std::string> strings(const std::vector<RuleJudgement::Strategy>& v) {
+  std::vector<std::string> out;
+  for (const auto& s : v) out.push_back(s.to_string());
+  return out;
+}
+
+// Probe rules, registered under names of their own (the real ops keep their rules): one that
+// claims relu is linear, one that replicates add.
+void register_probes() {
+  static const bool once = [] {
+    ops::register_rule("dtensor_test::linear_relu", [](const ops::OpCall&) {
+      return std::vector<ops::DimOption>{{{Replicate{}}, {Replicate{}}},
+                                         {{Shard{0}}, {Shard{0}}},
+                                         {{Partial{}}, {Partial{}}}};
+    });
+    ops::register_rule("dtensor_test::replicated_add", [](const ops::OpCall&) {
+      return std::vector<ops::DimOption>{{{Replicate{}}, {Replicate{}, Replicate{}}}};
+    });
+    return true;
+  }();
+  (void)once;
+}
+
+TEST(StrategyDiscovery, AWrongRuleIsNamedAndAMissingStrategyRankedByWhatItSaves) {
+  register_probes();
+  SampleGen g(8);
+  const auto relu = op("aten::relu", "");
+  const OpSample x("x", {g.tensor({8, 4})});
+  const SampleDiscovery d = discover_strategies(relu, x, {});
+  const RuleJudgement wrong = judge_rule(relu, x, d, "dtensor_test::linear_relu");
+  EXPECT_TRUE(wrong.has_rule);
+  EXPECT_EQ(strings(wrong.wrong), std::vector<std::string>{"(P(sum)) -> (P(sum))"});
+  EXPECT_GT(wrong.confirmed, 0u);
+
+  const auto add = op("aten::add", "Tensor");
+  const OpSample ab("ab", {g.tensor({8, 4}), g.tensor({8, 4})});
+  const SampleDiscovery da = discover_strategies(add, ab, {});
+  const RuleJudgement replicated = judge_rule(add, ab, da, "dtensor_test::replicated_add");
+  EXPECT_TRUE(replicated.wrong.empty()) << strings(replicated.wrong)[0];
+  std::vector<std::string> missing;
+  for (const auto& m : replicated.missing) {
+    missing.push_back(m.strategy.to_string());
+    EXPECT_GT(m.saved, 0) << m.strategy.to_string();
+  }
+  for (const char* s : {"(S(0), S(0)) -> (S(0))", "(S(1), S(1)) -> (S(1))", "(P(sum), P(sum)) -> (P(sum))"})
+    EXPECT_NE(std::find(missing.begin(), missing.end(), s), missing.end()) << s;
+  // (R, R) -> (R) is the rule's own: not missing.
+  EXPECT_EQ(std::find(missing.begin(), missing.end(), "(R, R) -> (R)"), missing.end());
+}
+
+// The rules of these ops offer nothing that is not valid.
+TEST(StrategyDiscovery, OurRulesForTheseOpsAreNotWrong) {
+  SampleGen g(9);
+  const std::vector<std::pair<c10::OperatorHandle, OpSample>> cases = {
+      {op("aten::add", "Tensor"), OpSample("even", {g.tensor({8, 4}), g.tensor({8, 4})})},
+      {op("aten::add", "Tensor"), OpSample("broadcast", {g.tensor({8, 4}), g.tensor({4})})},
+      {op("aten::mul", "Tensor"), OpSample("even", {g.tensor({8, 4}), g.tensor({8, 4})})},
+      {op("aten::mm", ""), OpSample("even", {g.tensor({8, 4}), g.tensor({4, 6})})},
+      {op("aten::relu", ""), OpSample("even", {g.tensor({8, 4})})},
+      {op("aten::abs", ""), OpSample("even", {g.tensor({8, 4})})},
+      {op("aten::sum", ""), OpSample("all", {g.tensor({8, 4})})},
+      {op("aten::amax", ""), OpSample("dim0", {g.tensor({8, 4}), c10::IValue(std::vector<int64_t>{0})})},
+      // Its rule kept Partial(min) and Partial(max), which a complex value cannot have.
+      {op("aten::view_as_complex", ""), OpSample("pairs", {g.tensor({8, 2})})},
+  };
+  for (int64_t ranks : {2, 4}) {
+    for (const auto& [h, sample] : cases) {
+      DiscoveryOptions o;
+      o.ranks = ranks;
+      const SampleDiscovery d = discover_strategies(h, sample, o);
+      const RuleJudgement r = judge_rule(h, sample, d);
+      EXPECT_TRUE(r.has_rule) << d.op;
+      EXPECT_TRUE(r.wrong.empty()) << d.op << " " << sample.variant << " on " << ranks << " ranks: "
+                                   << strings(r.wrong)[0];
+      EXPECT_GT(r.confirmed, 0u) << d.op;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace dtensor
