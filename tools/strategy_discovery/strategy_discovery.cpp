@@ -4,15 +4,19 @@
 // offers that are not valid (wrong), and the valid ones it does not offer where it would
 // redistribute (missing, the most bytes saved first).
 //
-//   strategy_discovery [--ranks 2] [--ops aten::mm,aten::add.Tensor] [--missing 3] [--fail-on-wrong]
+//   strategy_discovery [--ranks 2] [--ops aten::mm,aten::add.Tensor] [--missing 3] [--timeout 120]
+//                      [--fail-on-wrong]
 //
 // Each op runs in a child process: some kernels write out of bounds when given pieces of
 // inconsistent shapes (nll_loss2d_backward, lu_unpack), and such an op is reported as crashed
-// instead of ending the run. Exit status: 1 with --fail-on-wrong when a rule is wrong, 2 for
-// bad arguments.
+// instead of ending the run; one still running after --timeout seconds (default 120) is killed
+// and reported so. The process keeps one intra-op thread: an OpenMP pool made before a fork
+// (PyTorch's wheel's) leaves the children hanging. Exit status: 1 with --fail-on-wrong when a
+// rule is wrong, 2 for bad arguments.
 #include "converters/op_db.h"
 #include "converters/strategy_discovery.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 
@@ -39,12 +43,13 @@ struct Options {
   int64_t ranks = 2;
   std::set<std::string> ops;
   size_t missing = 3;
+  unsigned timeout = 120;
   bool fail_on_wrong = false;
 };
 
 int usage(const std::string& why) {
   std::cerr << "strategy_discovery: " << why << "\n"
-            << "usage: strategy_discovery [--ranks N] [--ops OP,OP...] [--missing N] [--fail-on-wrong]\n";
+            << "usage: strategy_discovery [--ranks N] [--ops OP,OP...] [--missing N] [--timeout S] [--fail-on-wrong]\n";
   return 2;
 }
 
@@ -107,6 +112,9 @@ int main(int argc, char** argv) {
       if (a == "--ranks") {
         o.ranks = std::stoll(v);
         if (o.ranks < 2) return usage("--ranks " + v + ": at least 2");
+      } else if (a == "--timeout") {
+        o.timeout = static_cast<unsigned>(std::stoul(v));
+        if (o.timeout == 0) return usage("--timeout " + v + ": at least 1");
       } else if (a == "--missing") {
         o.missing = static_cast<size_t>(std::stoul(v));
       } else if (a == "--ops") {
@@ -119,6 +127,7 @@ int main(int argc, char** argv) {
       return usage(a + " " + v + ": not a number");
     }
   }
+  at::set_num_threads(1);  // before any op: no OpenMP pool for the children to inherit
   const auto start = std::chrono::steady_clock::now();
   const auto& db = dtensor::testing::op_db();
   Counts total;
@@ -142,6 +151,7 @@ int main(int argc, char** argv) {
     }
     if (pid == 0) {
       ::close(fds[0]);
+      ::alarm(o.timeout);  // SIGALRM ends a hung op
       examine(info, *op, o, fds[1]);
       _exit(0);
     }
