@@ -156,11 +156,22 @@ bool view_keeps_shards(const OpCall& c, const FullPlacements& ins, const FullPla
 
 // ---- squeeze ------------------------------------------------------------------------------------
 
-// Output dims are the input dims that survive, in order; match them greedily by size.
+// Output dims are the input dims that survive, in order. squeeze.dim names the dim that goes
+// (when it is 1): of [1, 1] squeeze(1) keeps dim 0, which matching by size cannot tell from
+// dim 1 (a shard of the dropped dim would be taken for one of the kept dim). squeeze() drops
+// every dim of size 1: match greedily by size.
 std::vector<int64_t> squeeze_map(const OpCall& c) {
   const auto& in = in_shape(c);
   const auto& out = out_shape(c);
   std::vector<int64_t> map(out.size(), -1);
+  if (c.args.size() > 1 && c.args[1].value.isInt()) {
+    const auto nd = static_cast<int64_t>(in.size());
+    const int64_t dropped = nd == 0 ? -1 : normalize_shard_dim(arg_int(c, 1, 0), nd);
+    size_t k = 0;
+    for (int64_t i = 0; i < nd && k < out.size(); ++i)
+      if (i != dropped || in[static_cast<size_t>(i)] != 1) map[k++] = i;
+    return map;
+  }
   size_t j = 0;
   for (size_t i = 0; i < in.size() && j < out.size(); ++i) {
     if (in[i] == out[j] && (in[i] != 1 || in.size() - i == out.size() - j)) map[j++] = static_cast<int64_t>(i);

@@ -237,6 +237,32 @@ at::Tensor redistribute_by_order(const at::Tensor& local, const DTensorSpec& fro
 
 }  // namespace
 
+// NOTE: [Redistributed pieces keep the global layout]
+// A collective's output is contiguous whatever its input's layout: the gathered piece of a
+// permuted DTensor ([9, 6, 8] with strides [1, 72, 9], sharded on dim 1) comes back with
+// strides [48, 8, 1] while the DTensor still says [1, 72, 9]. Ops that decide from the global
+// strides whether a view is possible (reshape, flatten: CompositeImplicit, above the DTensor
+// key) then ask the local piece for a view it cannot give. So a redistributed piece whose dims
+// are ordered unlike the global strides is copied into that order (only then: a contiguous
+// DTensor's pieces are contiguous, and a narrowed piece keeps its order).
+namespace {
+
+at::Tensor keep_global_layout(const at::Tensor& x, const std::vector<int64_t>& global_stride) {
+  const int64_t nd = x.dim();
+  if (nd < 2 || static_cast<int64_t>(global_stride.size()) != nd) return x;
+  bool same = true;
+  for (int64_t i = 0; i < nd && same; ++i)
+    for (int64_t j = i + 1; j < nd && same; ++j) {
+      if (x.size(i) < 2 || x.size(j) < 2) continue;
+      const auto a = global_stride[static_cast<size_t>(i)], b = global_stride[static_cast<size_t>(j)];
+      same = (a > b) == (x.stride(i) > x.stride(j)) && (a < b) == (x.stride(i) < x.stride(j));
+    }
+  if (same) return x;
+  return at::empty_strided(x.sizes(), at::infer_dense_strides(x.sizes(), global_stride), x.options()).copy_(x);
+}
+
+}  // namespace
+
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from, const std::vector<Placement>& to) {
   return redistribute_local_async(local, from, to).get();
 }
@@ -250,7 +276,7 @@ PendingLocal redistribute_local_async(const at::Tensor& local, const DTensorSpec
   if (!from.mesh.get_coordinate().has_value()) return ready(local);  // not in the mesh
   if (has_strided(from.placements) || has_strided(to)) {
     if (from.placements == to) return ready(local);
-    return ready(redistribute_by_order(local, from, to));
+    return ready(keep_global_layout(redistribute_by_order(local, from, to), from.tensor_meta.stride));
   }
   std::vector<Placement> cur = from.placements;
   // On a mesh dim of one rank every placement holds the same local tensor (the whole dim,
@@ -312,7 +338,8 @@ PendingLocal redistribute_local_async(const at::Tensor& local, const DTensorSpec
     }
     cur[i] = to[i];
   }
-  return t;
+  if (!t.work && t.value.is_same(local)) return t;
+  return map(std::move(t), [stride = from.tensor_meta.stride](const at::Tensor& x) { return keep_global_layout(x, stride); });
 }
 
 }  // namespace detail

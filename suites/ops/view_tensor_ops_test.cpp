@@ -68,6 +68,35 @@ DTENSOR_TEST_F(ViewRules, OnA2DMeshEachMeshDimKeepsItsShardOnlyIfEveryCoordinate
   EXPECT_TRUE(at::equal(full_tensor(z), g8.view({16})));
 }
 
+// squeeze(d) drops d only: of [1, 1] sharded on dim 1 (one rank holds its element),
+// squeeze(1) leaves dim 0, which is not sharded (matching the dims by size took dim 1's shard
+// for dim 0's).
+DTENSOR_TEST_F(ViewRules, SqueezeDimKeepsTheOtherSizeOneDim) {
+  auto mesh = build_device_mesh();
+  at::Tensor g = at::arange(1, at::kFloat).view({1, 1});
+  at::Tensor y = distribute_tensor(g, mesh, {Shard{1}}).squeeze(1);
+  EXPECT_EQ(y.sizes(), c10::IntArrayRef({1}));
+  EXPECT_EQ(to_local(y).sizes(), c10::IntArrayRef(compute_local_shape_and_global_offset({1}, mesh, placements_of(y)).first));
+  EXPECT_TRUE(at::equal(full_tensor(y), g.squeeze(1)));
+}
+
+// NOTE: [Redistributed pieces keep the global layout]: a select on the sharded dim of a
+// permuted DTensor gathers it; the transpose of what is left is contiguous globally, so
+// flatten views it, and the local piece must allow that view too.
+DTENSOR_TEST_F(ViewRules, AGatheredPieceKeepsTheGlobalLayoutForLaterViews) {
+  auto mesh = build_device_mesh();
+  const int64_t n = mesh.size(0);
+  at::Tensor g = at::arange(n * 2 * 4 * 3, at::kFloat).view({n * 2, 4, 3});
+  at::Tensor plain = g.permute({2, 0, 1}).select(1, 1).transpose(0, 1);
+  at::Tensor d = distribute_tensor(g, mesh, {Shard{0}}).permute({2, 0, 1}).select(1, 1);
+  EXPECT_EQ(placements_of(d), std::vector<Placement>{Replicate{}});
+  EXPECT_EQ(to_local(d).strides(), d.strides());
+  d = d.transpose(0, 1);
+  ASSERT_TRUE(d.is_contiguous());
+  at::Tensor flat = d.flatten();
+  EXPECT_TRUE(at::equal(full_tensor(flat), plain.flatten()));
+}
+
 DTENSOR_TEST_F(ViewRules, SqueezeNeverDropsADimWithAOneElementShard) {
   DTENSOR_REQUIRE_WORLD_SIZE(4);  // the expected shards are for 4 ranks
   auto mesh = build_device_mesh();
