@@ -22,6 +22,7 @@
 // then every rank adds its share of beta * self.
 #include "dtensor/compat.h"
 #include "dtensor/ops/registry.h"
+#include "dtensor/ops/rule_helpers.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -253,7 +254,23 @@ const bool registered = [] {
   add_product("aten::addmm", "mk,kn->mn");
   add_product("aten::baddbmm", "bmk,bkn->bmn");
   add_product("aten::addbmm", "bmk,bkn->mn");  // the batch is summed: a contracted letter
-  add_product("aten::addmv", "mk,k->m");
+  // addmv's kernel returns `self` as it is when mat is empty ([m, 0] or [0, k]): with a
+  // broadcast self ([1] or a scalar), a rank holding an empty piece of mat would hold a piece
+  // of self's shape, not the output's ([1] for [0], or for [m] when its shard of k is empty).
+  // No coordinate may then hold an empty piece of a mat that is not empty.
+  RuleOptions addmv_options;
+  addmv_options.valid = [](const OpCall& c, const FullPlacements& ins, const FullPlacements&) {
+    const auto& self = c.inputs.at(0)->tensor_meta.shape;
+    const auto& mat = c.inputs.at(1)->tensor_meta.shape;
+    if ((self.size() == 1 && self[0] == mat[0]) || mat[0] == 0 || mat[1] == 0) return true;
+    const std::vector<int64_t> mesh_shape = c.mesh->shape();
+    return detail::for_every_coordinate(*c.mesh, [&](const std::vector<int64_t>& coord) {
+      const auto local = compute_local_shape(mat, mesh_shape, ins[1], coord);
+      return local[0] > 0 && local[1] > 0;
+    });
+  };
+  register_rule("aten::addmv", [](const OpCall& c) { return add_product_options(c, "mk,k->m"); }, nullptr,
+                addmv_options);
   add_product("aten::addr", "m,n->mn");
   RuleOptions on_shards;
   on_shards.kernel = attention_on_shards;

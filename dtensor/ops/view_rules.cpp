@@ -193,6 +193,19 @@ bool no_size1_shard(const OpCall& c, const FullPlacements& ins, const FullPlacem
   });
 }
 
+// squeeze(d) runs on the local shard too: where d is not 1 globally (a no-op), a shard of d
+// holding exactly one element would be dropped there ([8, 4] on 8 ranks: local [1, 4] -> [4]).
+bool named_dim_not_size1(const OpCall& c, const FullPlacements& ins, const FullPlacements&) {
+  const auto& in = in_shape(c);
+  if (in.empty()) return true;
+  const auto dim = static_cast<size_t>(normalize_shard_dim(arg_int(c, 1, 0), static_cast<int64_t>(in.size())));
+  if (in[dim] == 1) return true;
+  const std::vector<int64_t> mesh_shape = c.mesh->shape();
+  return detail::for_every_coordinate(*c.mesh, [&](const std::vector<int64_t>& coord) {
+    return compute_local_shape(in, mesh_shape, ins[0], coord)[dim] != 1;
+  });
+}
+
 // ---- diagonal -----------------------------------------------------------------------------------
 
 // diagonal(offset, dim1, dim2): the other dims in order, then the diagonal.
@@ -322,8 +335,12 @@ const bool registered = [] {
   squeeze_all_inplace.inplace_view = true;
   register_rule("aten::squeeze", squeeze_rule, nullptr, squeeze_all);
   register_rule("aten::squeeze_", squeeze_rule, nullptr, squeeze_all_inplace);
-  register_rule("aten::squeeze.dim", squeeze_rule);
-  register_rule("aten::squeeze_.dim", squeeze_rule, nullptr, inplace);
+  RuleOptions squeeze_dim;
+  squeeze_dim.valid = named_dim_not_size1;
+  RuleOptions squeeze_dim_inplace = squeeze_dim;
+  squeeze_dim_inplace.inplace_view = true;
+  register_rule("aten::squeeze.dim", squeeze_rule, nullptr, squeeze_dim);
+  register_rule("aten::squeeze_.dim", squeeze_rule, nullptr, squeeze_dim_inplace);
 
   register_rule(
       "aten::expand",

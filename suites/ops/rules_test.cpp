@@ -64,6 +64,23 @@ DTENSOR_TEST_F(MatrixRules, ShardedContractionGivesPartialSum) {
   EXPECT_TRUE(at::allclose(full_tensor(out), at::addbmm(self, b1, b2)));
 }
 
+// addmv's kernel returns a broadcast self unchanged when mat is empty: a rank whose shard of
+// the contraction (or of the rows) is empty must not run it, or its piece has self's shape.
+DTENSOR_TEST_F(MatrixRules, AddmvWithABroadcastSelfAvoidsEmptyPiecesOfMat) {
+  auto mesh = build_device_mesh();
+  const int64_t n = mesh.size(0), k = std::max<int64_t>(1, n / 2);  // ranks k.. hold no column of mat
+  const at::Tensor self = values({1}, 1), mat = values({8, k}, 2), vec = values({k}, 3);
+  at::Tensor out = at::addmv(distribute_tensor(self, mesh, {Partial{}}), distribute_tensor(mat, mesh, {Shard{1}}),
+                             distribute_tensor(vec, mesh, {Shard{0}}));
+  EXPECT_EQ(to_local(out).sizes(), c10::IntArrayRef(compute_local_shape({8}, mesh, get_spec(out).placements)));
+  EXPECT_TRUE(at::allclose(full_tensor(out), at::addmv(self, mat, vec)));
+  const at::Tensor tall = values({n / 2 + 1, 3}, 4), v3 = values({3}, 5);  // some ranks hold no row
+  out = at::addmv(distribute_tensor(self, mesh, {Replicate{}}), distribute_tensor(tall, mesh, {Shard{0}}),
+                  distribute_tensor(v3, mesh, {Replicate{}}));
+  EXPECT_EQ(to_local(out).sizes(), c10::IntArrayRef(compute_local_shape({n / 2 + 1}, mesh, get_spec(out).placements)));
+  EXPECT_TRUE(at::allclose(full_tensor(out), at::addmv(self, tall, v3)));
+}
+
 // The fused attention kernel (no grad) would draw its dropout mask from each rank's default
 // generator: refused with what to do instead.
 DTENSOR_TEST_F(MatrixRules, FusedAttentionRefusesDropout) {

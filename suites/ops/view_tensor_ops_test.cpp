@@ -80,6 +80,18 @@ DTENSOR_TEST_F(ViewRules, SqueezeDimKeepsTheOtherSizeOneDim) {
   EXPECT_TRUE(at::equal(full_tensor(y), g.squeeze(1)));
 }
 
+// A squeeze(d) that is a no-op globally runs on the local shard too: with one row per rank
+// the local piece has a dim of 1 there, which the local squeeze would drop.
+DTENSOR_TEST_F(ViewRules, ANoOpSqueezeDimKeepsAOneRowShard) {
+  auto mesh = build_device_mesh();
+  const int64_t n = mesh.size(0);
+  at::Tensor g = at::arange(n * 4, at::kFloat).view({n, 4});
+  at::Tensor y = distribute_tensor(g, mesh, {Shard{0}}).squeeze(0);
+  EXPECT_EQ(y.sizes(), g.sizes());
+  EXPECT_EQ(to_local(y).dim(), 2);
+  EXPECT_TRUE(at::equal(full_tensor(y), g));
+}
+
 // NOTE: [Redistributed pieces keep the global layout]: a select on the sharded dim of a
 // permuted DTensor gathers it; the transpose of what is left is contiguous globally, so
 // flatten views it, and the local piece must allow that view too.
