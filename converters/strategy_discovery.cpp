@@ -13,6 +13,7 @@
 #include <cmath>
 #include <exception>
 #include <limits>
+#include <random>
 #include <sstream>
 
 namespace dtensor {
@@ -156,6 +157,79 @@ std::string degenerate(const at::Tensor& g) {
 std::string message_of(const std::exception& e) {
   if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->msg();
   return e.what();
+}
+
+// A sample made ready for discovery: its boxed arguments, tensor slots, whole tensors and
+// result; `skipped` says why it cannot be examined.
+struct Prepared {
+  std::vector<c10::IValue> stack;
+  std::vector<Slot> slots;
+  std::vector<at::Tensor> whole, truth;
+  std::string skipped;
+};
+
+Prepared prepare_sample(const c10::OperatorHandle& op, const OpSample& sample) {
+  const c10::FunctionSchema& schema = op.schema();
+  Prepared p;
+  if (sample.rng_seed || !sample.compare_values) {
+    p.skipped = "a random op, or a sample without values to compare";
+    return p;
+  }
+  if (schema.is_mutable()) {
+    p.skipped = "the op writes an argument (in-place or out=)";
+    return p;
+  }
+  p.stack = boxed_args(schema, sample.args, sample.kwargs);
+  p.slots = tensor_slots(p.stack);
+  if (p.slots.empty()) {
+    p.skipped = "no tensor argument";
+    return p;
+  }
+  for (const auto& s : p.slots) p.whole.push_back(slot_tensor(p.stack, s).detach());
+  std::optional<std::vector<at::Tensor>> truth;
+  try {
+    std::vector<at::Tensor> copies;
+    for (const auto& t : p.whole) copies.push_back(t.clone());
+    truth = call(op, with_tensors(p.stack, p.slots, copies));
+  } catch (const std::exception& e) {
+    p.skipped = "the op raises on the whole tensors: " + message_of(e);
+    return p;
+  }
+  if (!truth) {
+    p.skipped = "a non-tensor output";
+    return p;
+  }
+  p.truth = std::move(*truth);
+  for (const auto& g : p.truth) {
+    const std::string why = degenerate(g);
+    if (!why.empty()) {
+      p.skipped = why;
+      return p;
+    }
+  }
+  return p;
+}
+
+// The sample's tolerances, else the loosest dtype's among the arguments and the outputs: a
+// float32 argument's shares summed into a float64 result round as float32.
+std::pair<std::optional<double>, std::optional<double>> sample_tolerances(const OpSample& sample,
+                                                                          const std::vector<at::Tensor>& whole,
+                                                                          const std::vector<at::Tensor>& truth) {
+  std::optional<double> rtol = sample.rtol, atol = sample.atol;
+  if (!rtol || !atol) {
+    double r = 0, a = 0;
+    auto widen = [&](const at::Tensor& t) {
+      if (!inexact(t)) return;
+      const auto [tr, ta] = dtype_tolerance(t.scalar_type());
+      r = std::max(r, tr);
+      a = std::max(a, ta);
+    };
+    for (const auto& t : whole) widen(t);
+    for (const auto& g : truth) widen(g);
+    if (!rtol && r > 0) rtol = r;
+    if (!atol && a > 0) atol = a;
+  }
+  return {rtol, atol};
 }
 
 }  // namespace
@@ -304,44 +378,17 @@ SampleDiscovery discover_strategies(const c10::OperatorHandle& op, const OpSampl
   d.op = op_key(schema);
   d.variant = sample.variant;
   d.ranks = options.ranks;
-  if (sample.rng_seed || !sample.compare_values) {
-    d.skipped = "a random op, or a sample without values to compare";
+  Prepared prep = prepare_sample(op, sample);
+  d.tensor_inputs = prep.slots.size();
+  d.outputs = prep.truth.size();
+  if (!prep.skipped.empty()) {
+    d.skipped = prep.skipped;
     return d;
   }
-  if (schema.is_mutable()) {
-    d.skipped = "the op writes an argument (in-place or out=)";
-    return d;
-  }
-  std::vector<c10::IValue> stack = boxed_args(schema, sample.args, sample.kwargs);
-  const std::vector<Slot> slots = tensor_slots(stack);
-  d.tensor_inputs = slots.size();
-  if (slots.empty()) {
-    d.skipped = "no tensor argument";
-    return d;
-  }
-  std::vector<at::Tensor> whole;
-  for (const auto& s : slots) whole.push_back(slot_tensor(stack, s).detach());
-  std::optional<std::vector<at::Tensor>> truth;
-  try {
-    std::vector<at::Tensor> copies;
-    for (const auto& t : whole) copies.push_back(t.clone());
-    truth = call(op, with_tensors(stack, slots, copies));
-  } catch (const std::exception& e) {
-    d.skipped = "the op raises on the whole tensors: " + message_of(e);
-    return d;
-  }
-  if (!truth) {
-    d.skipped = "a non-tensor output";
-    return d;
-  }
-  d.outputs = truth->size();
-  for (const auto& g : *truth) {
-    const std::string why = degenerate(g);
-    if (!why.empty()) {
-      d.skipped = why;
-      return d;
-    }
-  }
+  const std::vector<c10::IValue>& stack = prep.stack;
+  const std::vector<Slot>& slots = prep.slots;
+  const std::vector<at::Tensor>& whole = prep.whole;
+  const std::optional<std::vector<at::Tensor>> truth = prep.truth;
 
   // Input combinations: the product of each argument's candidates (all-Replicate first).
   // No Partial integer inputs: their pieces are not valid indices, and some kernels
@@ -394,22 +441,7 @@ SampleDiscovery discover_strategies(const c10::OperatorHandle& op, const OpSampl
       continue;
     }
     c.valid_outputs.resize(d.outputs);
-    // The sample's tolerances, else the loosest dtype's among the arguments and the outputs:
-    // a float32 argument's shares summed into a float64 result round as float32.
-    std::optional<double> rtol = sample.rtol, atol = sample.atol;
-    if (!rtol || !atol) {
-      double r = 0, a = 0;
-      auto widen = [&](const at::Tensor& t) {
-        if (!inexact(t)) return;
-        const auto [tr, ta] = dtype_tolerance(t.scalar_type());
-        r = std::max(r, tr);
-        a = std::max(a, ta);
-      };
-      for (const auto& t : whole) widen(t);
-      for (const auto& g : *truth) widen(g);
-      if (!rtol && r > 0) rtol = r;
-      if (!atol && a > 0) atol = a;
-    }
+    const auto [rtol, atol] = sample_tolerances(sample, whole, *truth);
     for (size_t o = 0; o < d.outputs; ++o) {
       const at::Tensor& g = (*truth)[o];
       for (const Placement& q : candidate_placements(g, options.partial)) {
@@ -428,23 +460,58 @@ namespace {
 
 std::string placements_string(const std::vector<Placement>& ps) {
   std::string s = "(";
-  for (size_t i = 0; i < ps.size(); ++i) {
-    const Placement& p = ps[i];
-    s += i ? ", " : "";
-    if (std::holds_alternative<Replicate>(p)) {
-      s += "R";
-    } else if (const auto* sh = std::get_if<Shard>(&p)) {
-      s += sh->split_factor == 1 ? "S(" + std::to_string(sh->dim) + ")" : to_string(p);
-    } else {
-      s += "P(" + comm::to_string(std::get<Partial>(p).reduce_op) + ")";
-    }
-  }
+  for (size_t i = 0; i < ps.size(); ++i) s += (i ? ", " : "") + placement_label(ps[i]);
   return s + ")";
+}
+
+// The rule's options and choice for a call whose tensor slots are laid out as `inputs` (one
+// placement per mesh dim each) on `mesh`; nullopt when the op has no rule.
+std::optional<ops::StrategyQuery> query_rule(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& stack,
+                                             const std::vector<Slot>& slots, const std::vector<TensorMeta>& input_meta,
+                                             const std::vector<TensorMeta>& output_meta, const DeviceMesh& mesh,
+                                             const std::vector<std::vector<Placement>>& inputs,
+                                             const std::string& rule_name) {
+  ops::OpCall c;
+  c.name = rule_name.empty() ? op_key(schema) : rule_name;
+  c.schema = &schema;
+  c.mesh = &mesh;
+  c.args.resize(stack.size());
+  for (size_t i = 0; i < stack.size(); ++i) c.args[i].value = stack[i];
+  for (size_t k = 0; k < slots.size(); ++k) {
+    const auto& [i, li] = slots[k];
+    ops::ArgInfo& a = c.args[i];
+    const DTensorSpec spec(mesh, inputs[k], input_meta[k]);
+    if (li < 0) {
+      a.kind = ops::ArgInfo::Kind::kDTensor;
+      a.spec = spec;
+    } else {
+      a.kind = ops::ArgInfo::Kind::kDTensorList;
+      a.list.push_back(spec);
+      a.list_index.push_back(li);
+      a.list_size = static_cast<int64_t>(stack[i].toListRef().size());
+    }
+    a.value = c10::IValue();
+  }
+  for (auto& a : c.args) {
+    if (a.kind == ops::ArgInfo::Kind::kDTensor) c.inputs.push_back(&*a.spec);
+    for (const auto& s : a.list) c.inputs.push_back(&s);
+  }
+  // The OpCall points into itself: query before it moves.
+  return ops::query_strategies(c, [&] { return output_meta; });
 }
 
 bool contains(const std::vector<Placement>& v, const Placement& p) { return std::find(v.begin(), v.end(), p) != v.end(); }
 
 }  // namespace
+
+std::string placement_label(const Placement& p) {
+  if (std::holds_alternative<Replicate>(p)) return "R";
+  if (const auto* sh = std::get_if<Shard>(&p)) {
+    if (sh->split_factor == 1) return "S(" + std::to_string(sh->dim) + ")";
+    return "_S(" + std::to_string(sh->dim) + ", " + std::to_string(sh->split_factor) + ")";
+  }
+  return "P(" + comm::to_string(std::get<Partial>(p).reduce_op) + ")";
+}
 
 std::string RuleJudgement::Strategy::to_string() const {
   return placements_string(inputs) + " -> " + placements_string(outputs);
@@ -473,33 +540,9 @@ RuleJudgement judge_rule(const c10::OperatorHandle& op, const OpSample& sample, 
   auto world = std::make_shared<comm::FakeGroup>(0, static_cast<int>(discovery.ranks));
   const DeviceMesh mesh = init_device_mesh("cpu", {discovery.ranks}, {}, world);
   auto query = [&](const std::vector<Placement>& inputs) {
-    ops::OpCall c;
-    c.name = rule_name.empty() ? op_key(schema) : rule_name;
-    c.schema = &schema;
-    c.mesh = &mesh;
-    c.args.resize(stack.size());
-    for (size_t i = 0; i < stack.size(); ++i) c.args[i].value = stack[i];
-    for (size_t k = 0; k < slots.size(); ++k) {
-      const auto& [i, li] = slots[k];
-      ops::ArgInfo& a = c.args[i];
-      const DTensorSpec spec(mesh, {inputs[k]}, input_meta[k]);
-      if (li < 0) {
-        a.kind = ops::ArgInfo::Kind::kDTensor;
-        a.spec = spec;
-      } else {
-        a.kind = ops::ArgInfo::Kind::kDTensorList;
-        a.list.push_back(spec);
-        a.list_index.push_back(li);
-        a.list_size = static_cast<int64_t>(stack[i].toListRef().size());
-      }
-      a.value = c10::IValue();
-    }
-    for (auto& a : c.args) {
-      if (a.kind == ops::ArgInfo::Kind::kDTensor) c.inputs.push_back(&*a.spec);
-      for (const auto& s : a.list) c.inputs.push_back(&s);
-    }
-    // The OpCall points into itself: query before it moves.
-    return ops::query_strategies(c, [&] { return output_meta; });
+    std::vector<std::vector<Placement>> full;
+    for (const auto& p : inputs) full.push_back({p});
+    return query_rule(schema, stack, slots, input_meta, output_meta, mesh, full, rule_name);
   };
   auto find = [&](const std::vector<Placement>& inputs) -> const DiscoveredCombination* {
     for (const auto& c : discovery.combinations)
@@ -511,35 +554,62 @@ RuleJudgement judge_rule(const c10::OperatorHandle& op, const OpSample& sample, 
       if (w.inputs == s.inputs && w.outputs == s.outputs) return;
     j.wrong.push_back(std::move(s));
   };
+  // Whether running the op on pieces laid out as `inputs` gives `outputs` (nullopt: discovery
+  // does not try these placements).
+  auto valid_strategy = [&](const std::vector<Placement>& inputs,
+                            const std::vector<Placement>& outputs) -> std::optional<bool> {
+    const DiscoveredCombination* at_inputs = find(inputs);
+    if (at_inputs == nullptr) return std::nullopt;
+    bool valid = at_inputs->error.empty();
+    for (size_t out = 0; valid && out < outputs.size() && out < at_inputs->valid_outputs.size(); ++out) {
+      const Placement& p = outputs[out];
+      const auto* sh = std::get_if<Shard>(&p);
+      // A placement discovery does not try for this output (a shard of a size-1 dim).
+      const auto& meta = output_meta[out];
+      if (sh && (sh->split_factor != 1 || sh->dim >= static_cast<int64_t>(meta.shape.size()) ||
+                 meta.shape[static_cast<size_t>(sh->dim)] <= 1))
+        return std::nullopt;
+      valid = contains(at_inputs->valid_outputs[out], p);
+    }
+    return valid;
+  };
   for (const DiscoveredCombination& c : discovery.combinations) {
-    std::optional<ops::StrategyQuery> q = query(c.inputs);
+    std::optional<ops::StrategyQuery> q;
+    try {
+      q = query(c.inputs);
+    } catch (const std::exception& e) {
+      j.choices.push_back({c.inputs, "unsupported", {}, 0, 0, message_of(e)});
+      continue;
+    }
     if (!q) return j;  // no rule
     j.has_rule = true;
     j.own_local_computation = q->has_kernel || q->has_rewrite;
     for (size_t k = 0; k < q->options.size(); ++k) {
       const ops::DimOption& o = q->options[k];
       if (!q->runnable[k] || j.own_local_computation) continue;
-      const DiscoveredCombination* at_inputs = find(o.inputs);
-      if (at_inputs == nullptr) continue;  // placements discovery does not try
-      bool judged = true, valid = at_inputs->error.empty();
-      for (size_t out = 0; valid && out < o.outputs.size() && out < at_inputs->valid_outputs.size(); ++out) {
-        const Placement& p = o.outputs[out];
-        const auto* sh = std::get_if<Shard>(&p);
-        // A placement discovery does not try for this output (a shard of a size-1 dim).
-        const auto& meta = output_meta[out];
-        if (sh && (sh->split_factor != 1 || sh->dim >= static_cast<int64_t>(meta.shape.size()) ||
-                   meta.shape[static_cast<size_t>(sh->dim)] <= 1)) {
-          judged = false;
-          break;
-        }
-        valid = contains(at_inputs->valid_outputs[out], p);
-      }
-      if (!judged) continue;
-      if (valid) {
+      const std::optional<bool> valid = valid_strategy(o.inputs, o.outputs);
+      if (!valid) continue;
+      if (*valid) {
         ++j.confirmed;
       } else {
         add_wrong({o.inputs, o.outputs});
       }
+    }
+    {
+      RuleJudgement::Choice choice{c.inputs, "unsupported", {}, q->chosen.cost, 0, ""};
+      if (!std::isfinite(q->chosen.cost)) {
+        choice.message = "no valid strategy";
+      } else {
+        std::vector<Placement> chosen_inputs;
+        for (const auto& in : q->chosen.inputs) chosen_inputs.push_back(in.empty() ? Placement(Replicate()) : in[0]);
+        for (const auto& out : q->chosen.outputs) choice.outputs.push_back(out.empty() ? Placement(Replicate()) : out[0]);
+        for (size_t k = 0; k < chosen_inputs.size() && k < c.inputs.size(); ++k)
+          if (!(chosen_inputs[k] == c.inputs[k]) && !std::holds_alternative<Replicate>(c.inputs[k])) ++choice.collectives;
+        const std::optional<bool> valid =
+            j.own_local_computation ? std::nullopt : valid_strategy(chosen_inputs, choice.outputs);
+        choice.status = !valid ? "unjudged" : *valid ? "ok" : "wrong";
+      }
+      j.choices.push_back(std::move(choice));
     }
     // Valid outputs (one placement per output; every output's valid placements combine, since
     // the local runs are the same) the rule does not offer for these very inputs.
@@ -568,6 +638,232 @@ RuleJudgement judge_rule(const c10::OperatorHandle& op, const OpSample& sample, 
   }
   std::stable_sort(j.missing.begin(), j.missing.end(),
                    [](const RuleJudgement::Missing& a, const RuleJudgement::Missing& b) { return a.saved > b.saved; });
+  return j;
+}
+
+// NOTE: [Judging choices on a mesh of several dims]
+// A layout on mesh dims 0..n-1 is simulated top-down: the whole tensor is split by mesh dim 0's
+// placement into one piece per coordinate (local_pieces: chunks, adversarial Partial shares,
+// copies), each piece by mesh dim 1's, and so on, the ranks in row-major order: a later mesh
+// dim sharding the same tensor dim splits the piece the earlier one left, as DTensor does. The
+// op runs on each rank's pieces, and the outputs are put back bottom-up: the last mesh dim's
+// pieces are joined (concatenated for Shard, reduced for Partial, all equal for Replicate) into
+// the piece their parent stands for, up to the whole result, which must equal the op's on the
+// whole tensors; every rank's piece must also have the shape its layout implies. Layouts with a
+// Partial run again on the complementary checkerboard. Strided shards are not simulated.
+namespace {
+
+std::vector<at::Tensor> split_on_mesh(const at::Tensor& t, const std::vector<Placement>& placements,
+                                      const std::vector<int64_t>& mesh_shape, int shift, int tensor_index) {
+  std::vector<at::Tensor> nodes{t};
+  for (size_t m = 0; m < mesh_shape.size(); ++m) {
+    std::vector<at::Tensor> next;
+    for (const auto& node : nodes) {
+      if (mesh_shape[m] == 1) {
+        next.push_back(node);
+        continue;
+      }
+      for (auto& piece : local_pieces(node, placements[m], mesh_shape[m], shift, tensor_index + static_cast<int>(m)))
+        next.push_back(std::move(piece));
+    }
+    nodes = std::move(next);
+  }
+  return nodes;
+}
+
+// The whole tensor the ranks' `pieces` stand for under `placements`; nullopt when Replicate
+// pieces differ or Shard pieces do not join.
+std::optional<at::Tensor> join_on_mesh(std::vector<at::Tensor> nodes, const std::vector<Placement>& placements,
+                                       const std::vector<int64_t>& mesh_shape, double rtol, double atol) {
+  for (size_t m = mesh_shape.size(); m-- > 0;) {
+    const auto n = static_cast<size_t>(mesh_shape[m]);
+    std::vector<at::Tensor> parents;
+    for (size_t first = 0; first < nodes.size(); first += n) {
+      const std::vector<at::Tensor> group(nodes.begin() + static_cast<std::ptrdiff_t>(first),
+                                          nodes.begin() + static_cast<std::ptrdiff_t>(first + n));
+      const Placement& p = placements[m];
+      if (n == 1 || std::holds_alternative<Replicate>(p)) {
+        for (const auto& g : group)
+          if (!close(g, group[0], rtol, atol)) return std::nullopt;
+        parents.push_back(group[0]);
+      } else if (const auto* s = std::get_if<Shard>(&p)) {
+        const int64_t dim = s->dim < 0 ? s->dim + group[0].dim() : s->dim;
+        for (const auto& g : group)
+          if (g.dim() != group[0].dim() || dim < 0 || dim >= g.dim()) return std::nullopt;
+        try {
+          parents.push_back(at::cat(group, dim));
+        } catch (const std::exception&) {
+          return std::nullopt;
+        }
+      } else {
+        const comm::ReduceOp op = std::get<Partial>(p).reduce_op;
+        at::Tensor r = group[0];
+        for (size_t i = 1; i < n; ++i) {
+          if (group[i].sizes() != r.sizes()) return std::nullopt;
+          if (op == comm::ReduceOp::MIN || op == comm::ReduceOp::MAX) {
+            if (r.is_complex()) return std::nullopt;
+            r = op == comm::ReduceOp::MIN ? at::minimum(r, group[i]) : at::maximum(r, group[i]);
+          } else {
+            r = r + group[i];
+          }
+        }
+        if (op == comm::ReduceOp::AVG) {
+          if (!inexact(r)) return std::nullopt;
+          r = r / static_cast<double>(n);
+        }
+        parents.push_back(r);
+      }
+    }
+    nodes = std::move(parents);
+  }
+  return nodes.at(0);
+}
+
+std::string layout_string(const std::vector<std::vector<Placement>>& tensors) {
+  std::string s = "(";
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    s += i ? ", [" : "[";
+    for (size_t m = 0; m < tensors[i].size(); ++m) s += (m ? ", " : "") + placement_label(tensors[i][m]);
+    s += "]";
+  }
+  return s + ")";
+}
+
+}  // namespace
+
+MeshJudgement judge_rule_on_mesh(const c10::OperatorHandle& op, const OpSample& sample,
+                                 const MeshCheckOptions& options, const std::string& rule_name) {
+  TORCH_CHECK(!options.mesh_shape.empty(), "judge_rule_on_mesh: an empty mesh shape");
+  for (int64_t n : options.mesh_shape)
+    TORCH_CHECK(n >= 1, "judge_rule_on_mesh: mesh shape ", c10::IntArrayRef(options.mesh_shape), " has a dim below 1");
+  MeshJudgement j;
+  const c10::FunctionSchema& schema = op.schema();
+  const Prepared prep = prepare_sample(op, sample);
+  if (!prep.skipped.empty()) {
+    j.skipped = prep.skipped;
+    return j;
+  }
+  const auto [rtol_opt, atol_opt] = sample_tolerances(sample, prep.whole, prep.truth);
+  std::vector<TensorMeta> input_meta, output_meta;
+  for (const auto& t : prep.whole) input_meta.push_back(TensorMeta{t.sizes().vec(), t.contiguous().strides().vec(), t.scalar_type()});
+  for (const auto& g : prep.truth) output_meta.push_back(TensorMeta{g.sizes().vec(), g.strides().vec(), g.scalar_type()});
+  const int64_t ranks = c10::multiply_integers(options.mesh_shape);
+  auto world = std::make_shared<comm::FakeGroup>(0, static_cast<int>(ranks));
+  const DeviceMesh mesh = init_device_mesh("cpu", options.mesh_shape, {}, world);
+
+  // Layouts: per tensor, per mesh dim, one of the tensor's candidates; every one or a seeded draw.
+  const size_t mesh_dims = options.mesh_shape.size();
+  std::vector<std::vector<Placement>> candidates;
+  size_t total = 1;
+  for (const auto& t : prep.whole) {
+    candidates.push_back(candidate_placements(t, options.partial && inexact(t)));
+    for (size_t m = 0; m < mesh_dims; ++m)
+      total = total > options.combinations ? total : total * candidates.back().size();
+  }
+  std::vector<std::vector<std::vector<Placement>>> layouts;
+  auto layout_at = [&](std::vector<size_t> digits) {
+    std::vector<std::vector<Placement>> l(prep.whole.size());
+    for (size_t k = 0; k < l.size(); ++k)
+      for (size_t m = 0; m < mesh_dims; ++m) l[k].push_back(candidates[k][digits[k * mesh_dims + m]]);
+    return l;
+  };
+  if (total <= options.combinations) {
+    std::vector<size_t> digits(prep.whole.size() * mesh_dims, 0);
+    for (;;) {
+      layouts.push_back(layout_at(digits));
+      size_t pos = 0;
+      while (pos < digits.size() && ++digits[pos] == candidates[pos / mesh_dims].size()) digits[pos++] = 0;
+      if (pos == digits.size()) break;
+    }
+  } else {
+    std::mt19937_64 rng(options.seed);
+    for (size_t i = 0; i < options.combinations; ++i) {
+      std::vector<size_t> digits(prep.whole.size() * mesh_dims);
+      for (size_t d = 0; d < digits.size(); ++d) {
+        const size_t n = candidates[d / mesh_dims].size();
+        digits[d] = rng() % 3 == 0 ? 0 : rng() % n;  // Replicate in at least a third
+      }
+      layouts.push_back(layout_at(digits));
+    }
+  }
+
+  for (const auto& layout : layouts) {
+    std::optional<ops::StrategyQuery> q;
+    try {
+      q = query_rule(schema, prep.stack, prep.slots, input_meta, output_meta, mesh, layout, rule_name);
+    } catch (const std::exception&) {
+      ++j.unsupported;
+      continue;
+    }
+    if (!q) return j;  // no rule
+    j.has_rule = true;
+    if (q->has_kernel || q->has_rewrite) {
+      j.own_local_computation = true;
+      return j;
+    }
+    if (!std::isfinite(q->chosen.cost)) {
+      ++j.unsupported;
+      continue;
+    }
+    const auto& ins = q->chosen.inputs;
+    const auto& outs = q->chosen.outputs;
+    bool strided = false, any_partial = false;
+    for (const auto* side : {&ins, &outs})
+      for (const auto& ps : *side)
+        for (const auto& p : ps) {
+          strided = strided || is_strided_shard(p);
+          any_partial = any_partial || std::holds_alternative<Partial>(p);
+        }
+    if (strided || ins.size() != prep.whole.size() || outs.size() != prep.truth.size()) {
+      ++j.unjudged;
+      continue;
+    }
+    const std::string strategy = layout_string(ins) + " -> " + layout_string(outs);
+    std::string why;
+    try {
+      for (int shift = 0; shift < (any_partial ? 2 : 1) && why.empty(); ++shift) {
+        std::vector<std::vector<at::Tensor>> pieces;
+        for (size_t k = 0; k < prep.whole.size(); ++k)
+          pieces.push_back(split_on_mesh(prep.whole[k], ins[k], options.mesh_shape, shift, static_cast<int>(k)));
+        std::vector<std::vector<at::Tensor>> per_output(prep.truth.size());
+        for (int64_t r = 0; r < ranks; ++r) {
+          std::vector<at::Tensor> mine;
+          for (const auto& p : pieces) mine.push_back(p[static_cast<size_t>(r)]);
+          auto local = call(op, with_tensors(prep.stack, prep.slots, mine));
+          TORCH_CHECK(local && local->size() == prep.truth.size(), "rank ", r, " gave ", local ? local->size() : 0,
+                      " tensor outputs");
+          for (size_t o = 0; o < prep.truth.size(); ++o) per_output[o].push_back((*local)[o]);
+        }
+        for (size_t o = 0; o < prep.truth.size() && why.empty(); ++o) {
+          const at::Tensor& g = prep.truth[o];
+          const auto [dr, da] = dtype_tolerance(g.scalar_type());
+          const double rtol = rtol_opt.value_or(dr);
+          double atol = atol_opt.value_or(da);
+          for (int64_t r = 0; r < ranks && why.empty(); ++r) {
+            std::vector<int64_t> coord(mesh_dims);  // row-major, as split_on_mesh orders the ranks
+            for (size_t m = mesh_dims, rest = static_cast<size_t>(r); m-- > 0;) {
+              coord[m] = static_cast<int64_t>(rest % static_cast<size_t>(options.mesh_shape[m]));
+              rest /= static_cast<size_t>(options.mesh_shape[m]);
+            }
+            const auto expected = compute_local_shape_and_global_offset(g.sizes(), options.mesh_shape, outs[o], coord).first;
+            if (per_output[o][static_cast<size_t>(r)].sizes() != c10::IntArrayRef(expected))
+              why = "output " + std::to_string(o) + " on rank " + std::to_string(r) + " has shape " +
+                    c10::str(per_output[o][static_cast<size_t>(r)].sizes()) + ", its layout implies " +
+                    c10::str(c10::IntArrayRef(expected));
+          }
+          if (!why.empty()) break;
+          if (any_partial && inexact(g)) atol += rtol * static_cast<double>(ranks) * max_abs(per_output[o]);
+          const std::optional<at::Tensor> joined = join_on_mesh(per_output[o], outs[o], options.mesh_shape, rtol, atol);
+          if (!joined || !close(joined->to(g.scalar_type()), g, rtol, atol))
+            why = "output " + std::to_string(o) + (joined ? " has other values" : "'s pieces do not fit together");
+        }
+      }
+    } catch (const std::exception& e) {
+      why = "the op raises on the pieces: " + message_of(e).substr(0, 160);
+    }
+    ++j.checked;
+    if (!why.empty()) j.wrong.push_back(layout_string(layout) + " chooses " + strategy + ": " + why);
+  }
   return j;
 }
 

@@ -118,7 +118,53 @@ struct RuleJudgement {
   size_t unoffered = 0;
   // Offered and valid.
   size_t confirmed = 0;
+  // What the rule chooses for each input combination of the discovery (propagate()'s choice,
+  // as a DTensor call with those inputs would run it), in the discovery's order.
+  struct Choice {
+    std::vector<Placement> inputs;
+    // "ok": a valid strategy; "wrong": discovery finds the chosen strategy not valid;
+    // "unsupported": the rule has no strategy for these inputs (it raises); "unjudged": the rule
+    // runs its own local computation, or chooses placements discovery does not try.
+    std::string status;
+    std::vector<Placement> outputs;  // one per output (on the mesh dim); empty when unsupported
+    double cost = 0;                 // redistribute_cost's bytes of the inputs' redistribution
+    // Inputs whose redistribution needs a collective (anything but keeping the placement or
+    // splitting a Replicate locally into a Shard or a Partial).
+    int collectives = 0;
+    std::string message;  // why it is unsupported
+  };
+  std::vector<Choice> choices;
 };
+
+// The rule's choices on a mesh of several dims (2-D, 3-D): for input layouts drawn from every
+// mesh dim's candidate placements, the full strategy the rule chooses (the engine's expansion
+// of its single-dim options, RuleOptions::valid included) is run on simulated pieces and
+// checked, as discovery checks one mesh dim (NOTE: [Judging choices on a mesh of several
+// dims]).
+struct MeshCheckOptions {
+  std::vector<int64_t> mesh_shape{2, 2};
+  // Input layouts per sample: every one when there are at most this many, else as many drawn
+  // at random (seeded by `seed`).
+  size_t combinations = 48;
+  uint64_t seed = 0;
+  bool partial = true;
+};
+struct MeshJudgement {
+  std::string skipped;  // why the sample was not examined (as discover_strategies says)
+  bool has_rule = false, own_local_computation = false;
+  size_t checked = 0;      // layouts whose chosen strategy was run and checked
+  size_t unsupported = 0;  // layouts the rule has no strategy for (a DTensor call raises)
+  size_t unjudged = 0;     // chosen strategies with strided shards (not simulated)
+  // Chosen strategies whose pieces do not give the result: "([S(0), R], [R, R]) -> ([S(0), R])"
+  // (per tensor, its placement on each mesh dim), with why.
+  std::vector<std::string> wrong;
+};
+MeshJudgement judge_rule_on_mesh(const c10::OperatorHandle& op, const OpSample& sample,
+                                 const MeshCheckOptions& options = {}, const std::string& rule_name = "");
+
+// "R", "S(1)", "P(sum)", "_S(0, 2)": a placement on one mesh dim as the discovery's reports and
+// PyTorch's side (tools/opcov/pytorch_strategies.py) write it.
+std::string placement_label(const Placement& p);
 
 // Judges the rule of `rule_name` (default: the op's own, as the dispatcher finds it) against
 // `discovery` (discover_strategies of the same op and sample, all-Replicate included): each

@@ -270,6 +270,219 @@ TEST(OpCoverage, ReportLoadsInHeadlessChromiumAndFilters) {
   EXPECT_PRED2(contains, run.output, "<span id=\"count\">1 of " + std::to_string(rows.size()) + " operators</span>");
 }
 
+// ---- strategy discovery and PyTorch's DTensor beside ours ---------------------------------------
+
+TEST(OpCoverage, StrategyCategoriesPutWrongValuesFirst) {
+  EXPECT_EQ(opcov::strategy_category("ok", "ok"), "both right");
+  EXPECT_EQ(opcov::strategy_category("unjudged", "ok"), "both right");
+  EXPECT_EQ(opcov::strategy_category("ok", "unsupported"), "only ours");
+  EXPECT_EQ(opcov::strategy_category("unsupported", "ok"), "only PyTorch");
+  EXPECT_EQ(opcov::strategy_category("unsupported", "unsupported"), "neither");
+  EXPECT_EQ(opcov::strategy_category("ok", "wrong"), "PyTorch wrong");
+  EXPECT_EQ(opcov::strategy_category("unsupported", "wrong"), "PyTorch wrong");
+  EXPECT_EQ(opcov::strategy_category("wrong", "ok"), "we are wrong");
+  EXPECT_EQ(opcov::strategy_category("wrong", "wrong"), "we are wrong");
+  EXPECT_EQ(opcov::strategy_category("ok", "error"), "");  // PyTorch's side did not judge it
+}
+
+// A discovery file and PyTorch's lines as the two tools write them.
+nlohmann::json sample_discovery() {
+  return nlohmann::json::parse(R"J({"ranks": 2, "seconds": 1.5, "ops": 2, "samples": 3, "skipped": 1,
+    "combinations": 5, "valid": 7, "judged": 2, "wrong": 1, "wrong_ops": 1, "missing": 2, "missing_ops": 1,
+    "errors": 0, "crashed": [{"op": "aten::lu_unpack", "why": "Segmentation fault"}],
+    "per_op": [
+      {"op": "aten::mm", "wrong": [],
+       "missing": [{"variant": "ab", "strategy": "(S(1), R) -> (P(sum))", "saved": 96},
+                   {"variant": "ab", "strategy": "(S(1), P(sum)) -> (P(sum))", "saved": null}],
+       "choices": [
+         {"sample": 0, "variant": "ab", "inputs": ["S(0)", "R"], "status": "ok", "outputs": ["S(0)"], "cost": 0, "collectives": 0, "dumped": true},
+         {"sample": 0, "variant": "ab", "inputs": ["S(1)", "R"], "status": "ok", "outputs": ["R"], "cost": 96, "collectives": 1, "dumped": true},
+         {"sample": 0, "variant": "ab", "inputs": ["P(sum)", "R"], "status": "ok", "outputs": ["P(sum)"], "cost": 1, "collectives": 0, "dumped": true},
+         {"sample": 0, "variant": "ab", "inputs": ["R", "S(0)"], "status": "ok", "outputs": ["R"], "cost": 48, "collectives": 1, "dumped": true}]},
+      {"op": "aten::relu", "wrong": [{"variant": "x", "strategy": "(S(0)) -> (S(0))"}], "missing": [],
+       "choices": [
+         {"sample": 2, "variant": "x", "inputs": ["P(sum)"], "status": "unsupported", "outputs": [], "message": "no valid strategy", "dumped": true},
+         {"sample": 2, "variant": "x", "inputs": ["S(0)"], "status": "wrong", "outputs": ["S(0)"], "cost": 0, "dumped": true},
+         {"sample": 2, "variant": "x", "inputs": ["R"], "status": "ok", "outputs": ["R"], "cost": 0, "dumped": true}]}]})J");
+}
+
+std::string sample_pytorch_lines() {
+  return R"J({"torch": "2.15.0", "ranks": 2, "world": "LocalTensorMode"}
+{"sample": 0, "op": "aten::mm", "inputs": ["S(0)", "R"], "status": "ok", "outputs": ["S(0)"], "redistributions": 0}
+{"sample": 0, "op": "aten::mm", "inputs": ["S(1)", "R"], "status": "ok", "outputs": ["P(sum)"], "redistributions": 0}
+{"sample": 0, "op": "aten::mm", "inputs": ["P(sum)", "R"], "status": "wrong", "outputs": ["P(sum)"], "redistributions": 0, "max_error": 0.5, "reproducer": "x = <b>"}
+{"sample": 0, "op": "aten::mm", "inputs": ["R", "S(0)"], "status": "unsupported", "message": "no strategy\nsecond line"}
+{"sample": 2, "op": "aten::relu", "inputs": ["P(sum)"], "status": "ok", "outputs": ["R"], "redistributions": 1}
+{"sample": 2, "op": "aten::relu", "inputs": ["S(0)"], "status": "ok", "outputs": ["S(0)"], "redistributions": 0}
+{"sample": 2, "op": "aten::relu", "inputs": ["R"], "status": "error", "message": "the plain op failed"}
+{"sample": 5, "op": "aten::abs", "inputs": ["R"], "status": "ok", "outputs": ["R"], "redistributions": 0}
+)J";
+}
+
+opcov::PytorchStrategies pytorch_from(const std::string& text) {
+  testing::TempDir dir;
+  std::ofstream(dir.path() + "/p.jsonl") << text;
+  return opcov::load_pytorch_strategies(dir.path() + "/p.jsonl");
+}
+
+TEST(OpCoverage, PytorchsDTensorBesideOursPerCombination) {
+  const auto d = sample_discovery();
+  const auto p = pytorch_from(sample_pytorch_lines());
+  EXPECT_EQ(p.header.at("torch"), "2.15.0");
+  ASSERT_EQ(p.lines.size(), 8u);
+  const auto c = opcov::compare_strategies(d, p);
+  EXPECT_EQ(c.compared, 6);  // the "error" line is not judged
+  EXPECT_EQ(c.totals, (std::map<std::string, int>{{"both right", 2},
+                                                  {"PyTorch cheaper", 1},
+                                                  {"PyTorch wrong", 1},
+                                                  {"only ours", 1},
+                                                  {"only PyTorch", 1},
+                                                  {"we are wrong", 1}}));
+  EXPECT_EQ(c.pytorch_only_ran, 1);  // sample 5: not in our file
+  EXPECT_EQ(c.ours_only_ran, 0);
+  // (P(sum), R): a cost of 1 (a local split) with no collective is not "PyTorch cheaper".
+  EXPECT_EQ(c.ops.at("aten::mm").counts.at("PyTorch cheaper"), 1);
+  EXPECT_EQ(c.ops.at("aten::relu").counts.at("we are wrong"), 1);
+  ASSERT_EQ(c.pytorch_wrong.size(), 1u);
+  EXPECT_EQ(c.pytorch_wrong[0].at("reproducer"), "x = <b>");
+  // What differs is spelt out per op, the message's first line only.
+  const auto& mm = c.ops.at("aten::mm").differences;
+  ASSERT_EQ(mm.size(), 3u);
+  EXPECT_EQ(mm[0], "[ab] (S(1), R): PyTorch cheaper; ours ok -> (R) (1 collectives, cost 96); PyTorch ok -> (P(sum)) (0 collectives)");
+  EXPECT_EQ(mm[2], "[ab] (R, S(0)): only ours; ours ok -> (R) (1 collectives, cost 48); PyTorch unsupported: no strategy");
+
+  auto records = sample_records();
+  auto rows = opcov::classify_ops(records);
+  auto s = opcov::summarize(records, rows);
+  opcov::RunInfo info;
+  info.discovery = d;
+  info.pytorch_strategies = p;
+  const std::string html = opcov::report_html(info, records, rows, s);
+  EXPECT_PRED2(contains, html, "<section id=\"discovery\">");
+  EXPECT_PRED2(contains, html, "5 input combinations run, 7 valid strategies found");
+  EXPECT_PRED2(contains, html, "<td>(S(0)) -&gt; (S(0))</td>");  // the wrong strategy
+  EXPECT_PRED2(contains, html, "<td>the rule raises</td>");      // ranked first
+  EXPECT_LT(html.find("the rule raises"), html.find("96 bytes"));
+  EXPECT_PRED2(contains, html, "<summary>aten::mm: 1 combinations</summary>");
+  EXPECT_PRED2(contains, html, "<pre>x = &lt;b&gt;</pre>");
+  EXPECT_PRED2(contains, html, "aten::lu_unpack (Segmentation fault)");
+  EXPECT_PRED2(contains, html, "both right 2, only ours 1, only PyTorch 1, PyTorch wrong 1, we are wrong 1, neither 0");
+  EXPECT_LT(html.find("id=\"summary\""), html.find("id=\"discovery\""));
+  EXPECT_LT(html.find("id=\"discovery\""), html.find("id=\"ops\""));
+  const std::string md = opcov::summary_markdown(info, records, rows, s);
+  EXPECT_PRED2(contains, md, "## Strategy discovery");
+  EXPECT_PRED2(contains, md, "- aten::relu [x] (S(0)) -> (S(0))");
+  EXPECT_PRED2(contains, md, "```python\nx = <b>\n```");
+  const auto j = opcov::coverage_json(info, records, rows, s).at("strategy_discovery");
+  EXPECT_EQ(j.at("valid"), 7);
+  EXPECT_EQ(j.at("wrong_strategies").size(), 1u);
+  EXPECT_EQ(j.at("top_missing")[0].at("saved"), nullptr);
+  EXPECT_EQ(j.at("pytorch").at("totals").at("only PyTorch"), 1);
+  EXPECT_EQ(j.at("pytorch").at("per_op").at("aten::relu").at("we are wrong"), 1);
+
+  // PyTorch's side absent (an old torch): said so, without a table.
+  const auto absent = pytorch_from(R"({"torch": "1.13.1", "unavailable": "no LocalTensorMode in torch 1.13.1"})" "\n");
+  info.pytorch_strategies = absent;
+  const std::string without = opcov::report_html(info, records, rows, s);
+  EXPECT_PRED2(contains, without, "PyTorch's DTensor beside ours: not run (no LocalTensorMode in torch 1.13.1).");
+  EXPECT_EQ(without.find("pytorch-categories"), std::string::npos);
+  // No discovery: no section.
+  EXPECT_EQ(opcov::report_html({}, records, rows, s).find("id=\"discovery\""), std::string::npos);
+}
+
+TEST(OpCoverage, BadDiscoveryAndPytorchFilesAreNamed) {
+  testing::TempDir dir;
+  std::ofstream(dir.path() + "/coverage.json") << R"({"ops": []})";
+  std::ofstream(dir.path() + "/broken.json") << "{";
+  std::ofstream(dir.path() + "/no-header.jsonl") << R"({"sample": 0, "op": "aten::mm", "inputs": [], "status": "ok"})" << "\n";
+  std::ofstream(dir.path() + "/bad-line.jsonl") << R"({"torch": "2.15.0"})" << "\n" << R"({"sample": 0})" << "\n";
+  EXPECT_PRED2(contains, error_of([&] { opcov::load_discovery(dir.path() + "/coverage.json"); }),
+               "coverage.json is not strategy_discovery's --json output");
+  EXPECT_PRED2(contains, error_of([&] { opcov::load_discovery(dir.path() + "/broken.json"); }),
+               "broken.json is not valid JSON");
+  EXPECT_PRED2(contains, error_of([&] { opcov::load_discovery(dir.path() + "/absent.json"); }),
+               "cannot read --discovery " + dir.path() + "/absent.json");
+  EXPECT_PRED2(contains, error_of([&] { opcov::load_pytorch_strategies(dir.path() + "/no-header.jsonl"); }),
+               "does not start with pytorch_strategies.py's header");
+  EXPECT_PRED2(contains, error_of([&] { opcov::load_pytorch_strategies(dir.path() + "/bad-line.jsonl"); }),
+               "bad-line.jsonl line 2 lacks \"sample\", \"op\", \"inputs\" or \"status\"");
+}
+
+// The two tools as the main job runs them: discovery's findings on one op go into the report.
+TEST(OpcovProgram, PutsDiscoverysFindingsInTheReport) {
+  testing::TempDir out;
+  auto discovery = testing::run_program(DTENSOR_STRATEGY_DISCOVERY_PATH,
+                                        {"--ops", "aten::mm,aten::relu", "--json", out.path() + "/discovery.json",
+                                         "--dump-samples", out.path() + "/samples"});
+  ASSERT_EQ(discovery.exit_code, 0) << discovery.output;
+  const auto d = nlohmann::json::parse(testing::read_file(out.path() + "/discovery.json"));
+  EXPECT_EQ(d.at("ops"), 2);
+  EXPECT_EQ(d.at("wrong"), 0);
+  ASSERT_EQ(d.at("per_op").size(), 2u);
+  for (const auto& op : d.at("per_op")) {
+    EXPECT_GT(op.at("choices").size(), 0u) << op.at("op");
+    EXPECT_GT(op.at("dumped").get<int>(), 0) << op.at("op");
+  }
+  const auto index = nlohmann::json::parse(testing::read_file(out.path() + "/samples/index.json"));
+  EXPECT_EQ(index.at("ranks"), 2);
+  EXPECT_GT(index.at("dumped").get<int>(), 0);
+  auto run = testing::run_program(DTENSOR_OPCOV_PATH, {"--ops", "^aten::mm$", "--meshes", "1d", "--out", out.path(),
+                                                       "--discovery", out.path() + "/discovery.json", "--quiet"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto j = nlohmann::json::parse(testing::read_file(out.path() + "/coverage.json")).at("strategy_discovery");
+  EXPECT_EQ(j.at("combinations"), d.at("combinations"));
+  EXPECT_PRED2(contains, testing::read_file(out.path() + "/report.html"), "<section id=\"discovery\">");
+  run = testing::run_program(DTENSOR_OPCOV_PATH, {"--pytorch-strategies", out.path() + "/p.jsonl"});
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_PRED2(contains, run.output, "--pytorch-strategies needs --discovery");
+  discovery = testing::run_program(DTENSOR_STRATEGY_DISCOVERY_PATH, {"--json", "/nonexistent/dir/d.json"});
+  EXPECT_EQ(discovery.exit_code, 2);
+  EXPECT_PRED2(contains, discovery.output, "--json /nonexistent/dir/d.json: cannot write that file");
+}
+
+// PyTorch's DTensor (today's wheel, tools/opcov/pytorch_strategies.py) on the samples
+// discovery dumped, merged into the report. PyTorch's own answers are the reference for its
+// column: mm with rows sharded and the other operand replicated runs without a collective and
+// stays row-sharded there, as on our side.
+TEST(OpcovProgram, PutsPytorchsDTensorBesideOurs) {
+  const std::string python = std::getenv("DTENSOR_TORCH_PYTHON") ? std::getenv("DTENSOR_TORCH_PYTHON")
+                                                                  : DTENSOR_TORCH_PYTHON;
+  if (python.empty()) GTEST_SKIP() << "no Python with today's torch (ci/test configures the wheel's)";
+  testing::TempDir out;
+  auto discovery = testing::run_program(DTENSOR_STRATEGY_DISCOVERY_PATH,
+                                        {"--ops", "aten::mm,aten::relu,aten::sum.dim_IntList", "--json",
+                                         out.path() + "/discovery.json", "--dump-samples", out.path() + "/samples"});
+  ASSERT_EQ(discovery.exit_code, 0) << discovery.output;
+  auto theirs = testing::run_program(python, {DTENSOR_PYTORCH_STRATEGIES_SCRIPT, out.path() + "/samples", "--out",
+                                              out.path() + "/pytorch.jsonl"},
+                                     {}, std::chrono::seconds(300));
+  ASSERT_EQ(theirs.exit_code, 0) << theirs.output;
+  const auto p = opcov::load_pytorch_strategies(out.path() + "/pytorch.jsonl");
+  ASSERT_FALSE(p.header.contains("unavailable")) << p.header.dump();
+  const auto d = opcov::load_discovery(out.path() + "/discovery.json");
+  const auto c = opcov::compare_strategies(d, p);
+  EXPECT_GT(c.compared, 0);
+  EXPECT_EQ(c.ours_only_ran, 0) << "every dumped combination has PyTorch's answer";
+  EXPECT_EQ(c.pytorch_only_ran, 0);
+  EXPECT_EQ(c.totals.count("we are wrong"), 0u) << "our rules chose a strategy discovery finds not valid";
+  bool seen = false;
+  for (const auto& l : p.lines) {
+    if (l.at("op") != "aten::mm" || l.at("inputs") != nlohmann::json({"S(0)", "R"})) continue;
+    seen = true;
+    EXPECT_EQ(l.at("status"), "ok") << l.dump();
+    EXPECT_EQ(l.at("outputs"), nlohmann::json({"S(0)"})) << l.dump();
+    EXPECT_EQ(l.at("redistributions"), 0) << l.dump();
+  }
+  EXPECT_TRUE(seen);
+  auto run = testing::run_program(DTENSOR_OPCOV_PATH, {"--ops", "^aten::mm$", "--meshes", "1d", "--out", out.path(),
+                                                       "--discovery", out.path() + "/discovery.json",
+                                                       "--pytorch-strategies", out.path() + "/pytorch.jsonl", "--quiet"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::string html = testing::read_file(out.path() + "/report.html");
+  EXPECT_PRED2(contains, html, "<table id=\"pytorch-categories\">");
+  EXPECT_PRED2(contains, html, "<td>aten::mm</td>");
+}
+
 // The program, as the README runs it (small selection to stay fast).
 TEST(OpcovProgram, WritesTheThreeFilesWithStatuses) {
   testing::TempDir out;

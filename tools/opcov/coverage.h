@@ -34,6 +34,7 @@
 #pragma once
 
 #include "converters/op_suite.h"
+#include "tools/opcov/discovery.h"
 
 #include <nlohmann/json.hpp>
 
@@ -112,6 +113,10 @@ struct RunInfo {
   std::map<std::string, std::string> previous_status;
   // NOTE: [PyTorch's DTensor op test beside ours] (empty: no comparison in the reports).
   std::vector<PytorchOpInfo> pytorch_ops;
+  // NOTE: [Discovery in the op-coverage report]: strategy_discovery's findings (null: none)
+  // and PyTorch's DTensor on the same combinations (no header: none).
+  nlohmann::json discovery;
+  PytorchStrategies pytorch_strategies;
 };
 
 // One row per aten operator overload of the dispatcher (sorted), statuses from `records`.

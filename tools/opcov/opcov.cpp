@@ -78,6 +78,10 @@ coverage.json, summary.md and report.html.
                           (default: suites/ops/coverage_exclusions.txt of the source tree)
   --pytorch-ops F         PyTorch's DTensor op test expectations per OpInfo, compared with ours
                           (default: suites/ops/pytorch_dtensor_ops.txt; "" for none)
+  --discovery F           tools/strategy_discovery's --json findings: the report's "Strategy
+                          discovery" section
+  --pytorch-strategies F  tools/opcov/pytorch_strategies.py's --out: PyTorch's DTensor on the
+                          same samples and combinations, beside ours (needs --discovery)
   --print-failures        print every case that did not pass
   --quiet                 no progress line
 )";
@@ -96,6 +100,7 @@ struct Options {
   std::string expected_failures;
   std::string exclusions;
   std::string pytorch_ops;
+  std::string discovery, pytorch_strategies;
   std::string previous;
   bool print_failures = false;
   bool quiet = false;
@@ -140,6 +145,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--expected-failures") o.expected_failures = value(i);
     else if (a == "--exclusions") o.exclusions = value(i);
     else if (a == "--pytorch-ops") o.pytorch_ops = value(i);
+    else if (a == "--discovery") o.discovery = value(i);
+    else if (a == "--pytorch-strategies") o.pytorch_strategies = value(i);
     else if (a == "--previous") o.previous = value(i);
     else if (a == "--print-failures") o.print_failures = true;
     else if (a == "--quiet") o.quiet = true;
@@ -435,6 +442,10 @@ int run(int argc, char** argv) {
   const Exclusions exclusions = Exclusions::load(o.exclusions);
   if (!o.pytorch_ops.empty())  // NOTE: [PyTorch's DTensor op test beside ours]
     info.pytorch_ops = parse_pytorch_dtensor_ops(testing::read_listing(o.pytorch_ops, "PyTorch DTensor ops"), o.pytorch_ops);
+  TORCH_CHECK(o.pytorch_strategies.empty() || !o.discovery.empty(),
+              "opcov: --pytorch-strategies needs --discovery (PyTorch's side is compared with ours)");
+  if (!o.discovery.empty()) info.discovery = load_discovery(o.discovery);  // before the long run: a bad file fails fast
+  if (!o.pytorch_strategies.empty()) info.pytorch_strategies = load_pytorch_strategies(o.pytorch_strategies);
   if (!o.previous.empty()) {
     std::ifstream in(o.previous);
     TORCH_CHECK(in.good(), "opcov: cannot read --previous ", o.previous);

@@ -81,6 +81,7 @@ nlohmann::json coverage_json(const RunInfo& info, const std::vector<CaseRecord>&
             {"verified_names", s.verified_names},
             {"cases_by_status", s.cases_by_status}}},
           {"pytorch_dtensor_ops", pytorch_json(info, rows)},
+          {"strategy_discovery", discovery_json(info.discovery, info.pytorch_strategies)},
           {"records", records},
           {"ops", ops}};
 }
@@ -163,6 +164,7 @@ std::string summary_markdown(const RunInfo& info, const std::vector<CaseRecord>&
     md << "\n```sh\n" << reproduce_command(r.op) << "\n```\n\n";
   }
   if (failing == 0) md << "None.\n";
+  md << discovery_markdown(info.discovery, info.pytorch_strategies);
   return md.str();
 }
 
@@ -386,6 +388,7 @@ std::string report_html(const RunInfo& info, const std::vector<CaseRecord>& reco
   std::ostringstream h;
   html_head(h);
   html_summary(h, info, rows, s);
+  h << discovery_html(info.discovery, info.pytorch_strategies);
   html_ops(h, records, rows);
   return h.str();
 }
