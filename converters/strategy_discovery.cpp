@@ -581,7 +581,16 @@ RuleJudgement judge_rule(const c10::OperatorHandle& op, const OpSample& sample, 
       j.choices.push_back({c.inputs, "unsupported", {}, 0, 0, message_of(e)});
       continue;
     }
-    if (!q) return j;  // no rule
+    if (!q) {
+      // No rule. An op with a CompositeImplicitAutograd kernel (matmul, linear, einsum) never
+      // reaches the DTensor key: it decomposes into ops that have rules, so a DTensor call runs
+      // (its values are the op suite's to check). Any other raises, whatever the layout.
+      const bool decomposes = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+      for (const DiscoveredCombination& each : discovery.combinations)
+        j.choices.push_back({each.inputs, decomposes ? "unjudged" : "unsupported", {}, 0, 0,
+                             decomposes ? "decomposes into ops with rules" : "no sharding rule"});
+      return j;
+    }
     j.has_rule = true;
     j.own_local_computation = q->has_kernel || q->has_rewrite;
     for (size_t k = 0; k < q->options.size(); ++k) {

@@ -119,12 +119,15 @@ struct RuleJudgement {
   // Offered and valid.
   size_t confirmed = 0;
   // What the rule chooses for each input combination of the discovery (propagate()'s choice,
-  // as a DTensor call with those inputs would run it), in the discovery's order.
+  // as a DTensor call with those inputs would run it), in the discovery's order. An op without
+  // a rule: every one "unsupported", or "unjudged" when the op decomposes (a
+  // CompositeImplicitAutograd kernel) into ops that have rules.
   struct Choice {
     std::vector<Placement> inputs;
     // "ok": a valid strategy; "wrong": discovery finds the chosen strategy not valid;
     // "unsupported": the rule has no strategy for these inputs (it raises); "unjudged": the rule
-    // runs its own local computation, or chooses placements discovery does not try.
+    // runs its own local computation, or chooses placements discovery does not try, or the op
+    // decomposes into ops with rules.
     std::string status;
     std::vector<Placement> outputs;  // one per output (on the mesh dim); empty when unsupported
     double cost = 0;                 // redistribute_cost's bytes of the inputs' redistribution

@@ -329,18 +329,17 @@ const bool registered = [] {
 
   // squeeze.dim names its dim: only that one goes, so any shard of the others survives.
   auto squeeze_rule = [](const OpCall& c) { return mapped_options(squeeze_map(c)); };
-  RuleOptions squeeze_all;
-  squeeze_all.valid = no_size1_shard;
-  RuleOptions squeeze_all_inplace = squeeze_all;
-  squeeze_all_inplace.inplace_view = true;
-  register_rule("aten::squeeze", squeeze_rule, nullptr, squeeze_all);
-  register_rule("aten::squeeze_", squeeze_rule, nullptr, squeeze_all_inplace);
-  RuleOptions squeeze_dim;
-  squeeze_dim.valid = named_dim_not_size1;
-  RuleOptions squeeze_dim_inplace = squeeze_dim;
-  squeeze_dim_inplace.inplace_view = true;
-  register_rule("aten::squeeze.dim", squeeze_rule, nullptr, squeeze_dim);
-  register_rule("aten::squeeze_.dim", squeeze_rule, nullptr, squeeze_dim_inplace);
+  // The functional and the in-place overload, with the check of what the local squeeze drops.
+  auto register_squeeze = [&](const char* name, const char* inplace_name, decltype(RuleOptions::valid) valid) {
+    RuleOptions functional;
+    functional.valid = std::move(valid);
+    RuleOptions in_place = functional;
+    in_place.inplace_view = true;
+    register_rule(name, squeeze_rule, nullptr, functional);
+    register_rule(inplace_name, squeeze_rule, nullptr, in_place);
+  };
+  register_squeeze("aten::squeeze", "aten::squeeze_", no_size1_shard);
+  register_squeeze("aten::squeeze.dim", "aten::squeeze_.dim", named_dim_not_size1);
 
   register_rule(
       "aten::expand",

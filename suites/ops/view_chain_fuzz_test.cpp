@@ -2,7 +2,7 @@
 // permute, flatten, unflatten, narrow, select, squeeze, unsqueeze) on sharded DTensors, each
 // step compared with the same chain on the plain tensor: the shape, every rank's local shape
 // against what its spec implies, and (gathered) the values. A view whose rule keeps a
-// placement the local pieces do not have (PyTorch shipped such rules: pytorch#179502) shows as
+// placement the local pieces do not have (PyTorch has shipped such view rules) shows as
 // wrong values or a wrong local shape at the step that made it.
 //
 // Inputs: 1 to 4 dims of 1 to 9 elements (uneven shards and one-element dims included), laid

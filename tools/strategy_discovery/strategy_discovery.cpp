@@ -122,6 +122,24 @@ bool dump_sample(const std::string& path, const c10::OperatorHandle& op, const s
 
 // Runs in the child: prints the op's findings, writes them to `fd` as one JSON line. Samples
 // are numbered from `first_sample` (their DIR/<n>.pt names).
+// A sample whose examination raised: printed, and its entry in the op's "errors".
+json report_error(const OpInfo& info, const dtensor::testing::OpSample& sample, const std::exception& e) {
+  const auto* err = dynamic_cast<const c10::Error*>(&e);
+  const std::string what = (err ? err->msg() : std::string(e.what())).substr(0, 200);
+  std::printf("error    %s [%s] %s\n", info.op.c_str(), sample.variant.c_str(), what.c_str());
+  return {{"variant", sample.variant}, {"message", what}};
+}
+
+// The child's findings to the parent, one JSON line (the child exits 3 if the pipe fails).
+void write_report(int fd, const json& r) {
+  const std::string line = r.dump() + "\n";
+  for (size_t off = 0; off < line.size();) {
+    const ssize_t w = ::write(fd, line.data() + off, line.size() - off);
+    if (w <= 0) _exit(3);
+    off += static_cast<size_t>(w);
+  }
+}
+
 // --mesh: the child's work. Writes {"op", "samples", "skipped", "checked", "unsupported",
 // "unjudged", "wrong"} to `fd`.
 void examine_on_mesh(const OpInfo& info, const c10::OperatorHandle& op, const Options& o, long first_sample, int fd) {
@@ -149,21 +167,13 @@ void examine_on_mesh(const OpInfo& info, const c10::OperatorHandle& op, const Op
         wrong.push_back({{"variant", sample.variant}, {"strategy", w}});
       }
     } catch (const std::exception& e) {
-      const auto* err = dynamic_cast<const c10::Error*>(&e);
-      const std::string what = (err ? err->msg() : std::string(e.what())).substr(0, 200);
-      std::printf("error    %s [%s] %s\n", info.op.c_str(), sample.variant.c_str(), what.c_str());
-      errors.push_back({{"variant", sample.variant}, {"message", what}});
+      errors.push_back(report_error(info, sample, e));
     }
   }
   std::fflush(stdout);
   r["wrong"] = std::move(wrong);
   r["errors"] = std::move(errors);
-  const std::string line = r.dump() + "\n";
-  for (size_t off = 0; off < line.size();) {
-    const ssize_t w = ::write(fd, line.data() + off, line.size() - off);
-    if (w <= 0) _exit(3);
-    off += static_cast<size_t>(w);
-  }
+  write_report(fd, r);
 }
 
 void examine(const OpInfo& info, const c10::OperatorHandle& op, const Options& o, long first_sample, int fd) {
@@ -198,7 +208,7 @@ void examine(const OpInfo& info, const c10::OperatorHandle& op, const Options& o
       }
       const RuleJudgement j = dtensor::testing::judge_rule(op, sample, d);
       r["has_rule"] = r["has_rule"].get<bool>() || j.has_rule;
-      if (j.has_rule && !o.dump_dir.empty()) {
+      if (!o.dump_dir.empty()) {  // every choice, "unsupported" ones of ops without a rule too
         for (const auto& c : j.choices) {
           json e = {{"sample", n}, {"variant", sample.variant}, {"inputs", labels(c.inputs)}, {"status", c.status},
                     {"outputs", labels(c.outputs)}, {"dumped", dumped}};
@@ -229,10 +239,7 @@ void examine(const OpInfo& info, const c10::OperatorHandle& op, const Options& o
         missing.push_back(std::move(m));
       }
     } catch (const std::exception& e) {
-      const auto* err = dynamic_cast<const c10::Error*>(&e);
-      const std::string what = (err ? err->msg() : std::string(e.what())).substr(0, 200);
-      std::printf("error    %s [%s] %s\n", info.op.c_str(), sample.variant.c_str(), what.c_str());
-      errors.push_back({{"variant", sample.variant}, {"message", what}});
+      errors.push_back(report_error(info, sample, e));
     }
   }
   std::fflush(stdout);
@@ -240,12 +247,7 @@ void examine(const OpInfo& info, const c10::OperatorHandle& op, const Options& o
   r["missing"] = std::move(missing);
   r["errors"] = std::move(errors);
   r["choices"] = std::move(choices);
-  const std::string line = r.dump() + "\n";
-  for (size_t off = 0; off < line.size();) {
-    const ssize_t w = ::write(fd, line.data() + off, line.size() - off);
-    if (w <= 0) _exit(3);
-    off += static_cast<size_t>(w);
-  }
+  write_report(fd, r);
 }
 
 bool make_dir(const std::string& dir) {
