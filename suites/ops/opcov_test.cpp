@@ -303,7 +303,10 @@ nlohmann::json sample_discovery() {
        "choices": [
          {"sample": 2, "variant": "x", "inputs": ["P(sum)"], "status": "unsupported", "outputs": [], "message": "no valid strategy", "dumped": true},
          {"sample": 2, "variant": "x", "inputs": ["S(0)"], "status": "wrong", "outputs": ["S(0)"], "cost": 0, "dumped": true},
-         {"sample": 2, "variant": "x", "inputs": ["R"], "status": "ok", "outputs": ["R"], "cost": 0, "dumped": true}]}]})J");
+         {"sample": 2, "variant": "x", "inputs": ["R"], "status": "ok", "outputs": ["R"], "cost": 0, "dumped": true}]},
+      {"op": "aten::matmul", "wrong": [], "missing": [],
+       "choices": [
+         {"sample": 3, "variant": "m", "inputs": ["S(1)", "R"], "status": "unjudged", "outputs": [], "cost": 0, "message": "decomposes into ops with rules", "dumped": true}]}]})J");
 }
 
 std::string sample_pytorch_lines() {
@@ -316,6 +319,7 @@ std::string sample_pytorch_lines() {
 {"sample": 2, "op": "aten::relu", "inputs": ["S(0)"], "status": "ok", "outputs": ["S(0)"], "redistributions": 0}
 {"sample": 2, "op": "aten::relu", "inputs": ["R"], "status": "error", "message": "the plain op failed"}
 {"sample": 5, "op": "aten::abs", "inputs": ["R"], "status": "ok", "outputs": ["R"], "redistributions": 0}
+{"sample": 3, "op": "aten::matmul", "inputs": ["S(1)", "R"], "status": "ok", "outputs": ["P(sum)"], "redistributions": 1}
 )J";
 }
 
@@ -329,10 +333,11 @@ TEST(OpCoverage, PytorchsDTensorBesideOursPerCombination) {
   const auto d = sample_discovery();
   const auto p = pytorch_from(sample_pytorch_lines());
   EXPECT_EQ(p.header.at("torch"), "2.15.0");
-  ASSERT_EQ(p.lines.size(), 8u);
+  ASSERT_EQ(p.lines.size(), 9u);
   const auto c = opcov::compare_strategies(d, p);
-  EXPECT_EQ(c.compared, 6);  // the "error" line is not judged
-  EXPECT_EQ(c.totals, (std::map<std::string, int>{{"both right", 2},
+  EXPECT_EQ(c.compared, 7);  // the "error" line is not judged
+  // matmul decomposes on our side: right, but neither side is cheaper (its cost is not known).
+  EXPECT_EQ(c.totals, (std::map<std::string, int>{{"both right", 3},
                                                   {"PyTorch cheaper", 1},
                                                   {"PyTorch wrong", 1},
                                                   {"only ours", 1},
@@ -366,7 +371,7 @@ TEST(OpCoverage, PytorchsDTensorBesideOursPerCombination) {
   EXPECT_PRED2(contains, html, "<summary>aten::mm: 1 combinations</summary>");
   EXPECT_PRED2(contains, html, "<pre>x = &lt;b&gt;</pre>");
   EXPECT_PRED2(contains, html, "aten::lu_unpack (Segmentation fault)");
-  EXPECT_PRED2(contains, html, "both right 2, only ours 1, only PyTorch 1, PyTorch wrong 1, we are wrong 1, neither 0");
+  EXPECT_PRED2(contains, html, "both right 3, only ours 1, only PyTorch 1, PyTorch wrong 1, we are wrong 1, neither 0");
   EXPECT_LT(html.find("id=\"summary\""), html.find("id=\"discovery\""));
   EXPECT_LT(html.find("id=\"discovery\""), html.find("id=\"ops\""));
   const std::string md = opcov::summary_markdown(info, records, rows, s);

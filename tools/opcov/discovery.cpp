@@ -110,7 +110,7 @@ StrategyComparison compare_strategies(const json& discovery, const PytorchStrate
       StrategyComparison::Op& o = c.ops[op["op"].get<std::string>()];
       ++o.counts[category];
       std::string cheaper;
-      if (category == "both right") {
+      if (category == "both right" && ours == "ok") {  // an unjudged choice's cost is not known
         // Collectives on both sides (a local split of a Replicate costs a byte in
         // redistribute_cost, and nothing on the wire).
         const bool we_move = ch.contains("collectives") ? ch["collectives"].get<int>() > 0 : ch.value("cost", 0.0) > 0;
