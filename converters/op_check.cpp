@@ -137,11 +137,13 @@ std::string first_placement(const DTensorConverter& converter) {
   return ps.size() == 1 ? dtensor::to_string(ps[0]) : dtensor::to_string(ps);
 }
 
-// Whether the written argument is Partial (on some mesh dim) in the current combination.
-bool written_is_partial(const DTensorConverter& converter, int64_t slot) {
+// Whether a written tensor (the argument, or an element of a written list) is Partial (on some
+// mesh dim) in the current combination.
+bool written_is_partial(const DTensorConverter& converter, const std::vector<int64_t>& slots) {
   const std::vector<std::vector<Placement>> combination = converter.combination(converter.current_index());
-  for (const Placement& p : combination[static_cast<size_t>(slot)])
-    if (is_partial(p)) return true;
+  for (int64_t slot : slots)
+    for (const Placement& p : combination[static_cast<size_t>(slot)])
+      if (is_partial(p)) return true;
   return false;
 }
 
@@ -308,7 +310,7 @@ class OpCheck {
   std::vector<c10::IValue> expected_scalars_;
   std::vector<size_t> diff_outputs_;  // differentiable outputs: floating, attached to the graph
   bool with_grad_ = false, check_backward_ = false;
-  int64_t written_slot_ = -1;  // the converter slot of the written argument
+  std::vector<int64_t> written_slots_;  // the converter slots of the written argument (its elements)
   bool stop_ = false;          // stop_on_missing_rule found an op without a rule
 };
 
@@ -378,8 +380,10 @@ OpCheckResult OpCheck::run(const std::vector<c10::IValue>& args) {
   if (reference(args)) {
     // 2. Every combination.
     DTensorConverter converter(mesh_, base_, options_.converter);
+    const std::string written_name = "arg" + std::to_string(written_arg_);
     for (int64_t i = 0; written_arg_ >= 0 && i < converter.num_tensors(); ++i)
-      if (converter.tensor_name(i) == "arg" + std::to_string(written_arg_)) written_slot_ = i;
+      if (converter.tensor_name(i) == written_name || converter.tensor_name(i).rfind(written_name + "[", 0) == 0)
+        written_slots_.push_back(i);
     result_.total_combinations = converter.num_combinations();
     result_.design = converter.design();
     result_.plan = converter.plan();
@@ -422,9 +426,9 @@ void OpCheck::combination(std::vector<c10::IValue> converted, DTensorConverter& 
   } catch (const std::exception& e) {
     threw = message_of(e);
   }
-  if (written_slot_ >= 0 && !threw.empty() &&  // NOTE: [Out= and in-place combinations refused]
+  if (!written_slots_.empty() && !threw.empty() &&  // NOTE: [Out= and in-place combinations refused]
       threw.find("an in-place op keeps the placements of the tensor it writes") != std::string::npos &&
-      (options_.written_is_out || written_is_partial(converter, written_slot_))) {
+      (options_.written_is_out || written_is_partial(converter, written_slots_))) {
     threw = "refused";
   }
   const std::string key = first_placement(converter);
@@ -576,10 +580,15 @@ OpCheckResult check_op(const DeviceMesh& mesh, const c10::OperatorHandle& op,
     if (formals[i].alias_info() && formals[i].alias_info()->isWrite()) written = static_cast<int>(i);
   OpCheckOptions o = options;
   o.written_is_out = written >= 0 && formals[static_cast<size_t>(written)].kwarg_only();
+  // An op that writes its arguments and returns nothing (_foreach_add_, ...): the written
+  // arguments, after the call, are its results (compared like outputs).
+  const bool results_are_written = op.schema().returns().empty() && written >= 0;
   return check_op(
       mesh, op_key(op.schema()),
-      [op](std::vector<c10::IValue> stack) {
+      [op, written, results_are_written](std::vector<c10::IValue> stack) {
+        const c10::IValue target = results_are_written ? stack.at(static_cast<size_t>(written)) : c10::IValue();
         op.callBoxed(&stack);
+        if (results_are_written) stack.push_back(target);
         return stack;
       },
       written, args, o);

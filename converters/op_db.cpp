@@ -236,6 +236,7 @@ const OpDb& op_db() {
     samples::add_tensor_samples(d);
     samples::add_index_samples(d);
     samples::add_conv_samples(d);
+    samples::add_pool_samples(d);
     samples::add_random_samples(d);
     samples::add_embedding_samples(d);
     samples::add_norm_samples(d);

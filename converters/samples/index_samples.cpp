@@ -91,6 +91,26 @@ void add_index_samples(OpDb& db) {
                    OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble), -1, g.index({6}, 6), g.tensor({5, 6}, at::kDouble)})};
   });
 
+  // index_reduce(self, dim, index, source, reduce, include_self)
+  add_both(db, "aten::index_reduce", [](SampleGen& g) {
+    return Samples{OpSample("rows_prod", {g.tensor({8, 4}), 0, g.index({5}, 8), g.tensor({5, 4}), std::string("prod")}),
+                   OpSample("cols_amax", {g.tensor({8, 4}), 1, g.index({3}, 4), g.tensor({8, 3}), std::string("amax")}),
+                   OpSample("mean_exclude_self_f64", {g.tensor({5, 6}, at::kDouble), -1, g.index({6}, 6),
+                                                      g.tensor({5, 6}, at::kDouble), std::string("mean")})
+                       .kw("include_self", false),
+                   OpSample("amin", {g.tensor({8, 4}), 0, g.index({5}, 8), g.tensor({5, 4}), std::string("amin")})};
+  });
+  // index_fill(self, dim, index, value): a Scalar value, or a 0-dim tensor.
+  add_both(db, "aten::index_fill.int_Scalar", [](SampleGen& g) {
+    return Samples{OpSample("rows", {g.tensor({8, 4}), 0, g.index({3}, 8), 1.5}),
+                   OpSample("cols_zero", {g.tensor({8, 4}), 1, g.index({2}, 4), 0}),
+                   OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble), -1, g.index({4}, 6), -2.0})};
+  });
+  add_both(db, "aten::index_fill.int_Tensor", [](SampleGen& g) {
+    return Samples{OpSample("rows", {g.tensor({8, 4}), 0, g.index({3}, 8), g.tensor({})}),
+                   OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble), 1, g.index({4}, 6), g.tensor({}, at::kDouble)})};
+  });
+
   // ---- advanced indexing (NOTE: [Advanced indexing layout]) ----
   const c10::optional<at::Tensor> all;  // ':'
   db.add("aten::index.Tensor", "tensor", [all](SampleGen& g) {

@@ -211,6 +211,17 @@ void add_other(OpDb& db) {
                    OpSample("rows", {g.tensor({8, 4}), g.tensor({3, 4}), 0, 2, 5}),
                    OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble), g.tensor({2, 6}, at::kDouble), 0, 1, 3})};
   });
+  // select_scatter(self, src, dim, index); diagonal_scatter(self, src, offset, dim1, dim2)
+  db.add("aten::select_scatter", "tensor", [](SampleGen& g) {
+    return Samples{OpSample("col", {g.tensor({8, 4}), g.tensor({8}), 1, 2}),
+                   OpSample("row_3d", {g.tensor({2, 4, 6}), g.tensor({2, 6}), 1, -1}),
+                   OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble), g.tensor({6}, at::kDouble), 0, 3})};
+  });
+  db.add("aten::diagonal_scatter", "tensor", [](SampleGen& g) {
+    return Samples{OpSample("main", {g.tensor({8, 8}), g.tensor({8})}),
+                   OpSample("offset_3d", {g.tensor({4, 6, 6}), g.tensor({4, 5}), 1, 1, 2}),
+                   OpSample("batch_last_f64", {g.tensor({5, 6, 3}, at::kDouble), g.tensor({3, 5}, at::kDouble), 0, 0, 1})};
+  });
   db.add("aten::split_with_sizes_copy", "tensor", [](SampleGen& g) {
     return Samples{OpSample("rows", {g.tensor({8, 4}), IL{3, 5}, 0}), OpSample("cols", {g.tensor({8, 6}), IL{2, 4}, 1}),
                    OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble), IL{1, 4}})};
@@ -312,9 +323,11 @@ void add_other(OpDb& db) {
 
 enum class Domain { kAny, kPositive, kUnit };
 
-Domain foreach_domain(const std::string& name) {
+// `name` without the trailing underscore of an in-place variant.
+Domain foreach_domain(std::string name) {
+  if (!name.empty() && name.back() == '_') name.pop_back();
   for (const char* n : {"_foreach_log", "_foreach_log10", "_foreach_log1p", "_foreach_log2", "_foreach_sqrt",
-                        "_foreach_reciprocal", "_foreach_div", "_foreach_pow", "_foreach_lgamma", "_foreach_addcdiv"})
+                        "_foreach_rsqrt", "_foreach_reciprocal", "_foreach_div", "_foreach_pow", "_foreach_lgamma", "_foreach_addcdiv"})
     if (name == std::string("aten::") + n) return Domain::kPositive;
   if (name == "aten::_foreach_acos" || name == "aten::_foreach_asin") return Domain::kUnit;
   return Domain::kAny;
@@ -336,7 +349,7 @@ at::Tensor foreach_tensor(SampleGen& g, IL shape, Domain d) {
 bool foreach_args(const c10::FunctionSchema& s, const std::string& name, SampleGen& g, double scalar,
                   std::vector<c10::IValue>& args) {
   const Domain dom = foreach_domain(name);
-  const bool scalars_tensor = name == "aten::_foreach_addcmul" || name == "aten::_foreach_addcdiv";
+  const bool scalars_tensor = name.rfind("aten::_foreach_addcmul", 0) == 0 || name.rfind("aten::_foreach_addcdiv", 0) == 0;
   bool defaults = false;  // the rest of the positional arguments keep their defaults
   for (const auto& a : s.arguments()) {
     if (a.kwarg_only()) {

@@ -27,6 +27,17 @@ void add_products(OpDb& db) {
                    OpSample("uneven_f64", {g.tensor({5, 3}, at::kDouble), g.tensor({5, 6}, at::kDouble),
                                            g.tensor({6, 3}, at::kDouble)})};
   });
+  // In place: self has the result's shape.
+  db.add("aten::addmm_", "matrix", [](SampleGen& g) {
+    return Samples{OpSample("even", {g.tensor({8, 8}), g.tensor({8, 4}), g.tensor({4, 8})}).kw("beta", 0.5),
+                   OpSample("uneven_f64", {g.tensor({5, 3}, at::kDouble), g.tensor({5, 6}, at::kDouble),
+                                           g.tensor({6, 3}, at::kDouble)})};
+  });
+  db.add("aten::baddbmm_", "matrix", [](SampleGen& g) {
+    return Samples{OpSample("even", {g.tensor({4, 8, 8}), g.tensor({4, 8, 4}), g.tensor({4, 4, 8})}).kw("alpha", 2),
+                   OpSample("uneven_f64", {g.tensor({3, 5, 2}, at::kDouble), g.tensor({3, 5, 6}, at::kDouble),
+                                           g.tensor({3, 6, 2}, at::kDouble)})};
+  });
   db.add("aten::bmm", "matrix", [](SampleGen& g) {
     return Samples{OpSample("even", {g.tensor({4, 8, 4}), g.tensor({4, 4, 8})}),
                    OpSample("uneven_f64", {g.tensor({3, 5, 6}, at::kDouble), g.tensor({3, 6, 2}, at::kDouble)})};

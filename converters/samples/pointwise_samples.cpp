@@ -161,7 +161,7 @@ void add_pointwise_samples(OpDb& db) {
   unary_ops(db, {"mvlgamma"}, Dom::kAbove1, {{"p", 2}});
   unary_ops(db, {"clamp"}, Dom::kAny, {{"min", -0.5}, {"max", 0.5}});
   unary_ops(db, {"_to_copy"}, Dom::kAny, {{"dtype", at::kDouble}});
-  unary_ops(db, {"zero_"}, Dom::kAny);
+  unary_ops(db, {"zero_", "zero"}, Dom::kAny);
 
   // ---- binary (tensor, tensor) ----
   for (const char* op : {"aten::add.Tensor", "aten::sub.Tensor"}) {
@@ -241,6 +241,29 @@ void add_pointwise_samples(OpDb& db) {
   tensor_scalar_ops(db, {"bitwise_and.Scalar", "bitwise_or.Scalar", "bitwise_xor.Scalar"}, Dom::kInt, 5);
   tensor_scalar_ops(db, {"bitwise_left_shift.Tensor_Scalar", "bitwise_right_shift.Tensor_Scalar"}, Dom::kInt, 2);
   binary_ops(db, {"__lshift__.Tensor", "__rshift__.Tensor"}, Dom::kInt, Dom::kInt);
+  tensor_scalar_ops(db, {"__ilshift__.Scalar", "__irshift__.Scalar"}, Dom::kInt, 2);
+  binary_ops(db, {"__ilshift__.Tensor", "__irshift__.Tensor"}, Dom::kInt, Dom::kInt);
+  // linalg_cross(self, other, dim): size 3 along dim; broadcasting.
+  db.add("aten::linalg_cross", "pointwise", [](SampleGen& g) {
+    return Samples{OpSample("last", {g.tensor({8, 3}), g.tensor({8, 3})}),
+                   OpSample("dim0_broadcast", {g.tensor({3, 4}), g.tensor({3, 1})}).kw("dim", 0),
+                   OpSample("3d_f64", {g.tensor({2, 3, 5}, at::kDouble), g.tensor({2, 3, 5}, at::kDouble)}).kw("dim", 1)};
+  });
+  // frexp: (mantissa, exponent); the exponent is an int tensor.
+  db.add("aten::frexp.Tensor", "pointwise", [](SampleGen& g) { return unary(g, Dom::kAny); });
+  // Hurwitz zeta(x, q): finite for x > 1, q > 0; no derivative in x.
+  db.add("aten::special_zeta", "pointwise", [](SampleGen& g) {
+    Samples s = binary(g, Dom::kAbove1, Dom::kPos);
+    for (auto& sample : s) sample.no_backward();
+    return s;
+  });
+  for (const char* op : {"aten::special_zeta.self_scalar", "aten::special_zeta.other_scalar"})
+    db.add(op, "pointwise", [op](SampleGen& g) {
+      const bool self_scalar = std::string(op).find("self_scalar") != std::string::npos;
+      at::Tensor t = make(g, {8, 4}, self_scalar ? Dom::kPos : Dom::kAbove1);
+      return Samples{OpSample("even", self_scalar ? std::vector<c10::IValue>{2.5, t} : std::vector<c10::IValue>{t, 1.5})
+                         .no_backward()};
+    });
   binary_ops(db, {"max.other", "min.other"}, Dom::kAny, Dom::kAny);
   // (Scalar self, Tensor other) and (Tensor self, Scalar other) overloads.
   for (const char* op : {"aten::remainder.Scalar_Tensor", "aten::xlogy.Scalar_Self", "aten::special_xlog1py.self_scalar"})

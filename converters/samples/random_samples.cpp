@@ -102,6 +102,14 @@ void add_random_samples(OpDb& db) {
                      OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble)}).seeded(kSeed),
                      OpSample("to_f64", {g.tensor({8, 4})}).kw("dtype", at::kDouble).seeded(kSeed)};
     });
+  // randint_like(self, high) and (self, low, high): integer values drawn in self's shape.
+  db.add("aten::randint_like", "random", [](SampleGen& g) {
+    return Samples{OpSample("even", {g.tensor({8, 4}), 10}).seeded(kSeed),
+                   OpSample("uneven_long", {g.tensor({5, 6}), 7}).kw("dtype", at::kLong).seeded(kSeed)};
+  });
+  db.add("aten::randint_like.low_dtype", "random", [](SampleGen& g) {
+    return Samples{OpSample("even", {g.tensor({8, 4}), -3, 5}).seeded(kSeed)};
+  });
   db.add("aten::native_dropout", "random", [](SampleGen& g) {
     return Samples{OpSample("train", {g.tensor({8, 4}), 0.4, true}).seeded(kSeed),
                    OpSample("uneven_f64", {g.tensor({5, 6}, at::kDouble), 0.5, true}).seeded(kSeed),

@@ -11,8 +11,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <limits>
+#include <tuple>
 
 namespace dtensor {
 namespace testing {
@@ -216,6 +218,15 @@ void add_logical(OpDb& db) {
                      OpSample("bool", {g.boolean({8, 4}), 1})};
     });
   }
+  // all.dims / any.dims (libtorch 2.x): a list of dims, or none (every dim).
+  for (const char* op : {"aten::all.dims", "aten::any.dims"}) {
+    if (!c10::Dispatcher::singleton().findSchema({std::string(op).substr(0, 9), "dims"}).has_value()) continue;
+    add(db, op, [mixed](SampleGen& g) {
+      return Samples{OpSample("dims01_3d", {mixed(g, {2, 4, 6}), IL{0, 1}}),
+                     OpSample("dim1_keepdim", {mixed(g, {8, 4}), IL{1}, true}),
+                     OpSample("every_dim_f64", {g.tensor({5, 6}, at::kDouble), c10::IValue()})};
+    });
+  }
   for (const char* op : {"aten::all.out", "aten::any.out"}) {
     add(db, op, [mixed](SampleGen& g) {
       return Samples{OpSample("dim0", {mixed(g, {8, 4}), 0}).kw("out", g.boolean({4}))};
@@ -325,6 +336,22 @@ void add_scans(OpDb& db) {
     for (int64_t d : shape) n *= d;
     return (at::randperm(n, at::detail::createCPUGenerator(g.seed()), at::kLong).to(at::kFloat) / 7 - 2).reshape(shape);
   };
+  for (const char* op : {"aten::cummax", "aten::cummin"})
+    add(db, op, [distinct](SampleGen& g) {
+      return Samples{OpSample("dim0", {distinct(g, {8, 4}), 0}), OpSample("neg_3d", {distinct(g, {2, 4, 6}), -1}),
+                     OpSample("uneven", {distinct(g, {5, 6}), 1})};
+    });
+  // cummaxmin_backward(grad, input, indices, dim): the indices of cummax on the input. Forward
+  // only: on DTensors the op runs as a unit below autograd (NOTE: [Composite ops run whole]).
+  add(db, "aten::cummaxmin_backward", [distinct](SampleGen& g) {
+    Samples s;
+    for (auto [variant, shape, dim] : {std::make_tuple("dim0", IL{8, 4}, int64_t{0}),
+                                       std::make_tuple("neg_3d", IL{2, 4, 6}, int64_t{-1})}) {
+      const at::Tensor input = distinct(g, shape);
+      s.push_back(OpSample(variant, {g.tensor(shape), input, std::get<1>(at::cummax(input, dim)), dim}).no_backward());
+    }
+    return s;
+  });
   add(db, "aten::sort", [distinct](SampleGen& g) {
     return Samples{OpSample("dim1", {distinct(g, {8, 4}), 1}), OpSample("dim0_desc", {distinct(g, {8, 4}), 0, true}),
                    OpSample("neg_3d", {distinct(g, {2, 4, 6}), -1}),

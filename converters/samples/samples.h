@@ -20,6 +20,7 @@ void add_view_samples(OpDb& db);
 void add_tensor_samples(OpDb& db);
 void add_index_samples(OpDb& db);
 void add_conv_samples(OpDb& db);
+void add_pool_samples(OpDb& db);
 void add_random_samples(OpDb& db);
 void add_embedding_samples(OpDb& db);
 void add_norm_samples(OpDb& db);

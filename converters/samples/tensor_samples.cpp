@@ -111,6 +111,9 @@ void add_tensor_samples(OpDb& db) {
   db.add("aten::nonzero", "tensor", [](SampleGen& g) {
     return Samples{OpSample("even", {g.boolean({8, 4})}), OpSample("int", {g.index({5, 6}, 3)})};
   });
+  db.add("aten::_unique", "tensor", [](SampleGen& g) {
+    return Samples{OpSample("sorted_inverse", {g.index({8, 4}, 5), true, true}), OpSample("1d", {g.index({7}, 3)})};
+  });
   // Causal masks: the last two dims are position-dependent.
   for (const char* op : {"aten::triu", "aten::tril", "aten::triu_", "aten::tril_"})
     db.add(op, "tensor", [](SampleGen& g) {

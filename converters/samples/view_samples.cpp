@@ -64,10 +64,11 @@ void add_view_samples(OpDb& db) {
   });
 
   // ---- broadcasting and tiling ----
-  db.add("aten::expand", "view", [](SampleGen& g) {
-    return Samples{OpSample("col", {g.tensor({8, 1}), IL{8, 4}}), OpSample("new_dim", {g.tensor({4}), IL{8, 4}}),
-                   OpSample("minus1", {g.tensor({5, 1}, at::kDouble), IL{-1, 6}})};
-  });
+  for (const char* op : {"aten::expand", "aten::expand_copy"})
+    db.add(op, "view", [](SampleGen& g) {
+      return Samples{OpSample("col", {g.tensor({8, 1}), IL{8, 4}}), OpSample("new_dim", {g.tensor({4}), IL{8, 4}}),
+                     OpSample("minus1", {g.tensor({5, 1}, at::kDouble), IL{-1, 6}})};
+    });
   db.add("aten::expand_as", "view", [](SampleGen& g) {
     return Samples{OpSample("col", {g.tensor({8, 1}), g.tensor({8, 4})}),
                    OpSample("new_dim_f64", {g.tensor({6}, at::kDouble), g.tensor({5, 6}, at::kDouble)})};
@@ -96,6 +97,13 @@ void add_view_samples(OpDb& db) {
                    OpSample("add_ones", {g.tensor({8}), IL{1, 8, 1}})};
   };
   db.add("aten::view", "view", view_like);
+  db.add("aten::view_copy", "view", view_like);
+  // view_copy.dtype(self, dtype): the same bits as another dtype (the last dim scales by the
+  // ratio of the element sizes).
+  db.add("aten::view_copy.dtype", "view", [](SampleGen& g) {
+    return Samples{OpSample("same_size", {g.tensor({8, 4}), at::kInt}).no_backward(),
+                   OpSample("halves_f64", {g.tensor({5, 6}, at::kDouble), at::kFloat}).no_backward()};
+  });
   db.add("aten::reshape", "view", view_like);
   db.add("aten::_unsafe_view", "view", [](SampleGen& g) {
     return Samples{OpSample("flatten", {g.tensor({8, 4}), IL{32}}), OpSample("split", {g.tensor({8, 4}), IL{4, 2, 4}}),

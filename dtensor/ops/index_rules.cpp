@@ -118,8 +118,10 @@ std::vector<DimOption> scatter_options(const OpCall& c) {
   std::vector<size_t> partial_inputs{0};
   if (n == 3) partial_inputs.push_back(2);
   add_partial_options(o, scatter_partial_kind(c), n, 1, partial_inputs);
-  // scatter_reduce amax/amin keep Partial(max)/Partial(min): max(self, src) of maxima is the max.
-  if (c.name.rfind("aten::scatter_reduce", 0) == 0 && c.args.size() > 4 && c.args[4].value.isString()) {
+  // scatter_reduce and index_reduce amax/amin keep Partial(max)/Partial(min): max(self, src) of
+  // maxima is the max.
+  if ((c.name.rfind("aten::scatter_reduce", 0) == 0 || c.name.rfind("aten::index_reduce", 0) == 0) &&
+      c.args.size() > 4 && c.args[4].value.isString()) {
     const std::string& r = c.args[4].value.toStringRef();
     if (r == "amax" || r == "amin") {
       const Partial p(r == "amax" ? comm::ReduceOp::MAX : comm::ReduceOp::MIN);
@@ -133,12 +135,31 @@ std::vector<DimOption> scatter_options(const OpCall& c) {
     bool aligned = true;
     for (size_t i = 1; i < n; ++i)
       aligned = aligned && c.inputs[i]->ndim() == nd && shape_of(c, i)[d] == shape_of(c, 0)[d];
-    if (c.name.rfind("aten::index_add", 0) == 0) {  // index_add's index is 1-D: only self and source
+    // index_add's and index_reduce's index is 1-D: only self and source
+    if (c.name.rfind("aten::index_add", 0) == 0 || c.name.rfind("aten::index_reduce", 0) == 0) {
       aligned = n == 3 && c.inputs[2]->ndim() == nd && shape_of(c, 2)[d] == shape_of(c, 0)[d];
       if (aligned) o.push_back({{Shard{d}}, {Shard{d}, Replicate{}, Shard{d}}});
       continue;
     }
     if (aligned) o.push_back({{Shard{d}}, all(n, Shard{d})});
+  }
+  return o;
+}
+
+// index_fill(self, dim, index, value): a constant into the positions `index` of `dim`. The
+// other dims keep their shards (the index, and a tensor value, replicated); a Partial self stays
+// Partial for avg, min and max (NOTE: [Partial through data movement]: a constant is written).
+std::vector<DimOption> index_fill_options(const OpCall& c) {
+  const size_t n = c.inputs.size();  // self, index[, value]
+  const int64_t nd = c.inputs[0]->ndim();
+  const int64_t dim = nd == 0 ? 0 : normalize_shard_dim(arg_int(c, 1, 0), nd);
+  std::vector<DimOption> o{{{Replicate{}}, all(n, Replicate{})}};
+  add_partial_options(o, PartialKind::kNotSum, n, 1, {0});
+  for (int64_t d = 0; d < nd; ++d) {
+    if (d == dim) continue;
+    DimOption k{{Shard{d}}, all(n, Replicate{})};
+    k.inputs[0] = Shard{d};
+    o.push_back(std::move(k));
   }
   return o;
 }
@@ -294,6 +315,10 @@ const bool registered = [] {
     register_rule(n, scatter_options, nullptr, relayout);
   RuleOptions mask_is_data;
   mask_is_data.output_shape_from_local_if = index_has_mask;
+  register_rule("aten::index_reduce", scatter_options);
+  register_rule("aten::index_reduce_", scatter_options, nullptr, relayout);
+  register_rule("aten::index_fill", index_fill_options);
+  register_rule("aten::index_fill_", index_fill_options, nullptr, relayout);
   register_rule("aten::index.Tensor", index_options, nullptr, mask_is_data);
   register_rule("aten::index_put", index_put_options);
   for (const char* n : {"aten::index_put_", "aten::_index_put_impl_"}) register_rule(n, index_put_options, nullptr, relayout);

@@ -253,11 +253,15 @@ Placement foreach_element_placement(const OpCall& c, const ForeachArgs& f, size_
 }
 
 // `norm_partial`: _foreach_norm (per-element reduction to a 0-dim tensor).
+// In place (_foreach_add_, ...: NOTE: [In-place list ops]) there are no outputs: element i of
+// the first list is written and keeps its placement.
 std::vector<DimOption> foreach_options(const OpCall& c, bool norm) {
   const ForeachArgs f = foreach_args(c);
   const size_t n_in = c.inputs.size(), n_out = c.output_meta.size();
+  const bool in_place = n_out == 0 && !c.written_list_inputs.empty();
   std::vector<DimOption> o{{all(n_out, R), all(n_in, R)}};
-  if (f.lists.empty() || f.lists[0].size() != n_out) return o;
+  if (f.lists.empty() || (f.lists[0].size() != n_out && !in_place)) return o;
+  const size_t n_elements = f.lists[0].size();
   Placement reduced = R;
   bool inf_norm = false;
   if (norm) {
@@ -269,7 +273,7 @@ std::vector<DimOption> foreach_options(const OpCall& c, bool norm) {
   for (int64_t m = 0; m < c.mesh->ndim(); ++m) {
     DimOption k{all(n_out, R), all(n_in, R)};
     bool any = false;
-    for (size_t i = 0; i < n_out; ++i) {
+    for (size_t i = 0; i < n_elements; ++i) {
       Placement p = foreach_element_placement(c, f, i, c.inputs[f.lists[0][i]]->placements[static_cast<size_t>(m)]);
       if (norm && is_shard(p) && !is_partial(reduced)) p = R;
       // The inf norm of an empty shard raises in libtorch 2.x: only splits without one.
@@ -279,7 +283,7 @@ std::vector<DimOption> foreach_options(const OpCall& c, bool norm) {
       if (!is_shard(p)) continue;
       any = true;
       for (const auto& l : f.lists) k.inputs[l[i]] = p;
-      k.outputs[i] = norm ? reduced : p;
+      if (!in_place) k.outputs[i] = norm ? reduced : p;
     }
     if (any) o.push_back(std::move(k));
   }
@@ -328,7 +332,8 @@ const char* const kForeachOps[] = {
     "_foreach_cosh", "_foreach_erf", "_foreach_erfc", "_foreach_exp", "_foreach_expm1", "_foreach_floor",
     "_foreach_frac", "_foreach_lgamma", "_foreach_log", "_foreach_log10", "_foreach_log1p", "_foreach_log2",
     "_foreach_neg", "_foreach_reciprocal", "_foreach_round", "_foreach_sigmoid", "_foreach_sin", "_foreach_sinh",
-    "_foreach_sqrt", "_foreach_tan", "_foreach_tanh", "_foreach_trunc",
+    "_foreach_sqrt", "_foreach_tan", "_foreach_tanh", "_foreach_trunc", "_foreach_rsqrt", "_foreach_sign",
+    "_foreach_clone",
     // with scalars or other lists
     "_foreach_add", "_foreach_sub", "_foreach_mul", "_foreach_div", "_foreach_maximum", "_foreach_minimum",
     "_foreach_clamp_min", "_foreach_clamp_max", "_foreach_addcmul", "_foreach_addcdiv", "_foreach_lerp",
@@ -338,7 +343,10 @@ const bool foreach_registered = [] {
   for (const char* n : kForeachOps) {
     const bool norm = std::string(n) == "_foreach_norm";
     register_rule(std::string("aten::") + n, [norm](const OpCall& c) { return foreach_options(c, norm); });
+    // The in-place variant (_foreach_add_, ...; absent names are never called).
+    if (!norm) register_rule(std::string("aten::") + n + "_", [](const OpCall& c) { return foreach_options(c, false); });
   }
+  register_rule("aten::_foreach_zero_", [](const OpCall& c) { return foreach_options(c, false); });
   return true;
 }();
 

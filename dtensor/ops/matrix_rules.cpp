@@ -253,6 +253,9 @@ const bool registered = [] {
   product("aten::mv", "mk,k->m");
   add_product("aten::addmm", "mk,kn->mn");
   add_product("aten::baddbmm", "bmk,bkn->bmn");
+  // In place: self is written, so it keeps its placements (the dispatcher refuses the rest).
+  add_product("aten::addmm_", "mk,kn->mn");
+  add_product("aten::baddbmm_", "bmk,bkn->bmn");
   add_product("aten::addbmm", "bmk,bkn->mn");  // the batch is summed: a contracted letter
   // addmv's kernel returns `self` as it is when mat is empty ([m, 0] or [0, k]): with a
   // broadcast self ([1] or a scalar), a rank holding an empty piece of mat would hold a piece

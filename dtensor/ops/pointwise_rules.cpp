@@ -109,8 +109,10 @@ const bool registered = [] {
                      "log_sigmoid_forward", "relu6", "celu", "selu", "rrelu", "rrelu_with_noise", "threshold",
                      // ldexp_ decomposes above DTensor in libtorch 1.13 / 2.6; today's libtorch
                      // gives it a kernel of its own (CompositeExplicitAutograd), so it needs a rule.
-                     "ldexp"}),
+                     "ldexp", "frexp", "special_zeta"}),
       Linear::kNone);
+  // The in-place shift operators (their results are not the names' with a trailing underscore).
+  reg({"aten::__ilshift__", "aten::__irshift__"}, Linear::kNone);
   // The special polynomial and Bessel families (libtorch 2.x; absent names are never called).
   reg({"aten::special_chebyshev_polynomial_t", "aten::special_chebyshev_polynomial_u",
        "aten::special_chebyshev_polynomial_v", "aten::special_chebyshev_polynomial_w",
@@ -139,7 +141,7 @@ const bool registered = [] {
   reg({"aten::max.other", "aten::min.other", "aten::max.out", "aten::min.out"}, Linear::kNone);
   reg({"aten::mul.Tensor", "aten::mul_.Tensor", "aten::mul.out"}, Linear::kAnyOne);
   reg({"aten::mul.Scalar", "aten::mul_.Scalar", "aten::div.Tensor", "aten::div_.Tensor", "aten::div.Scalar",
-       "aten::div_.Scalar", "aten::neg", "aten::neg_", "aten::clone", "aten::detach", "aten::deg2rad",
+       "aten::div_.Scalar", "aten::neg", "aten::neg_", "aten::clone", "aten::detach", "aten::detach_", "aten::deg2rad",
        "aten::deg2rad_", "aten::rad2deg", "aten::rad2deg_", "aten::alias", "aten::positive",
        "aten::threshold_backward", "aten::gelu_backward", "aten::tanh_backward", "aten::sigmoid_backward",
        "aten::silu_backward", "aten::hardtanh_backward", "aten::leaky_relu_backward", "aten::elu_backward",
@@ -158,6 +160,17 @@ const bool registered = [] {
       return pointwise_options(c, zero ? Linear::kFirst : Linear::kNone);
     });
   }
+  // linalg_cross(self, other, dim): elementwise with broadcasting except along `dim` (size 3),
+  // which each cross product reads whole; bilinear, like mul.
+  register_rule("aten::linalg_cross", [](const OpCall& c) {
+    std::vector<DimOption> opts = pointwise_options(c, Linear::kAnyOne);
+    const int64_t nd = c.output_meta.empty() ? c.inputs[0]->ndim() : static_cast<int64_t>(c.output_meta[0].shape.size());
+    const int64_t dim = normalize_shard_dim(arg_int(c, 2, -1), nd);
+    opts.erase(std::remove_if(opts.begin(), opts.end(),
+                              [dim](const DimOption& o) { return is_shard(o.outputs[0], dim); }),
+               opts.end());
+    return opts;
+  });
   // fill_ with a Scalar and zero_ keep whatever placement their input has, Partial included:
   // every rank's local tensor holds the value (PyTorch registers aten.fill_.Scalar and
   // aten.zero_ with the single-input strategy, so a Partial(sum) tensor filled with v has the
@@ -172,7 +185,7 @@ const bool registered = [] {
     return opts;
   };
   register_rule("aten::fill_.Scalar", keep_placement);
-  register_rule("aten::zero_", keep_placement);
+  for (const char* n : {"aten::zero_", "aten::zero"}) register_rule(n, keep_placement);
   // A cast is linear between floating dtypes; rounding to an integer dtype is not.
   register_rule("aten::_to_copy", [](const OpCall& c) {
     const bool floating = c.output_meta.empty() || at::isFloatingType(c.output_meta[0].dtype) ||

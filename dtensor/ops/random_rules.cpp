@@ -75,6 +75,7 @@ const bool registered = [] {
     register_rule(op, elementwise_options, nullptr, random);
   register_rule("aten::rand_like", like_options, nullptr, random);
   register_rule("aten::randn_like", like_options, nullptr, random);
+  register_rule("aten::randint_like", like_options, nullptr, random);
   register_rule("aten::native_dropout", native_dropout_options, nullptr, random);
   register_rule("aten::native_dropout_backward", native_dropout_backward_options);
   return true;

@@ -239,7 +239,9 @@ const bool registered = [] {
   for (const char* n : {"aten::median", "aten::nanmedian"}) register_rule(n, reduction(kAll, replicate_reduced()));
   register_rule("aten::all", reduction(kAll, replicate_reduced()));
   register_rule("aten::any", reduction(kAll, replicate_reduced()));
-  for (const char* n : {"aten::all.dim", "aten::any.dim", "aten::all.out", "aten::any.out"})
+  // (all.dims / any.dims: libtorch 2.x; without them the bare names' rule would take them.)
+  for (const char* n : {"aten::all.dim", "aten::any.dim", "aten::all.out", "aten::any.out", "aten::all.dims",
+                        "aten::any.dims"})
     register_rule(n, reduction(1, replicate_reduced()));
   register_rule("aten::all.all_out", reduction(kAll, replicate_reduced()));
   register_rule("aten::any.all_out", reduction(kAll, replicate_reduced()));

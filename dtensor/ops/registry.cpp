@@ -273,6 +273,7 @@ std::string cache_key(const OpCall& call, const Entry* entry) {
     }
   }
   if (entry == nullptr) k.put(int64_t{t_replicate_fallback ? 1 : 0});
+  k.put(int64_t{call.written_keeps_layout ? 1 : 0});
   return std::move(k.bytes);
 }
 
@@ -286,6 +287,7 @@ OutputSharding replicate_fallback_sharding(const OpCall& call) {
   fb.replicate_fallback = true;
   std::vector<size_t> written = out_inputs(call);
   if (call.written_input >= 0) written.push_back(static_cast<size_t>(call.written_input));
+  written.insert(written.end(), call.written_list_inputs.begin(), call.written_list_inputs.end());
   for (size_t j : written) {
     const DTensorSpec& w = *call.inputs[j];
     TORCH_CHECK(w.placements == rep, "DTensor: operator ", call.name,
@@ -343,9 +345,13 @@ bool valid_strategy(const OpCall& call, const Entry& entry, const std::vector<si
     const size_t w = static_cast<size_t>(call.written_input);
     // (An in-place view changes the shape, so its placements may move to other dims.)
     // NOTE: [In-place indexing may re-lay out what it writes]
-    valid = (entry.options.relayout_written || cand.inputs[w] == call.inputs[w]->placements) && n_out > 0 &&
+    valid = ((entry.options.relayout_written && !call.written_keeps_layout) ||
+             cand.inputs[w] == call.inputs[w]->placements) &&
+            n_out > 0 &&
             (entry.options.inplace_view || cand.outputs[0] == cand.inputs[w]);
   }
+  // NOTE: [In-place list ops]: every written element keeps its layout.
+  for (size_t j : call.written_list_inputs) valid = valid && cand.inputs[j] == call.inputs[j]->placements;
   if (valid && entry.options.valid) valid = entry.options.valid(call, cand.inputs, cand.outputs);
   return valid;
 }
@@ -410,7 +416,8 @@ OutputSharding propagate_plain(OpCall& call, const std::function<std::vector<Ten
   OutputSharding best = cheapest_strategy(call, *entry, options, outs);
   TORCH_CHECK(best.cost < std::numeric_limits<double>::infinity(), "DTensor: no valid sharding for ",
               call.name, " with inputs ", describe_inputs(call),
-              call.written_input >= 0 || !outs.empty() ? " (an in-place op keeps the placements of the tensor it writes; "
+              call.written_input >= 0 || !outs.empty() || !call.written_list_inputs.empty()
+                  ? " (an in-place op keeps the placements of the tensor it writes; "
                              "redistribute that tensor first)"
                            : "");
   best.rewrite = entry->rewrite;

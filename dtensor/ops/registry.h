@@ -55,6 +55,14 @@ struct OpCall {
   // Index (in `inputs`) of the DTensor the op writes into and returns (in-place and out=
   // variants), or -1.
   int written_input = -1;
+  // Indices (in `inputs`) of the elements of Tensor(a!)[] arguments, which in-place list ops
+  // (_foreach_add_, ...) write without returning them: each keeps its placements (NOTE:
+  // [In-place list ops]).
+  std::vector<size_t> written_list_inputs;
+  // The written input stands for a plain tensor (replicated on the fly: NOTE: [Plain tensors
+  // made by backward formulas]): the caller reads the write from that tensor, so it keeps its
+  // layout even for a rule that may re-lay out what it writes (RuleOptions::relayout_written).
+  bool written_keeps_layout = false;
 };
 
 // Placements for one mesh dim: one per tensor output, one per DTensor input (flattened).

@@ -1,6 +1,6 @@
 // dtensor/ops/scan_rules.cpp: scans along one dim (DESIGN.md D5): cumsum, cumprod (functional,
-// in-place and out=), logcumsumexp; and flip, which their backward formulas use (the gradient
-// of a scan is the reversed scan of the reversed gradient).
+// in-place and out=), logcumsumexp, cummax and cummin; and flip, which their backward formulas
+// use (the gradient of a scan is the reversed scan of the reversed gradient).
 //
 // A scan's element i depends on every element before it along the scan dim: a shard of that
 // dim would need the totals of the shards before it, so the scan dim is replicated first.
@@ -65,7 +65,19 @@ const bool registered = [] {
   // Overloads that exist in libtorch 1.13 and 2.x alike (checked through the dispatcher).
   for (const char* n : {"aten::sort", "aten::sort.stable", "aten::topk"}) register_rule(n, along_dim());
   for (const char* n : {"aten::cumsum", "aten::cumsum_"}) register_rule(n, scan(/*linear=*/true));
-  for (const char* n : {"aten::cumprod", "aten::cumprod_", "aten::logcumsumexp", "aten::_logcumsumexp"}) register_rule(n, scan(/*linear=*/false));
+  // cummax / cummin give (values, indices): both keep the other dims' shards.
+  for (const char* n : {"aten::cumprod", "aten::cumprod_", "aten::logcumsumexp", "aten::_logcumsumexp", "aten::cummax",
+                        "aten::cummin"})
+    register_rule(n, scan(/*linear=*/false));
+  // cummaxmin_backward(grad, input, indices, dim), the gradient of cummax / cummin, scatters grad
+  // back along `dim` into a tensor it makes; it reaches us whole (NOTE: [Composite ops run whole]
+  // in dtensor/tensor/composite_ops.cpp). Every other dim keeps its shards.
+  register_rule("aten::cummaxmin_backward", [](const OpCall& c) {
+    const int64_t nd = c.inputs[0]->ndim();
+    std::vector<bool> whole(static_cast<size_t>(nd), false);
+    if (nd > 0) whole[normalize_shard_dim(arg_int(c, 3, 0), nd)] = true;
+    return keep_other_dims(c, whole, /*linear=*/false);
+  });
   register_rule("aten::flip", [](const OpCall& c) {
     const int64_t nd = c.inputs[0]->ndim();
     std::vector<bool> whole(static_cast<size_t>(nd), false);

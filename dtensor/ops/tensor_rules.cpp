@@ -157,7 +157,9 @@ const bool registered = [] {
   };
   RuleOptions from_local;
   from_local.output_shape_from_local = true;
-  for (const char* n : {"aten::masked_select", "aten::nonzero"}) register_rule(n, all_replicated, nullptr, from_local);
+  // _unique(self, sorted, return_inverse) -> (values, inverse): index_fill's backward calls it.
+  for (const char* n : {"aten::masked_select", "aten::nonzero", "aten::_unique"})
+    register_rule(n, all_replicated, nullptr, from_local);
   register_rule("aten::masked_scatter", all_replicated);
   // libtorch 2.x: masked_scatter's gradient of source (grad.masked_select(mask), zeros after it).
   register_rule("aten::masked_scatter_backward", all_replicated);
@@ -200,6 +202,28 @@ const bool registered = [] {
       if (d != dim && c.inputs[1]->ndim() == nd && c.inputs[0]->tensor_meta.shape[d] == c.inputs[1]->tensor_meta.shape[d])
         o.push_back({{Shard{d}}, {Shard{d}, Shard{d}}});
     return o;
+  });
+  // select_scatter(self, src, dim, index) and diagonal_scatter(self, src, offset, dim1, dim2):
+  // src fills a slice of self without `dim` (without dim1 and dim2, their diagonal last); the
+  // other dims of self shard alike with src's matching dim; Partials pass through.
+  auto scatter_into = [](const OpCall& c, const std::vector<int64_t>& removed) {
+    const int64_t nd = c.inputs[0]->ndim();
+    std::vector<DimOption> o{{{Replicate{}}, {Replicate{}, Replicate{}}}};
+    add_partial_options(o, PartialKind::kMoves, 2, 1, {0, 1});
+    int64_t src_dim = 0;
+    for (int64_t d = 0; d < nd; ++d) {
+      if (std::find(removed.begin(), removed.end(), d) != removed.end()) continue;
+      o.push_back({{Shard{d}}, {Shard{d}, Shard{src_dim++}}});
+    }
+    return o;
+  };
+  register_rule("aten::select_scatter", [scatter_into](const OpCall& c) {
+    const int64_t nd = c.inputs[0]->ndim();
+    return scatter_into(c, {nd == 0 ? 0 : normalize_shard_dim(arg_int(c, 2, 0), nd)});
+  });
+  register_rule("aten::diagonal_scatter", [scatter_into](const OpCall& c) {
+    const int64_t nd = c.inputs[0]->ndim();
+    return scatter_into(c, {normalize_shard_dim(arg_int(c, 3, 0), nd), normalize_shard_dim(arg_int(c, 4, 1), nd)});
   });
   // split_with_sizes_copy(self, split_sizes, dim) -> Tensor[]: the split dim is replicated.
   register_rule("aten::split_with_sizes_copy", [](const OpCall& c) {

@@ -341,14 +341,16 @@ const bool registered = [] {
   register_squeeze("aten::squeeze", "aten::squeeze_", no_size1_shard);
   register_squeeze("aten::squeeze.dim", "aten::squeeze_.dim", named_dim_not_size1);
 
-  register_rule(
-      "aten::expand",
-      [](const OpCall& c) {
-        std::vector<int64_t> map(out_shape(c).size(), -1);
-        for (int64_t d = 0; d < static_cast<int64_t>(map.size()); ++d) map[d] = broadcast_input_dim(in_shape(c), out_shape(c), d);
-        return mapped_options(map);
-      },
-      local_size_at(1));
+  for (const char* n : {"aten::expand", "aten::expand_copy"})
+    register_rule(
+        n,
+        [](const OpCall& c) {
+          std::vector<int64_t> map(out_shape(c).size(), -1);
+          for (int64_t d = 0; d < static_cast<int64_t>(map.size()); ++d)
+            map[d] = broadcast_input_dim(in_shape(c), out_shape(c), d);
+          return mapped_options(map);
+        },
+        local_size_at(1));
   // repeat(repeats): output dim d is input dim d - (new leading dims) tiled repeats[d] times;
   // only the dims repeated once keep their shards.
   register_rule("aten::repeat", [](const OpCall& c) {
@@ -376,6 +378,14 @@ const bool registered = [] {
   exact_view.valid = view_keeps_shards;
   register_rule("aten::view", view_options, local_size_at(1), exact_view);
   register_rule("aten::_unsafe_view", view_options, local_size_at(1), exact_view);
+  register_rule("aten::view_copy", view_options, local_size_at(1), exact_view);  // a view, copied
+  // view_copy.dtype(self, dtype) reinterprets the bytes: the last dim's size scales by the ratio
+  // of the element sizes, every other dim keeps its shards.
+  register_rule("aten::view_copy.dtype", [](const OpCall& c) {
+    std::vector<int64_t> map = identity_map(in_ndim(c));
+    if (!map.empty()) map.back() = -1;
+    return mapped_options(map, detail::PartialKind::kNone);  // reinterpreted bits do not add up
+  });
   register_rule("aten::_reshape_alias", view_options, rewrite_reshape_alias, exact_view);
 
   // split / unbind: the dim that is cut is replicated; every piece keeps the other shards.

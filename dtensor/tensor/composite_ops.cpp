@@ -32,6 +32,7 @@ namespace {
 // The ops of NOTE: [Composite ops run whole], each with a sharding rule in dtensor/ops.
 constexpr const char* kRunWhole[] = {
     "value_selecting_reduction_backward",  // reduction_rules.cpp
+    "cummaxmin_backward",                  // scan_rules.cpp: zeros(input.sizes()).scatter_add_(dim, indices, grad)
 };
 
 void run_below_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {

@@ -325,6 +325,20 @@ void find_written_arguments(FallbackCall& f) {
   for (size_t k = 0; k < f.dargs.size(); ++k)
     if (static_cast<int>(f.dargs[k].arg) == f.written_arg && f.dargs[k].list_pos < 0)
       f.call.written_input = static_cast<int>(k);
+  // A plain tensor written in place (result.scatter_add_(dim, index, grad) in cummax's backward
+  // formula): the write must land in that tensor's own storage.
+  f.call.written_keeps_layout =
+      f.written_arg >= 0 && std::find(f.plain_args.begin(), f.plain_args.end(), static_cast<size_t>(f.written_arg)) !=
+                                f.plain_args.end();
+  // NOTE: [In-place list ops]
+  // _foreach_add_(Tensor(a!)[] self, ...) -> () writes the elements of `self` and returns
+  // nothing. Propagation keeps each element's placements (so the op runs on the DTensors' own
+  // local tensors and the writes land in them), and a detached view among them is refused
+  // (check_writes_reach_their_tensor).
+  for (size_t k = 0; k < f.dargs.size(); ++k) {
+    const auto& ai = f.schema.arguments()[f.dargs[k].arg].alias_info();
+    if (f.dargs[k].list_pos >= 0 && ai && ai->isWrite()) f.call.written_list_inputs.push_back(k);
+  }
 }
 
 // NOTE: [In-place ops of backward formulas on Partial buffers]
@@ -378,8 +392,11 @@ void propagate(FallbackCall& f) {
 // Stage 5: NOTE: [In-place writes through DTensor views] (checked before any communication:
 // the flag and the strategy are the same on every rank).
 void check_writes_reach_their_tensor(const FallbackCall& f) {
-  for (int a : f.written_args) {
-    const at::Tensor written_dt = a >= 0 && !f.sharding.inplace_view ? f.dtensor_arg(a) : at::Tensor();
+  std::vector<at::Tensor> written;
+  for (int a : f.written_args)
+    if (a >= 0 && !f.sharding.inplace_view) written.push_back(f.dtensor_arg(a));
+  for (size_t k : f.call.written_list_inputs) written.push_back(f.dargs[k].dtensor);  // NOTE: [In-place list ops]
+  for (const at::Tensor& written_dt : written) {
     if (!written_dt.defined()) continue;
     const auto* w = unsafe_get_dtensor_impl(written_dt);
     TORCH_CHECK(!w->is_detached_view(), "DTensor: ", f.call.name, " writes into a view of a DTensor (placements ",

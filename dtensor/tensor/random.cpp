@@ -114,10 +114,11 @@ c10::optional<T> opt(const c10::IValue& v, T (c10::IValue::*get)() const) {
 
 // rand_like / randn_like(self, dtype, layout, device, pin_memory, memory_format): libtorch's
 // kernels are empty_like(...).uniform_(0, 1) and empty_like(...).normal_(0, 1).
-at::Tensor empty_like_from(const std::vector<c10::IValue>& a) {
-  return at::empty_like(a[0].toTensor(), opt(a[1], &c10::IValue::toScalarType), opt(a[2], &c10::IValue::toLayout),
-                        opt(a[3], &c10::IValue::toDevice), opt(a[4], &c10::IValue::toBool),
-                        opt(a[5], &c10::IValue::toMemoryFormat));
+// `k`: the position of `dtype` (the tensor options follow self, or randint_like's bounds).
+at::Tensor empty_like_from(const std::vector<c10::IValue>& a, size_t k = 1) {
+  return at::empty_like(a[0].toTensor(), opt(a[k], &c10::IValue::toScalarType), opt(a[k + 1], &c10::IValue::toLayout),
+                        opt(a[k + 2], &c10::IValue::toDevice), opt(a[k + 3], &c10::IValue::toBool),
+                        opt(a[k + 4], &c10::IValue::toMemoryFormat));
 }
 
 std::vector<c10::IValue> rand_like_reexpression(const std::vector<c10::IValue>& a, const at::Generator& g) {
@@ -126,6 +127,17 @@ std::vector<c10::IValue> rand_like_reexpression(const std::vector<c10::IValue>& 
 
 std::vector<c10::IValue> randn_like_reexpression(const std::vector<c10::IValue>& a, const at::Generator& g) {
   return {empty_like_from(a).normal_(0, 1, g)};
+}
+
+// randint_like(self, high, ...), randint_like.low_dtype(self, low, high, ...) and (libtorch
+// 2.x) randint_like.Tensor(self, Tensor high, ...): empty_like(...).random_(low, high).
+std::vector<c10::IValue> randint_like_reexpression(const std::vector<c10::IValue>& a, const at::Generator& g) {
+  const int64_t high = a[1].isTensor() ? a[1].toTensor().item<int64_t>() : a[1].toInt();
+  return {empty_like_from(a, 2).random_(0, high, g)};
+}
+
+std::vector<c10::IValue> randint_like_low_reexpression(const std::vector<c10::IValue>& a, const at::Generator& g) {
+  return {empty_like_from(a, 3).random_(a[1].toInt(), a[2].toInt(), g)};
 }
 
 // native_dropout(input, p, train): libtorch's CPU kernel draws a bool mask with
@@ -150,6 +162,9 @@ const std::unordered_map<std::string, Reexpression>& reexpressions() {
       {"aten::rand_like", &rand_like_reexpression},
       {"aten::randn_like", &randn_like_reexpression},
       {"aten::native_dropout", &native_dropout_reexpression},
+      {"aten::randint_like", &randint_like_reexpression},
+      {"aten::randint_like.Tensor", &randint_like_reexpression},
+      {"aten::randint_like.low_dtype", &randint_like_low_reexpression},
   };
   return m;
 }

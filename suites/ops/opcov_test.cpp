@@ -1,9 +1,12 @@
 // suites/ops/opcov_test.cpp: tools/opcov: the status of every dispatcher op, the three
 // renderings, and the program itself run as a user runs it.
+#include "dtensor/ops/registry.h"
 #include "suites/testing/child_process.h"
 #include "suites/testing/errors.h"
 #include "tools/opcov/coverage.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/StringUtil.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/version.h>
@@ -11,6 +14,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <unistd.h>
 #include <map>
 #include <regex>
@@ -150,6 +154,86 @@ TEST(OpCoverage, ComparesWithPyTorchsDTensorOpTest) {
   EXPECT_GT(checked_in.size(), 500u);
   EXPECT_TRUE(std::any_of(checked_in.begin(), checked_in.end(),
                           [](const auto& p) { return p.opinfo == "linalg.svd" && p.expectation == "pass"; }));
+}
+
+// NOTE: [Overloads PyTorch's DTensor registers]
+TEST(OpCoverage, ComparesWithTheOverloadsPytorchRegisters) {
+  const auto pytorch = opcov::parse_pytorch_registered_ops(
+      "# Generated\n# torch 9.1.0+cpu: 5 operator overloads\naten::mul.Tensor strategy\naten::sort strategy\n"
+      "aten::cummax strategy\naten::no_such_op.default strategy\nprims::sum handler\n",
+      "r.txt");
+  EXPECT_EQ(pytorch.torch, "9.1.0+cpu");
+  ASSERT_EQ(pytorch.ops.size(), 5u);
+  const auto rows = opcov::classify_ops(sample_records());
+  const auto exceptions = opcov::Exclusions::parse("aten::cummax  values and indices: not yet\n", "e.txt");
+  const auto c = opcov::compare_with_registered(pytorch, rows, exceptions);
+  EXPECT_EQ(c.registered, 5);
+  EXPECT_EQ(c.covered, 1);  // mul.Tensor
+  EXPECT_EQ(c.absent, (std::vector<std::string>{"aten::no_such_op.default", "prims::sum"}));
+  ASSERT_EQ(c.exceptions.size(), 1u);
+  EXPECT_EQ(c.exceptions[0], (std::vector<std::string>{"aten::cummax", "fallback", "values and indices: not yet"}));
+  ASSERT_EQ(c.not_covered.size(), 1u);
+  EXPECT_EQ(c.not_covered[0][0], "aten::sort");
+  EXPECT_EQ(c.not_covered[0][1], "failing");
+  EXPECT_PRED2(contains, c.not_covered[0][2], "values differ");
+  EXPECT_PRED2(contains, error_of([] { opcov::parse_pytorch_registered_ops("relu strategy\n", "r.txt"); }),
+               "r.txt:1: 'relu' is not an operator name");
+  EXPECT_PRED2(contains, error_of([] { opcov::parse_pytorch_registered_ops("aten::relu\n", "r.txt"); }),
+               "r.txt:1: an operator line needs a reason");
+}
+
+// Every overload PyTorch's DTensor registers that this libtorch has either has a rule here,
+// decomposes above DTensor (CompositeImplicitAutograd: its pieces' rules apply), or is listed
+// in pytorch_registered_exceptions.txt with the reason. A listed entry must name overloads
+// PyTorch registers, and must not name only overloads that have a rule (it would be stale).
+TEST(OpCoverage, EveryOverloadPytorchRegistersHasARuleHereOrIsListed) {
+  const auto pytorch = opcov::parse_pytorch_registered_ops(
+      testing::read_listing(opcov::default_pytorch_registered_ops_path(), "PyTorch registered ops"),
+      opcov::default_pytorch_registered_ops_path());
+  const auto exceptions = opcov::Exclusions::parse(
+      testing::read_listing(opcov::default_pytorch_registered_exceptions_path(), "exceptions"),
+      opcov::default_pytorch_registered_exceptions_path());
+  EXPECT_GT(pytorch.ops.size(), 1000u);
+  std::vector<std::string> missing;
+  std::map<int, int> listed_without_rule, listed_matches;  // exception line -> overloads
+  int present = 0, ruled = 0;
+  for (const std::string& op : pytorch.ops) {
+    const opcov::Exclusion* e = exceptions.match(op);
+    if (e) ++listed_matches[e->line];
+    const auto dot = op.find('.', op.find("::") + 2);
+    auto handle = c10::Dispatcher::singleton().findSchema(
+        {op.substr(0, dot), dot == std::string::npos ? "" : op.substr(dot + 1)});
+    if (!handle || !handle->hasSchema()) continue;
+    ++present;
+    const bool rule = ops::has_rule(op);
+    ruled += rule;
+    const bool composite = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+    if (e && !rule) ++listed_without_rule[e->line];
+    if (!rule && !composite && !e) missing.push_back(op);
+  }
+  EXPECT_GT(present, 1000);
+  EXPECT_TRUE(missing.empty()) << missing.size() << " overloads PyTorch's DTensor registers have no rule here and are "
+                               << "not listed in pytorch_registered_exceptions.txt: " << c10::Join(", ", missing);
+  for (const auto& e : exceptions.entries()) {
+    EXPECT_GT(listed_matches[e.line], 0) << "pytorch_registered_exceptions.txt:" << e.line << " (" << e.pattern
+                                         << ") matches no overload PyTorch registers";
+    // On a libtorch without any of its overloads the entry has nothing to excuse here.
+    if (listed_matches[e.line] > 0 && listed_without_rule.count(e.line) == 0) {
+      bool any_present = false;
+      for (const std::string& op : pytorch.ops) {
+        const auto dot = op.find('.', op.find("::") + 2);
+        if (exceptions.match(op) == &e &&
+            c10::Dispatcher::singleton()
+                .findSchema({op.substr(0, dot), dot == std::string::npos ? "" : op.substr(dot + 1)})
+                .has_value())
+          any_present = true;
+      }
+      EXPECT_FALSE(any_present) << "pytorch_registered_exceptions.txt:" << e.line << " (" << e.pattern
+                                << ") lists only overloads that have a rule now: remove it";
+    }
+  }
+  std::cout << "PyTorch registers " << pytorch.ops.size() << " overloads; " << present << " are in this libtorch, "
+            << ruled << " of them with a rule here\n";
 }
 
 // NOTE: [Listing files]: expected_failures.txt and coverage_exclusions.txt share one parser.
@@ -491,7 +575,7 @@ TEST(OpcovProgram, PutsPytorchsDTensorBesideOurs) {
 // The program, as the README runs it (small selection to stay fast).
 TEST(OpcovProgram, WritesTheThreeFilesWithStatuses) {
   testing::TempDir out;
-  auto run = testing::run_program(DTENSOR_OPCOV_PATH, {"--ops", "^aten::(mul\\.Tensor|cummax)$", "--meshes", "1d",
+  auto run = testing::run_program(DTENSOR_OPCOV_PATH, {"--ops", "^aten::(mul\\.Tensor|glu)$", "--meshes", "1d",
                                                        "--out", out.path(), "--quiet"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(out.entries(), (std::vector<std::string>{"coverage.json", "report.html", "summary.md"}));
@@ -499,7 +583,7 @@ TEST(OpcovProgram, WritesTheThreeFilesWithStatuses) {
   std::map<std::string, std::string> status;
   for (const auto& op : j.at("ops")) status[op.at("op")] = op.at("status");
   EXPECT_EQ(status.at("aten::mul.Tensor"), "covered");
-  EXPECT_EQ(status.at("aten::cummax"), "fallback");  // no rule; its generated sample passes through the fallback
+  EXPECT_EQ(status.at("aten::glu"), "fallback");  // no rule; its generated sample passes through the fallback
   EXPECT_EQ(status.at("aten::linalg_svd"), "no rule");
   EXPECT_PRED2(contains, run.output, "ops covered");
 }

@@ -176,11 +176,11 @@ DTENSOR_TEST_F(OpCheck, UnseededRandomArgumentsAreMadeTheSameOnEveryRank) {
 
 DTENSOR_TEST_F(OpCheck, OpWithoutRuleIsAnErrorUnlessTheFallbackIsOn) {
   auto mesh = build_device_mesh();
-  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::cummax", "");
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::glu", "");
   const std::vector<c10::IValue> args = {at::arange(32, at::kFloat).view({8, 4}), int64_t{0}};
   auto r = testing::check_op(mesh, op, args, {});
   EXPECT_EQ(r.forward.status, CheckStatus::kError);
-  EXPECT_PRED2(contains, r.forward.reason, "operator aten::cummax has no sharding rule");
+  EXPECT_PRED2(contains, r.forward.reason, "operator aten::glu has no sharding rule");
   EXPECT_FALSE(r.used_fallback);
   testing::OpCheckOptions o;
   o.replicate_fallback = true;
@@ -309,18 +309,18 @@ DTENSOR_TEST_F(ReplicateFallback, RunsAnOpWithoutRuleOnReplicatedInputsAndCounts
   auto mesh = build_device_mesh();
   at::Tensor g = at::arange(32, at::kFloat).view({8, 4});
   at::Tensor x = distribute_tensor(g, mesh, {Shard{0}});
-  EXPECT_PRED2(contains, error_of([&] { (void)at::cummax(x, 0); }), "aten::cummax has no sharding rule");
+  EXPECT_PRED2(contains, error_of([&] { (void)at::glu(x, 0); }), "aten::glu has no sharding rule");
   const int64_t before = ops::replicate_fallback_uses();
   at::Tensor y;
   {
     ops::ReplicateFallbackGuard guard;
-    y = std::get<0>(at::cummax(x, 0));
+    y = at::glu(x, 0);
   }
   EXPECT_EQ(ops::replicate_fallback_uses(), before + 1);
   EXPECT_TRUE(get_spec(y).is_replicated());
-  EXPECT_TRUE(at::equal(full_tensor(y), std::get<0>(at::cummax(g, 0))));
+  EXPECT_TRUE(at::equal(full_tensor(y), at::glu(g, 0)));
   // Off again outside the guard (the cached strategy does not leak out of it).
-  EXPECT_PRED2(contains, error_of([&] { (void)at::cummax(x, 0); }), "has no sharding rule");
+  EXPECT_PRED2(contains, error_of([&] { (void)at::glu(x, 0); }), "has no sharding rule");
 }
 
 DTENSOR_TEST_F(ReplicateFallback, RefusesToWriteIntoAShardedTensor) {
@@ -611,8 +611,8 @@ TEST(GeneratedSamples, CoverSimpleSchemasAndSkipTheRest) {
   const auto& gen = testing::generated_op_db();
   EXPECT_EQ(gen.find("aten::add.Tensor"), nullptr);  // hand-written samples win
   EXPECT_EQ(gen.find("aten::cumsum"), nullptr);
-  ASSERT_NE(gen.find("aten::cummax"), nullptr);
-  EXPECT_TRUE(gen.find("aten::cummax")->generated);
+  ASSERT_NE(gen.find("aten::glu"), nullptr);
+  EXPECT_TRUE(gen.find("aten::glu")->generated);
   EXPECT_GT(gen.ops().size(), 300u);
 }
 

@@ -221,6 +221,29 @@ DTENSOR_TEST_F(LossAndIndexRules, GatherFromTheShardedDimIsAMaskedPartial) {
   }
 }
 
+// A plain tensor written in place among DTensors keeps its layout, so the write lands in its
+// own storage: cummax's backward formula is zeros(input.sizes()).scatter_add_(dim, indices,
+// grad), with the indices and grad sharded on another dim; scatter_add_ may re-lay out a
+// DTensor it writes, which for a plain tensor lost the write (wrong gradients of cummax).
+DTENSOR_TEST_F(LossAndIndexRules, APlainTensorWrittenInPlaceReceivesTheWrite) {
+  auto mesh = build_device_mesh();
+  const at::Tensor index = (at::arange(32, at::kLong) * 7).remainder(8).view({8, 4});
+  const at::Tensor src = values({8, 4}, 4);
+  at::Tensor result = at::zeros({8, 4}, src.options());
+  {
+    ImplicitReplicationGuard replicate_plain_tensors;
+    result.scatter_add_(0, distribute_tensor(index, mesh, {Shard{1}}), distribute_tensor(src, mesh, {Shard{1}}));
+  }
+  EXPECT_TRUE(at::allclose(result, at::zeros({8, 4}, src.options()).scatter_add_(0, index, src)));
+  // And through autograd: the gradient of cummax over rows of a column-sharded input.
+  const at::Tensor plain = values({8, 4}, 5).requires_grad_(true);
+  const at::Tensor grad = values({8, 4}, 6);
+  std::get<0>(at::cummax(plain, 0)).backward(grad);
+  at::Tensor x = distribute_tensor(plain.detach(), mesh, {Shard{1}}).requires_grad_(true);
+  std::get<0>(at::cummax(x, 0)).backward(distribute_tensor(grad, mesh, {Shard{1}}));
+  EXPECT_TRUE(at::allclose(full_tensor(x.grad()), plain.grad()));
+}
+
 // NOTE: [Mean nll_loss stays Partial]: batch-sharded scores and targets give a Partial loss and
 // the replicated global total weight, exact with class weights, an ignored class and uneven
 // rows; the gradient stays sharded like the scores.
@@ -325,6 +348,28 @@ DTENSOR_TEST_F(LinalgRules, BatchShardsStayShardedAndSolvesKeepPartial) {
 // stand-ins: their output shapes come from identity stand-ins, and batch shards stay sharded.
 // aten::cholesky itself (deprecated since 1.9) is gone from today's libtorch: called through
 // the dispatcher where it exists, skipped with the reason where it does not.
+// NOTE: [In-place list ops]: _foreach_add_ writes every element of its list in place (it
+// returns nothing); each keeps its placements, whatever the other list's are.
+DTENSOR_TEST_F(LinalgRules, InPlaceListOpsWriteEveryElementWhereItIs) {
+  auto mesh = build_device_mesh();
+  std::vector<at::Tensor> plain{values({8, 4}, 1), values({5, 6}, 2), values({6}, 3)};
+  const std::vector<at::Tensor> other{values({8, 4}, 4), values({5, 6}, 5), values({6}, 6)};
+  std::vector<at::Tensor> self{distribute_tensor(plain[0], mesh, {Shard{0}}), distribute_tensor(plain[1], mesh, {Shard{1}}),
+                               distribute_tensor(plain[2], mesh, {Replicate{}})};
+  const std::vector<at::Tensor> others{distribute_tensor(other[0], mesh, {Replicate{}}),
+                                       distribute_tensor(other[1], mesh, {Shard{1}}),
+                                       distribute_tensor(other[2], mesh, {Shard{0}})};
+  at::_foreach_add_(self, others, 2);
+  at::_foreach_add_(plain, other, 2);
+  const std::vector<std::vector<Placement>> kept{{Shard{0}}, {Shard{1}}, {Replicate{}}};
+  for (size_t i = 0; i < self.size(); ++i) {
+    EXPECT_EQ(get_spec(self[i]).placements, kept[i]) << "element " << i;
+    EXPECT_TRUE(at::allclose(full_tensor(self[i]), plain[i])) << "element " << i;
+  }
+  at::_foreach_zero_(self);
+  for (const auto& t : self) EXPECT_EQ(full_tensor(t).abs().sum().item<double>(), 0.0);
+}
+
 DTENSOR_TEST_F(LinalgRules, CholeskyAndItsInverseKeepBatchShards) {
   auto cholesky_op = c10::Dispatcher::singleton().findSchema({"aten::cholesky", ""});
   if (!cholesky_op)

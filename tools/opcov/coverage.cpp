@@ -101,6 +101,60 @@ std::string default_pytorch_dtensor_ops_path() {
   return std::string(DTENSOR_SOURCE_DIR) + "/suites/ops/pytorch_dtensor_ops.txt";
 }
 
+// NOTE: [Overloads PyTorch's DTensor registers]
+PytorchRegistered parse_pytorch_registered_ops(const std::string& text, const std::string& source_name) {
+  PytorchRegistered out;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const std::string prefix = "# torch ";
+    if (line.rfind(prefix, 0) == 0) {
+      out.torch = line.substr(prefix.size(), line.find(':') == std::string::npos ? std::string::npos
+                                                                                  : line.find(':') - prefix.size());
+      break;
+    }
+  }
+  for (auto& l : testing::parse_listing(text, source_name, 1, "'<namespace::name[.overload]> <strategy|rule|handler>'",
+                                        "an operator line")) {
+    TORCH_CHECK(l.fields[0].find("::") != std::string::npos, source_name, ":", l.line, ": '", l.fields[0],
+                "' is not an operator name (namespace::name[.overload])");
+    out.ops.push_back(l.fields[0]);
+  }
+  return out;
+}
+
+std::string default_pytorch_registered_ops_path() {
+  return std::string(DTENSOR_SOURCE_DIR) + "/suites/ops/pytorch_registered_ops.txt";
+}
+
+std::string default_pytorch_registered_exceptions_path() {
+  return std::string(DTENSOR_SOURCE_DIR) + "/suites/ops/pytorch_registered_exceptions.txt";
+}
+
+RegisteredComparison compare_with_registered(const PytorchRegistered& pytorch, const std::vector<OpRow>& rows,
+                                             const Exclusions& exceptions) {
+  std::map<std::string, const OpRow*> by_op;
+  for (const OpRow& r : rows) by_op[r.op] = &r;
+  RegisteredComparison c;
+  c.torch = pytorch.torch;
+  for (const std::string& op : pytorch.ops) {
+    ++c.registered;
+    auto it = by_op.find(op);
+    if (it == by_op.end()) {
+      c.absent.push_back(op);
+      continue;
+    }
+    const OpRow& r = *it->second;
+    if (r.status == "covered") {
+      ++c.covered;
+    } else if (const Exclusion* e = exceptions.match(op)) {
+      c.exceptions.push_back({op, r.status, e->reason});
+    } else {
+      c.not_covered.push_back({op, r.status, r.reason});
+    }
+  }
+  return c;
+}
+
 PytorchComparison compare_with_pytorch(const std::vector<PytorchOpInfo>& pytorch, const std::vector<OpRow>& rows) {
   // Our strict status per op name (NOTE: [Strict coverage]): "covered", or the overloads' statuses.
   std::map<std::string, std::map<std::string, int>> by_name;

@@ -100,6 +100,33 @@ struct PytorchComparison {
 };
 PytorchComparison compare_with_pytorch(const std::vector<PytorchOpInfo>& pytorch, const std::vector<OpRow>& rows);
 
+// NOTE: [Overloads PyTorch's DTensor registers]
+// suites/ops/pytorch_registered_ops.txt (written by tools/opcov/pytorch_registered_ops.py with
+// today's wheel) lists every operator overload PyTorch's DTensor has a sharding strategy, rule
+// or handler for. Each one this libtorch's dispatcher has should be covered by ours (strict
+// status "covered"); suites/ops/pytorch_registered_exceptions.txt lists, with the reason, those
+// that are not (the format of coverage_exclusions.txt: `<regex> <reason>`). The reports give,
+// of PyTorch's overloads: those absent here (a newer aten; PyTorch's Python-only prims), those
+// we cover, the listed exceptions and the rest with our status; and our count of covered
+// overloads beside PyTorch's count of registered ones. A test (OpCoverage.
+// EveryOverloadPytorchRegistersHasARuleHereOrIsListed) checks the listing against the rules.
+struct PytorchRegistered {
+  std::string torch;              // the version in the file's header
+  std::vector<std::string> ops;   // "aten::add.Tensor", "aten::relu", "prims::sum"
+};
+PytorchRegistered parse_pytorch_registered_ops(const std::string& text, const std::string& source_name);
+std::string default_pytorch_registered_ops_path();
+std::string default_pytorch_registered_exceptions_path();
+struct RegisteredComparison {
+  std::string torch;
+  int registered = 0, covered = 0;
+  std::vector<std::string> absent;                    // not in this libtorch's dispatcher
+  std::vector<std::vector<std::string>> exceptions;   // (op, our status, reason): listed
+  std::vector<std::vector<std::string>> not_covered;  // (op, our status, why): not listed
+};
+RegisteredComparison compare_with_registered(const PytorchRegistered& pytorch, const std::vector<OpRow>& rows,
+                                             const Exclusions& exceptions);
+
 // Run metadata written into coverage.json and the report headers.
 struct RunInfo {
   std::string started;   // ISO 8601, UTC
@@ -113,6 +140,9 @@ struct RunInfo {
   std::map<std::string, std::string> previous_status;
   // NOTE: [PyTorch's DTensor op test beside ours] (empty: no comparison in the reports).
   std::vector<PytorchOpInfo> pytorch_ops;
+  // NOTE: [Overloads PyTorch's DTensor registers] (no ops: no comparison in the reports).
+  PytorchRegistered pytorch_registered;
+  Exclusions registered_exceptions;
   // NOTE: [Discovery in the op-coverage report]: strategy_discovery's findings (null: none)
   // and PyTorch's DTensor on the same combinations (no header: none).
   nlohmann::json discovery;

@@ -78,6 +78,12 @@ coverage.json, summary.md and report.html.
                           (default: suites/ops/coverage_exclusions.txt of the source tree)
   --pytorch-ops F         PyTorch's DTensor op test expectations per OpInfo, compared with ours
                           (default: suites/ops/pytorch_dtensor_ops.txt; "" for none)
+  --pytorch-registered F  the overloads PyTorch's DTensor registers strategies for, with our
+                          status beside each (default: suites/ops/pytorch_registered_ops.txt;
+                          "" for none)
+  --pytorch-registered-exceptions F
+                          those we leave out, with reasons (default:
+                          suites/ops/pytorch_registered_exceptions.txt)
   --discovery F           tools/strategy_discovery's --json findings: the report's "Strategy
                           discovery" section
   --pytorch-strategies F  tools/opcov/pytorch_strategies.py's --out: PyTorch's DTensor on the
@@ -100,6 +106,7 @@ struct Options {
   std::string expected_failures;
   std::string exclusions;
   std::string pytorch_ops;
+  std::string pytorch_registered, registered_exceptions;
   std::string discovery, pytorch_strategies;
   std::string previous;
   bool print_failures = false;
@@ -121,6 +128,8 @@ Options parse(int argc, char** argv) {
   o.expected_failures = testing::default_expected_failures_path();
   o.exclusions = default_exclusions_path();
   o.pytorch_ops = default_pytorch_dtensor_ops_path();
+  o.pytorch_registered = default_pytorch_registered_ops_path();
+  o.registered_exceptions = default_pytorch_registered_exceptions_path();
   auto value = [&](int& i) -> std::string {
     TORCH_CHECK(i + 1 < argc, "opcov: ", argv[i], " needs a value\n", kUsage);
     return argv[++i];
@@ -145,6 +154,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--expected-failures") o.expected_failures = value(i);
     else if (a == "--exclusions") o.exclusions = value(i);
     else if (a == "--pytorch-ops") o.pytorch_ops = value(i);
+    else if (a == "--pytorch-registered") o.pytorch_registered = value(i);
+    else if (a == "--pytorch-registered-exceptions") o.registered_exceptions = value(i);
     else if (a == "--discovery") o.discovery = value(i);
     else if (a == "--pytorch-strategies") o.pytorch_strategies = value(i);
     else if (a == "--previous") o.previous = value(i);
@@ -442,6 +453,12 @@ int run(int argc, char** argv) {
   const Exclusions exclusions = Exclusions::load(o.exclusions);
   if (!o.pytorch_ops.empty())  // NOTE: [PyTorch's DTensor op test beside ours]
     info.pytorch_ops = parse_pytorch_dtensor_ops(testing::read_listing(o.pytorch_ops, "PyTorch DTensor ops"), o.pytorch_ops);
+  if (!o.pytorch_registered.empty()) {  // NOTE: [Overloads PyTorch's DTensor registers]
+    info.pytorch_registered = parse_pytorch_registered_ops(
+        testing::read_listing(o.pytorch_registered, "PyTorch registered ops"), o.pytorch_registered);
+    info.registered_exceptions = Exclusions::parse(
+        testing::read_listing(o.registered_exceptions, "PyTorch registered ops' exceptions"), o.registered_exceptions);
+  }
   TORCH_CHECK(o.pytorch_strategies.empty() || !o.discovery.empty(),
               "opcov: --pytorch-strategies needs --discovery (PyTorch's side is compared with ours)");
   if (!o.discovery.empty()) info.discovery = load_discovery(o.discovery);  // before the long run: a bad file fails fast

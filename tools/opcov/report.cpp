@@ -34,6 +34,31 @@ nlohmann::json pytorch_json(const RunInfo& info, const std::vector<OpRow>& rows)
           {"pytorch_pass_we_do_not_cover", c.pass_not_covered},
           {"we_cover_pytorch_does_not_pass", c.covered_not_pass}};
 }
+// NOTE: [Overloads PyTorch's DTensor registers]
+nlohmann::json registered_json(const RunInfo& info, const std::vector<OpRow>& rows, const Summary& s) {
+  if (info.pytorch_registered.ops.empty()) return nullptr;
+  const RegisteredComparison c = compare_with_registered(info.pytorch_registered, rows, info.registered_exceptions);
+  return {{"torch", c.torch},
+          {"registered", c.registered},
+          {"covered", c.covered},
+          {"our_overloads_covered", s.overloads_covered},
+          {"absent", c.absent},
+          {"exceptions", c.exceptions},
+          {"not_covered", c.not_covered}};
+}
+
+// One sentence: PyTorch's registered overloads and ours.
+std::string registered_sentence(const RegisteredComparison& c, const Summary& s) {
+  std::ostringstream o;
+  o << "PyTorch " << c.torch << "'s DTensor registers a sharding strategy for " << c.registered
+    << " operator overloads (suites/ops/pytorch_registered_ops.txt); " << c.absent.size()
+    << " of them are not in this libtorch's dispatcher. Of the others, we cover " << c.covered << ", "
+    << c.exceptions.size() << " are listed exceptions (suites/ops/pytorch_registered_exceptions.txt) and "
+    << c.not_covered.size() << " are not covered. We cover " << s.overloads_covered << " overloads in all ("
+    << (s.overloads_covered > c.registered ? "more than" : s.overloads_covered == c.registered ? "as many as" : "fewer than")
+    << " PyTorch registers).";
+  return o.str();
+}
 }  // namespace
 
 nlohmann::json coverage_json(const RunInfo& info, const std::vector<CaseRecord>& records,
@@ -81,6 +106,7 @@ nlohmann::json coverage_json(const RunInfo& info, const std::vector<CaseRecord>&
             {"verified_names", s.verified_names},
             {"cases_by_status", s.cases_by_status}}},
           {"pytorch_dtensor_ops", pytorch_json(info, rows)},
+          {"pytorch_registered", registered_json(info, rows, s)},
           {"strategy_discovery", discovery_json(info.discovery, info.pytorch_strategies)},
           {"records", records},
           {"ops", ops}};
@@ -146,6 +172,18 @@ std::string summary_markdown(const RunInfo& info, const std::vector<CaseRecord>&
     md << "\nCovered here, expected to fail or skipped in PyTorch's test (" << c.covered_not_pass.size() << "): ";
     for (size_t i = 0; i < c.covered_not_pass.size(); ++i)
       md << (i ? ", " : "") << md_escape(c.covered_not_pass[i][0]) << " (" << c.covered_not_pass[i][1] << ")";
+    md << "\n";
+  }
+
+  if (!info.pytorch_registered.ops.empty()) {
+    const RegisteredComparison c = compare_with_registered(info.pytorch_registered, rows, info.registered_exceptions);
+    md << "\n## Overloads PyTorch's DTensor registers\n\n" << registered_sentence(c, s) << "\n\n";
+    md << "Not covered here (" << c.not_covered.size() << "):\n\n| overload | our status | why |\n|---|---|---|\n";
+    for (const auto& v : c.not_covered) md << "| `" << v[0] << "` | " << v[1] << " | " << md_escape(v[2]) << " |\n";
+    md << "\nExceptions (" << c.exceptions.size() << "):\n\n| overload | our status | reason |\n|---|---|---|\n";
+    for (const auto& v : c.exceptions) md << "| `" << v[0] << "` | " << v[1] << " | " << md_escape(v[2]) << " |\n";
+    md << "\nNot in this libtorch (" << c.absent.size() << "): ";
+    for (size_t i = 0; i < c.absent.size(); ++i) md << (i ? ", " : "") << "`" << c.absent[i] << "`";
     md << "\n";
   }
 
@@ -218,8 +256,9 @@ void html_families(std::ostringstream& h, const std::vector<OpRow>& rows) {
   h << "</table>\n";
 }
 
-// What changed since the previous report, and PyTorch's DTensor op test beside ours.
-void html_comparisons(std::ostringstream& h, const RunInfo& info, const std::vector<OpRow>& rows) {
+// What changed since the previous report, PyTorch's DTensor op test beside ours, and the
+// overloads PyTorch's DTensor registers.
+void html_comparisons(std::ostringstream& h, const RunInfo& info, const std::vector<OpRow>& rows, const Summary& s) {
   if (!info.previous_status.empty()) {
     h << "<h3>Changes since the previous report</h3>\n<table id=\"changes\"><tr><th>op</th><th>before</th><th>now</th></tr>\n";
     int changed = 0;
@@ -245,6 +284,17 @@ void html_comparisons(std::ostringstream& h, const RunInfo& info, const std::vec
         << "</td></tr>\n";
     h << "</table>\n";
   }
+  if (!info.pytorch_registered.ops.empty()) {  // NOTE: [Overloads PyTorch's DTensor registers]
+    const RegisteredComparison c = compare_with_registered(info.pytorch_registered, rows, info.registered_exceptions);
+    h << "<h3>Overloads PyTorch's DTensor registers</h3>\n<p id=\"registered\">" << html_escape(registered_sentence(c, s))
+      << "</p>\n<table id=\"registered-gaps\"><tr><th>overload PyTorch registers</th><th>our status</th><th>why or "
+         "reason</th></tr>\n";
+    for (const auto* list : {&c.not_covered, &c.exceptions})
+      for (const auto& v : *list)
+        h << "<tr><td>" << html_escape(v[0]) << "</td><td class=\"" << css(v[1]) << "\">" << html_escape(v[1])
+          << (list == &c.exceptions ? " (listed)" : "") << "</td><td>" << html_escape(v[2]) << "</td></tr>\n";
+    h << "</table>\n";
+  }
 }
 
 // The summary section: the figures, the families, the comparisons, the definitions.
@@ -267,7 +317,7 @@ void html_summary(std::ostringstream& h, const RunInfo& info, const std::vector<
     << "<tr><td>combinations run / in the full products</td><td>" << s.combinations_run << " / " << s.combinations_total
     << "</td></tr></table>\n";
   html_families(h, rows);
-  html_comparisons(h, info, rows);
+  html_comparisons(h, info, rows, s);
   h << "<h3>Definitions</h3>\n<dl>"
        "<dt>case</dt><dd>one sample of one op on one mesh (1-D: all ranks; 2-D: 2 x n/2), forward or backward. Each "
        "placement combination of its tensor arguments (Replicate, Shard of each dim, uneven shards, Partial) runs on "
