@@ -241,7 +241,19 @@ void add_pointwise_samples(OpDb& db) {
   tensor_scalar_ops(db, {"bitwise_and.Scalar", "bitwise_or.Scalar", "bitwise_xor.Scalar"}, Dom::kInt, 5);
   tensor_scalar_ops(db, {"bitwise_left_shift.Tensor_Scalar", "bitwise_right_shift.Tensor_Scalar"}, Dom::kInt, 2);
   binary_ops(db, {"__lshift__.Tensor", "__rshift__.Tensor"}, Dom::kInt, Dom::kInt);
-  tensor_scalar_ops(db, {"__ilshift__.Scalar", "__irshift__.Scalar"}, Dom::kInt, 2);
+  tensor_scalar_ops(db, {"__ilshift__.Scalar", "__irshift__.Scalar", "__xor__.Scalar", "__ixor__.Scalar"}, Dom::kInt, 2);
+  binary_ops(db, {"__xor__.Tensor", "__ixor__.Tensor"}, Dom::kInt, Dom::kInt);
+  // clip: clamp's alias (it decomposes into clamp); float_power_ needs a float64 base.
+  unary_ops(db, {"clip"}, Dom::kAny, {{"min", -0.5}, {"max", 0.5}});
+  for (const char* op : {"aten::clip.Tensor", "aten::clip_.Tensor"})
+    db.add(op, "pointwise", [](SampleGen& g) {
+      return Samples{OpSample("even", {g.tensor({8, 4}), g.tensor({8, 4}, at::kFloat, -1.0, 0.0), g.tensor({4}, at::kFloat, 0.0, 1.0)})};
+    });
+  db.add("aten::float_power_.Scalar", "pointwise",
+         [](SampleGen& g) { return Samples{OpSample("f64", {g.positive({8, 4}, at::kDouble), 2.5})}; });
+  db.add("aten::float_power_.Tensor", "pointwise", [](SampleGen& g) {
+    return Samples{OpSample("f64", {g.positive({8, 4}, at::kDouble), g.tensor({8, 4}, at::kDouble)})};
+  });
   binary_ops(db, {"__ilshift__.Tensor", "__irshift__.Tensor"}, Dom::kInt, Dom::kInt);
   // linalg_cross(self, other, dim): size 3 along dim; broadcasting.
   db.add("aten::linalg_cross", "pointwise", [](SampleGen& g) {

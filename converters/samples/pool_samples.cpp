@@ -24,19 +24,26 @@ void add(OpDb& db, const std::string& op, SampleFn fn) {
 }
 
 // Inputs of k spatial dims: even (batch 4, 3 channels), uneven float64 (batch 5, 2 channels)
-// and unbatched (3 channels). Sizes 6 (and 5 for the uneven one) per spatial dim.
+// and unbatched (3 channels, 2-D only). Sizes 6 (and 5 for the uneven one) per spatial dim. The
+// 3-D ops and the ops of several tensors (backward ops, unpooling, grid sampling) get the even
+// one only: on a 2-D mesh the pairwise covering design of three 5-dim tensors runs thousands of
+// combinations per sample (the op suite's time), and the backward ops are also checked as their
+// forward ops' backward, uneven shapes included. Their samples are forward only (no double
+// backward).
 struct Input {
   const char* variant;
   at::Tensor x;
 };
-std::vector<Input> inputs(SampleGen& g, int64_t k) {
+std::vector<Input> inputs(SampleGen& g, int64_t k, bool backward_op = false) {
   auto shape = [k](Ints lead, int64_t side) {
     for (int64_t i = 0; i < k; ++i) lead.push_back(side);
     return lead;
   };
-  return {{"even", g.tensor(shape({4, 3}, 6))},
-          {"uneven_f64", g.tensor(shape({5, 2}, 5), at::kDouble)},
-          {"unbatched", g.tensor(shape({3}, 6))}};
+  std::vector<Input> in{{"even", g.tensor(shape({4, 3}, 6))}};
+  if (backward_op || k == 3) return in;
+  in.push_back({"uneven_f64", g.tensor(shape({5, 2}, 5), at::kDouble)});
+  if (k == 2) in.push_back({"unbatched", g.tensor(shape({3}, 6))});
+  return in;
 }
 
 Ints rep(int64_t k, int64_t v) { return Ints(static_cast<size_t>(k), v); }
@@ -47,20 +54,20 @@ void add_pooling(OpDb& db, int64_t k) {
   add(db, "aten::max_pool" + d + "_with_indices", [k](SampleGen& g) {
     Samples s;
     for (auto& in : inputs(g, k)) s.push_back(OpSample(in.variant, {in.x, rep(k, 2)}));
-    Ints shape{4, 3};
-    for (int64_t i = 0; i < k; ++i) shape.push_back(5);
-    s.push_back(OpSample("k3_s2_pad1_ceil", {g.tensor(shape), rep(k, 3), rep(k, 2), rep(k, 1), rep(k, 1), true}));
+    if (k == 2)
+      s.push_back(OpSample("k3_s2_pad1_ceil", {g.tensor({4, 3, 5, 5}), rep(k, 3), rep(k, 2), rep(k, 1), rep(k, 1), true}));
     return s;
   });
   // ..._backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices)
   add(db, "aten::max_pool" + d + "_with_indices_backward", [k](SampleGen& g) {
     Samples s;
-    for (auto& in : inputs(g, k)) {
+    for (auto& in : inputs(g, k, /*backward_op=*/true)) {
       auto fwd = k == 2 ? at::max_pool2d_with_indices(in.x, rep(k, 2), rep(k, 2))
                         : at::max_pool3d_with_indices(in.x, rep(k, 2), rep(k, 2));
       s.push_back(OpSample(in.variant, {g.tensor(std::get<0>(fwd).sizes().vec(), in.x.scalar_type()), in.x, rep(k, 2),
                                         rep(k, 2), rep(k, 0), rep(k, 1), false, std::get<1>(fwd)}));
     }
+    for (auto& sample : s) sample.no_backward();
     return s;
   });
   // adaptive_max_pool{k}d(self, output_size) and its backward(grad_output, self, indices).
@@ -71,11 +78,12 @@ void add_pooling(OpDb& db, int64_t k) {
   });
   add(db, "aten::adaptive_max_pool" + d + "_backward", [k](SampleGen& g) {
     Samples s;
-    for (auto& in : inputs(g, k)) {
+    for (auto& in : inputs(g, k, /*backward_op=*/true)) {
       auto fwd = k == 2 ? at::adaptive_max_pool2d(in.x, rep(k, 3)) : at::adaptive_max_pool3d(in.x, rep(k, 3));
       s.push_back(OpSample(in.variant, {g.tensor(std::get<0>(fwd).sizes().vec(), in.x.scalar_type()), in.x,
                                         std::get<1>(fwd)}));
     }
+    for (auto& sample : s) sample.no_backward();
     return s;
   });
   // fractional_max_pool{k}d(self, kernel_size, output_size, random_samples (N, C, k) in [0, 1))
@@ -91,19 +99,20 @@ void add_pooling(OpDb& db, int64_t k) {
   // ..._backward(grad_output, self, kernel_size, output_size, indices)
   add(db, "aten::fractional_max_pool" + d + "_backward", [k, random_samples](SampleGen& g) {
     Samples s;
-    for (auto& in : inputs(g, k)) {
+    for (auto& in : inputs(g, k, /*backward_op=*/true)) {
       auto fwd = k == 2 ? at::fractional_max_pool2d(in.x, rep(k, 2), rep(k, 3), random_samples(g, in.x))
                         : at::fractional_max_pool3d(in.x, rep(k, 2), rep(k, 3), random_samples(g, in.x));
       s.push_back(OpSample(in.variant, {g.tensor(std::get<0>(fwd).sizes().vec(), in.x.scalar_type()), in.x, rep(k, 2),
                                         rep(k, 3), std::get<1>(fwd)}));
     }
+    for (auto& sample : s) sample.no_backward();
     return s;
   });
   // max_unpool2d(self, indices, output_size); max_unpool3d(..., stride, padding): the values and
   // indices of a max pool with kernel 2 and stride 2, back to the input's size.
   add(db, "aten::max_unpool" + d, [k](SampleGen& g) {
     Samples s;
-    for (auto& in : inputs(g, k)) {
+    for (auto& in : inputs(g, k, /*backward_op=*/true)) {
       auto fwd = k == 2 ? at::max_pool2d_with_indices(in.x, rep(k, 2), rep(k, 2))
                         : at::max_pool3d_with_indices(in.x, rep(k, 2), rep(k, 2));
       const Ints size(in.x.sizes().end() - k, in.x.sizes().end());
@@ -127,11 +136,12 @@ void add_pooling(OpDb& db, int64_t k) {
   });
   add(db, "aten::avg_pool" + d + "_backward", [k](SampleGen& g) {
     Samples s;
-    for (auto& in : inputs(g, k)) {
+    for (auto& in : inputs(g, k, /*backward_op=*/true)) {
       const at::Tensor out = k == 2 ? at::avg_pool2d(in.x, rep(k, 2)) : at::avg_pool3d(in.x, rep(k, 2));
       s.push_back(OpSample(in.variant, {g.tensor(out.sizes().vec(), in.x.scalar_type()), in.x, rep(k, 2), rep(k, 2),
                                         rep(k, 0), false, true, c10::IValue()}));
     }
+    for (auto& sample : s) sample.no_backward();
     return s;
   });
   // _adaptive_avg_pool{k}d(self, output_size) and its backward(grad_output, self)
@@ -142,11 +152,12 @@ void add_pooling(OpDb& db, int64_t k) {
   });
   add(db, "aten::_adaptive_avg_pool" + d + "_backward", [k](SampleGen& g) {
     Samples s;
-    for (auto& in : inputs(g, k)) {
+    for (auto& in : inputs(g, k, /*backward_op=*/true)) {
       Ints out = in.x.sizes().vec();
       for (int64_t i = 0; i < k; ++i) out[out.size() - 1 - static_cast<size_t>(i)] = 4;
       s.push_back(OpSample(in.variant, {g.tensor(out, in.x.scalar_type()), in.x}));
     }
+    for (auto& sample : s) sample.no_backward();
     return s;
   });
 }
@@ -166,7 +177,7 @@ void add_upsampling(OpDb& db, const std::string& name, int64_t k, bool align_cor
   });
   add(db, "aten::" + name + "_backward", [k, align_corners](SampleGen& g) {
     Samples s;
-    for (auto& in : inputs(g, k)) {
+    for (auto& in : inputs(g, k, /*backward_op=*/true)) {
       if (std::string(in.variant) == "unbatched") continue;
       Ints out = in.x.sizes().vec();
       for (int64_t i = 0; i < k; ++i) out[out.size() - 1 - static_cast<size_t>(i)] = 9;
@@ -174,6 +185,7 @@ void add_upsampling(OpDb& db, const std::string& name, int64_t k, bool align_cor
       if (align_corners) sample.args.push_back(false);
       s.push_back(std::move(sample));
     }
+    for (auto& sample : s) sample.no_backward();
     return s;
   });
 }
@@ -182,6 +194,18 @@ void add_upsampling(OpDb& db, const std::string& name, int64_t k, bool align_cor
 
 void add_pool_samples(OpDb& db) {
   for (int64_t k : {2, 3}) add_pooling(db, k);
+  // The 1-D poolings decompose into the 2-D ones above DTensor.
+  auto one_d = [](int64_t size) {
+    return [size](SampleGen& g) {
+      Samples s;
+      for (auto& in : inputs(g, 1)) s.push_back(OpSample(in.variant, {in.x, Ints{size}}));
+      return s;
+    };
+  };
+  add(db, "aten::avg_pool1d", one_d(2));
+  add(db, "aten::max_pool1d_with_indices", one_d(2));
+  add(db, "aten::adaptive_avg_pool1d", one_d(3));
+  add(db, "aten::adaptive_max_pool1d", one_d(3));
   for (int64_t k : {1, 2, 3}) {
     const std::string d = std::to_string(k) + "d";
     add_upsampling(db, "upsample_nearest" + d, k, false);
@@ -205,19 +229,20 @@ void add_pool_samples(OpDb& db) {
     };
     add(db, "aten::grid_sampler_" + d, [k, grid](SampleGen& g) {
       Samples s;
-      for (auto& in : inputs(g, k)) {
+      for (auto& in : inputs(g, k, /*backward_op=*/true)) {
         if (std::string(in.variant) == "unbatched") continue;
         // bilinear, zeros padding; nearest, border padding, aligned corners
         s.push_back(OpSample(in.variant, {in.x, grid(g, in.x.size(0), in.x.scalar_type()), 0, 0, false}));
-        s.push_back(OpSample(std::string(in.variant) + "_nearest_border",
-                             {in.x, grid(g, in.x.size(0), in.x.scalar_type()), 1, 1, true}));
+        if (k == 2)
+          s.push_back(OpSample(std::string(in.variant) + "_nearest_border",
+                               {in.x, grid(g, in.x.size(0), in.x.scalar_type()), 1, 1, true}));
       }
       return s;
     });
     // ..._backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask)
     add(db, "aten::grid_sampler_" + d + "_backward", [k, grid](SampleGen& g) {
       Samples s;
-      for (auto& in : inputs(g, k)) {
+      for (auto& in : inputs(g, k, /*backward_op=*/true)) {
         if (std::string(in.variant) == "unbatched") continue;
         const at::Tensor gr = grid(g, in.x.size(0), in.x.scalar_type());
         Ints out{in.x.size(0), in.x.size(1)};

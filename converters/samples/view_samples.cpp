@@ -100,10 +100,11 @@ void add_view_samples(OpDb& db) {
   db.add("aten::view_copy", "view", view_like);
   // view_copy.dtype(self, dtype): the same bits as another dtype (the last dim scales by the
   // ratio of the element sizes).
-  db.add("aten::view_copy.dtype", "view", [](SampleGen& g) {
-    return Samples{OpSample("same_size", {g.tensor({8, 4}), at::kInt}).no_backward(),
-                   OpSample("halves_f64", {g.tensor({5, 6}, at::kDouble), at::kFloat}).no_backward()};
-  });
+  for (const char* op : {"aten::view.dtype", "aten::view_copy.dtype"})
+    db.add(op, "view", [](SampleGen& g) {
+      return Samples{OpSample("same_size", {g.tensor({8, 4}), at::kInt}).no_backward(),
+                     OpSample("halves_f64", {g.tensor({5, 6}, at::kDouble), at::kFloat}).no_backward()};
+    });
   db.add("aten::reshape", "view", view_like);
   db.add("aten::_unsafe_view", "view", [](SampleGen& g) {
     return Samples{OpSample("flatten", {g.tensor({8, 4}), IL{32}}), OpSample("split", {g.tensor({8, 4}), IL{4, 2, 4}}),

@@ -118,6 +118,22 @@ std::vector<DimOption> scatter_options(const OpCall& c) {
   std::vector<size_t> partial_inputs{0};
   if (n == 3) partial_inputs.push_back(2);
   add_partial_options(o, scatter_partial_kind(c), n, 1, partial_inputs);
+  // NOTE: [Adding rows split along the scattered dim]
+  // scatter_add(self, dim, index, src) and index_add(self, dim, index, source) add the rows of
+  // src (along `dim`) wherever the index says: rows split across ranks can each be added by
+  // their rank into its own term of a Partial(sum) self, and the terms sum to the result. This
+  // is the gradient of an embedding or a gather whose batch is split across ranks: no gather
+  // of the index and src, and a replicated self becomes Partial without communication. Sum
+  // only (an average would divide the added rows); the functional overloads only (an in-place
+  // one would turn the caller's tensor Partial).
+  if ((c.name == "aten::scatter_add" || c.name == "aten::index_add") && n == 3 && nd > 0) {
+    const bool index_add = c.name == "aten::index_add";
+    // scatter_add's index and src must split alike: the same size along dim.
+    if (index_add || shape_of(c, 1)[static_cast<size_t>(dim)] == shape_of(c, 2)[static_cast<size_t>(dim)]) {
+      const Partial sum(comm::ReduceOp::SUM);
+      o.push_back({{sum}, {sum, Shard{index_add ? 0 : dim}, Shard{dim}}});
+    }
+  }
   // scatter_reduce and index_reduce amax/amin keep Partial(max)/Partial(min): max(self, src) of
   // maxima is the max.
   if ((c.name.rfind("aten::scatter_reduce", 0) == 0 || c.name.rfind("aten::index_reduce", 0) == 0) &&

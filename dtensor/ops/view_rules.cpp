@@ -379,13 +379,14 @@ const bool registered = [] {
   register_rule("aten::view", view_options, local_size_at(1), exact_view);
   register_rule("aten::_unsafe_view", view_options, local_size_at(1), exact_view);
   register_rule("aten::view_copy", view_options, local_size_at(1), exact_view);  // a view, copied
-  // view_copy.dtype(self, dtype) reinterprets the bytes: the last dim's size scales by the ratio
-  // of the element sizes, every other dim keeps its shards.
-  register_rule("aten::view_copy.dtype", [](const OpCall& c) {
+  // view.dtype / view_copy.dtype(self, dtype) reinterpret the bytes: the last dim's size scales
+  // by the ratio of the element sizes, every other dim keeps its shards.
+  for (const char* n : {"aten::view.dtype", "aten::view_copy.dtype"})
+    register_rule(n, [](const OpCall& c) {
     std::vector<int64_t> map = identity_map(in_ndim(c));
     if (!map.empty()) map.back() = -1;
     return mapped_options(map, detail::PartialKind::kNone);  // reinterpreted bits do not add up
-  });
+    });
   register_rule("aten::_reshape_alias", view_options, rewrite_reshape_alias, exact_view);
 
   // split / unbind: the dim that is cut is replicated; every piece keeps the other shards.

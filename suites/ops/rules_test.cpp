@@ -221,6 +221,26 @@ DTENSOR_TEST_F(LossAndIndexRules, GatherFromTheShardedDimIsAMaskedPartial) {
   }
 }
 
+// NOTE: [Adding rows split along the scattered dim]: the embedding gradient of a batch split
+// across ranks (index_add / scatter_add of batch-sharded rows into a replicated table) stays a
+// Partial(sum) with no collective, uneven rows included.
+DTENSOR_TEST_F(LossAndIndexRules, AddingRowsSplitAlongTheScatteredDimGivesAPartialSum) {
+  auto mesh = build_device_mesh();
+  for (int64_t rows : {8, 6}) {
+    const at::Tensor table = values({5, 4}, 7);
+    const at::Tensor index = (at::arange(rows, at::kLong) * 3).remainder(5);
+    const at::Tensor grad = values({rows, 4}, 8);
+    at::Tensor t = distribute_tensor(table, mesh, {Replicate{}});
+    at::Tensor out = at::index_add(t, 0, distribute_tensor(index, mesh, {Shard{0}}), distribute_tensor(grad, mesh, {Shard{0}}));
+    EXPECT_EQ(get_spec(out).placements, std::vector<Placement>{Partial{}}) << rows << " rows";
+    EXPECT_TRUE(at::allclose(full_tensor(out), at::index_add(table, 0, index, grad))) << rows << " rows";
+    const at::Tensor index2d = index.unsqueeze(1).expand({rows, 4}).contiguous();
+    out = at::scatter_add(t, 0, distribute_tensor(index2d, mesh, {Shard{0}}), distribute_tensor(grad, mesh, {Shard{0}}));
+    EXPECT_EQ(get_spec(out).placements, std::vector<Placement>{Partial{}}) << rows << " rows";
+    EXPECT_TRUE(at::allclose(full_tensor(out), at::scatter_add(table, 0, index2d, grad))) << rows << " rows";
+  }
+}
+
 // A plain tensor written in place among DTensors keeps its layout, so the write lands in its
 // own storage: cummax's backward formula is zeros(input.sizes()).scatter_add_(dim, indices,
 // grad), with the indices and grad sharded on another dim; scatter_add_ may re-lay out a
