@@ -32,6 +32,13 @@ struct PoolOp {
   std::vector<int64_t> private_dims;
 };
 
+// Whether input `input`'s dim `dim` may be split: libtorch's pooling, upsampling and sampling
+// kernels refuse empty planes (and, in some versions, an empty batch), so a dim is split only
+// where no rank's piece of it is empty.
+bool splits(const OpCall& c, size_t input, int64_t dim) {
+  return detail::shards_never_empty(c.inputs[input]->tensor_meta.shape[static_cast<size_t>(dim)], *c.mesh);
+}
+
 std::vector<DimOption> pool_options(const OpCall& c, const PoolOp& op) {
   const size_t n_in = c.inputs.size(), n_out = std::max<size_t>(c.output_meta.size(), 1);
   std::vector<DimOption> o{{all(n_out, R), all(n_in, R)}};
@@ -39,9 +46,7 @@ std::vector<DimOption> pool_options(const OpCall& c, const PoolOp& op) {
   const int64_t leading = c.inputs[0]->ndim() - op.spatial;
   for (int64_t d = 0; d < leading; ++d) {
     DimOption k{all(n_out, Shard{d}), all(n_in, R)};
-    // libtorch's pooling and upsampling kernels refuse empty planes (and, in some versions, an
-    // empty batch): a dim is split only where no rank's piece of it is empty.
-    bool fits = detail::shards_never_empty(c.inputs[0]->tensor_meta.shape[static_cast<size_t>(d)], *c.mesh);
+    bool fits = splits(c, 0, d);
     for (size_t i = 0; i < n_in && fits; ++i) {
       const int64_t priv = i < op.private_dims.size() ? op.private_dims[i] : op.spatial;
       // The input's own leading dims, right-aligned with the first input's.
@@ -68,10 +73,6 @@ Rule pool(int64_t spatial, bool linear, std::vector<int64_t> private_dims = {}) 
 }
 
 // grid_sampler_{2,3}d(input, grid, ...): (N, C, *in) and (N, *out, k) -> (N, C, *out).
-bool splits(const OpCall& c, size_t input, int64_t dim) {
-  return detail::shards_never_empty(c.inputs[input]->tensor_meta.shape[static_cast<size_t>(dim)], *c.mesh);
-}
-
 std::vector<DimOption> grid_sampler_options(const OpCall& c) {
   std::vector<DimOption> o{{{R}, {R, R}}};
   if (splits(c, 0, 0)) o.push_back({{Shard{0}}, {Shard{0}, Shard{0}}});
