@@ -54,8 +54,8 @@ Resolved& resolved() {
 
 // NOTE: [Rules of functional ops serve their out= overloads]: the rule of an out= overload
 // without one of its own is its functional overload's: the overload of the same name taking the
-// same other arguments (names and types) and returning one tensor per out= argument. None
-// (nullptr) when there is no such overload, or it has no rule, or
+// same other arguments (names, types, and whether they are written) and returning one tensor
+// per out= argument. None (nullptr) when there is no such overload, or it has no rule, or
 //   - the out= overload returns nothing (unsafe_split_with_sizes.out: its outputs are not
 //     described) or not one tensor per out= argument (several out= tensors, as max.dim_max or
 //     sort.values, are fine: NOTE: [Out= overloads with several outputs] in dispatch.cpp);
@@ -97,8 +97,11 @@ const Entry* out_overload_rule(const c10::FunctionSchema& schema, const std::vec
     for (size_t i = 0, j = 0; same && i < o.size(); ++i) {
       if (std::find(outs.begin(), outs.end(), i) != outs.end()) continue;
       const c10::Argument& a = f.arguments()[j++];
+      // Written in both or in neither: rrelu_with_noise writes its noise in both overloads
+      // (libtorch 2.x); that write is checked as for any written input of the functional.
+      const bool written = a.alias_info() && a.alias_info()->isWrite();
       same = a.name() == o[i].name() && a.type()->str() == o[i].type()->str() &&
-             !(a.alias_info() && a.alias_info()->isWrite());
+             written == (o[i].alias_info() && o[i].alias_info()->isWrite());
     }
     for (size_t k = 0; same && k < outs.size(); ++k)
       same = f.returns()[k].type()->str() == o[outs[k]].type()->str();

@@ -461,8 +461,13 @@ std::vector<RankOutcome> RankSet::run(const std::string& test_id, std::chrono::m
     p.result.reset();
     p.close_pending = false;
     p.body_done = false;
+    // NOTE: [A rank's output belongs to its test]: a pool rank's log holds every test it ran,
+    // and this test's part starts where the log ends now (the rank starts it on "run", below).
+    // A one-shot rank started its test when it was spawned, and may already have written to
+    // its log -- crashed, even -- before this line runs on a loaded machine: all of it is this
+    // test's.
     std::error_code ec;
-    p.log_offset = fs::exists(p.log_path, ec) ? fs::file_size(p.log_path, ec) : 0;
+    p.log_offset = I.pool && fs::exists(p.log_path, ec) ? fs::file_size(p.log_path, ec) : 0;
   }
   for (;;) {
     for (int r = 0; r < I.n; ++r) {
