@@ -441,6 +441,64 @@ DTENSOR_TEST_F(ReductionRules, ScansReplicateTheScanDimAndKeepTheOthers) {
   EXPECT_TRUE(at::allclose(full_tensor(rows), at::cumsum(g, 1)));
 }
 
+// NOTE: [Partial(max) and Partial(min) through monotone ops]: the placements kept, and the
+// values, against the single-device ops.
+class PointwiseRules : public testing::DTensorOpTestBase {};
+
+DTENSOR_TEST_F(PointwiseRules, MonotoneOpsKeepPartialMaxAndMin) {
+  auto mesh = build_device_mesh();
+  const at::Tensor g = at::arange(32, at::kFloat).view({8, 4}) / 8 - 2;
+  const at::Tensor r = at::linspace(-1, 1, 4);
+  // Rank k holds g - k: their max is g, and their min g - (ranks - 1).
+  const at::Tensor max_p = from_local(g - rank(), mesh, {Partial(comm::ReduceOp::MAX)});
+  const at::Tensor min_p = from_local(g + rank(), mesh, {Partial(comm::ReduceOp::MIN)});
+  const at::Tensor rep = distribute_tensor(r, mesh, {Replicate{}});
+  struct Case {
+    const char* what;
+    at::Tensor got;
+    at::Tensor want;
+    const char* placements;
+  };
+  const std::vector<Case> cases = {
+      {"exp", at::exp(max_p), at::exp(g), "(Partial(max),)"},
+      {"floor", at::floor(min_p), at::floor(g), "(Partial(min),)"},
+      {"clamp", at::clamp(max_p, -1, 1), at::clamp(g, -1, 1), "(Partial(max),)"},
+      {"neg", at::neg(max_p), at::neg(g), "(Partial(min),)"},
+      {"erfc", at::erfc(min_p), at::erfc(g), "(Partial(max),)"},
+      {"mul by -2", at::mul(max_p, -2), g * -2, "(Partial(min),)"},
+      {"div by 4", at::div(min_p, 4), g / 4, "(Partial(min),)"},
+      {"add replicated", at::add(max_p, rep), g + r, "(Partial(max),)"},
+      {"replicated minus", at::sub(rep, max_p), r - g, "(Partial(min),)"},
+      {"minus alpha -1", at::sub(rep, max_p, -1), r + g, "(Partial(max),)"},
+      {"rsub", at::rsub(max_p, rep), r - g, "(Partial(min),)"},
+      {"maximum", at::maximum(max_p, max_p * 2), at::maximum(g, g * 2), "(Partial(max),)"},
+      {"minimum", at::minimum(min_p, rep), at::minimum(g, r), "(Partial(min),)"},
+      {"logaddexp", at::logaddexp(rep, max_p), at::logaddexp(r, g), "(Partial(max),)"},
+      {"leaky_relu", at::leaky_relu(max_p, 0.1), at::leaky_relu(g, 0.1), "(Partial(max),)"},
+      {"where", at::where(rep > 0, max_p, rep), at::where(r > 0, g, r), "(Partial(max),)"},
+      {"to double", max_p.to(at::kDouble), g.to(at::kDouble), "(Partial(max),)"},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(placements_of(c.got), c.placements) << c.what;
+    EXPECT_TRUE(at::allclose(full_tensor(c.got), c.want)) << c.what;
+  }
+  // Not monotone on the whole domain (another rank's value may lie outside it), or not at all:
+  // the input is reduced first.
+  const at::Tensor positive = from_local(g + 3 - rank(), mesh, {Partial(comm::ReduceOp::MAX)});
+  for (const at::Tensor& t : {at::log(positive), at::abs(max_p), at::mul(max_p, rep)})
+    EXPECT_NE(placements_of(t), "(Partial(max),)");
+  EXPECT_TRUE(at::allclose(full_tensor(at::log(positive)), at::log(g + 3)));
+  // A mean with a replicated term, and a selection between two partial sums.
+  const at::Tensor avg_p = from_local(g + rank() - (mesh.size() - 1) / 2.0, mesh, {Partial(comm::ReduceOp::AVG)});
+  EXPECT_EQ(placements_of(at::add(avg_p, rep)), "(Partial(avg),)");
+  EXPECT_TRUE(at::allclose(full_tensor(at::add(avg_p, rep)), g + r));
+  const at::Tensor sum_a = from_local(g / mesh.size(), mesh, {Partial{}});
+  const at::Tensor sum_b = from_local(at::ones({8, 4}), mesh, {Partial{}});
+  const at::Tensor picked = at::where(distribute_tensor(g > 0, mesh, {Replicate{}}), sum_a, sum_b);
+  EXPECT_EQ(placements_of(picked), "(Partial(sum),)");
+  EXPECT_TRUE(at::allclose(full_tensor(picked), at::where(g > 0, g, at::full({8, 4}, mesh.size() * 1.f))));
+}
+
 // NOTE: [Composite ops run whole]: max/min.dim's gradient on DTensors.
 DTENSOR_TEST_F(ReductionRules, MaxDimBackwardRunsWholeOnDTensors) {
   auto mesh = build_device_mesh();

@@ -305,6 +305,24 @@ TEST(StrategyDiscovery, OurRulesForTheseOpsAreNotWrong) {
       {op("aten::amax", ""), OpSample("dim0", {g.tensor({8, 4}), c10::IValue(std::vector<int64_t>{0})})},
       // Its rule kept Partial(min) and Partial(max), which a complex value cannot have.
       {op("aten::view_as_complex", ""), OpSample("pairs", {g.tensor({8, 2})})},
+      // NOTE: [Partial(max) and Partial(min) through monotone ops]
+      {op("aten::exp", ""), OpSample("even", {g.tensor({8, 4})})},
+      {op("aten::neg", ""), OpSample("even", {g.tensor({8, 4})})},
+      {op("aten::erfc", ""), OpSample("even", {g.tensor({8, 4})})},
+      {op("aten::clamp", ""), OpSample("even", {g.tensor({8, 4}), -0.5, 0.5})},
+      {op("aten::clamp", "Tensor"), OpSample("even", {g.tensor({8, 4}), g.tensor({8, 4}), g.tensor({4})})},
+      {op("aten::maximum", ""), OpSample("even", {g.tensor({8, 4}), g.tensor({8, 4})})},
+      {op("aten::minimum", ""), OpSample("broadcast", {g.tensor({8, 4}), g.tensor({4})})},
+      {op("aten::add", "Tensor"), OpSample("alpha", {g.tensor({8, 4}), g.tensor({8, 4})}).kw("alpha", -2)},
+      {op("aten::sub", "Tensor"), OpSample("even", {g.tensor({8, 4}), g.tensor({8, 4})})},
+      {op("aten::rsub", "Tensor"), OpSample("even", {g.tensor({8, 4}), g.tensor({8, 4})})},
+      {op("aten::add", "Scalar"), OpSample("even", {g.tensor({8, 4}), 3})},
+      {op("aten::mul", "Scalar"), OpSample("negative", {g.tensor({8, 4}), -1.5})},
+      {op("aten::div", "Scalar"), OpSample("negative", {g.tensor({8, 4}), -4})},
+      {op("aten::leaky_relu", ""), OpSample("negative_slope", {g.tensor({8, 4}), -0.5})},
+      {op("aten::logaddexp", ""), OpSample("even", {g.tensor({8, 4}), g.tensor({8, 4})})},
+      {op("aten::where", "self"), OpSample("even", {g.tensor({8, 4}).gt(0), g.tensor({8, 4}), g.tensor({8, 4})})},
+      {op("aten::masked_fill", "Scalar"), OpSample("even", {g.tensor({8, 4}), g.tensor({8, 4}).gt(0), 2.5})},
   };
   for (int64_t ranks : {2, 4}) {
     for (const auto& [h, sample] : cases) {
