@@ -659,8 +659,39 @@ RuleJudgement judge_rule(const c10::OperatorHandle& op, const OpSample& sample, 
 // pieces are joined (concatenated for Shard, reduced for Partial, all equal for Replicate) into
 // the piece their parent stands for, up to the whole result, which must equal the op's on the
 // whole tensors; every rank's piece must also have the shape its layout implies. Layouts with a
-// Partial run again on the complementary checkerboard. Strided shards are not simulated.
+// Partial run again on the complementary checkerboard. A tensor with strided shards (and no
+// Partial) is split into, and its output compared by, the boxes compute_local_shape_and_
+// global_offset gives each rank: under NOTE: [Strided shards] every rank holds one box, so
+// a strided layout differs from the plain one only in which rank holds which box.
 namespace {
+
+// The rank's coordinate on the mesh, row-major (as split_on_mesh orders the ranks).
+std::vector<int64_t> coord_of(int64_t rank, const std::vector<int64_t>& mesh_shape) {
+  std::vector<int64_t> coord(mesh_shape.size());
+  for (size_t m = mesh_shape.size(); m-- > 0;) {
+    coord[m] = rank % mesh_shape[m];
+    rank /= mesh_shape[m];
+  }
+  return coord;
+}
+
+// The box of `t` the rank at `coord` holds under `placements` (Shard, strided or not, and
+// Replicate only).
+at::Tensor box_of(const at::Tensor& t, const std::vector<Placement>& placements, const std::vector<int64_t>& mesh_shape,
+                  const std::vector<int64_t>& coord) {
+  const auto [shape, offset] = compute_local_shape_and_global_offset(t.sizes(), mesh_shape, placements, coord);
+  at::Tensor box = t;
+  for (int64_t d = 0; d < t.dim(); ++d)
+    box = box.narrow(d, offset[static_cast<size_t>(d)], shape[static_cast<size_t>(d)]);
+  return box;
+}
+
+bool any_strided(const std::vector<Placement>& ps) {
+  return std::any_of(ps.begin(), ps.end(), [](const Placement& p) { return is_strided_shard(p); });
+}
+bool any_partial(const std::vector<Placement>& ps) {
+  return std::any_of(ps.begin(), ps.end(), [](const Placement& p) { return std::holds_alternative<Partial>(p); });
+}
 
 std::vector<at::Tensor> split_on_mesh(const at::Tensor& t, const std::vector<Placement>& placements,
                                       const std::vector<int64_t>& mesh_shape, int shift, int tensor_index) {
@@ -770,6 +801,34 @@ MeshJudgement judge_rule_on_mesh(const c10::OperatorHandle& op, const OpSample& 
       total = total > options.combinations ? total : total * candidates.back().size();
   }
   std::vector<std::vector<std::vector<Placement>>> layouts;
+  // Strided layouts first (MeshCheckOptions::strided).
+  if (options.strided && mesh_dims >= 2 && options.mesh_shape[mesh_dims - 2] > 1 && options.mesh_shape[mesh_dims - 1] > 1) {
+    const std::vector<Placement> rep(mesh_dims, Replicate{});
+    auto strided_on = [&](int64_t d) {
+      std::vector<Placement> ps = rep;
+      ps[mesh_dims - 2] = StridedShard(d, options.mesh_shape[mesh_dims - 1]);
+      ps[mesh_dims - 1] = Shard{d};
+      return ps;
+    };
+    for (size_t k = 0; k < prep.whole.size(); ++k)
+      for (int64_t d = 0; d < prep.whole[k].dim(); ++d) {
+        if (prep.whole[k].size(d) < 2) continue;
+        std::vector<std::vector<Placement>> l(prep.whole.size(), rep);
+        l[k] = strided_on(d);
+        layouts.push_back(std::move(l));
+      }
+    for (int64_t d = 0; prep.whole.size() > 1 && d < prep.whole[0].dim(); ++d) {
+      if (prep.whole[0].size(d) < 2) continue;
+      std::vector<std::vector<Placement>> l(prep.whole.size(), rep);
+      size_t laid = 0;
+      for (size_t k = 0; k < l.size(); ++k)
+        if (prep.whole[k].sizes() == prep.whole[0].sizes()) {
+          l[k] = strided_on(d);
+          ++laid;
+        }
+      if (laid > 1) layouts.push_back(std::move(l));
+    }
+  }
   auto layout_at = [&](std::vector<size_t> digits) {
     std::vector<std::vector<Placement>> l(prep.whole.size());
     for (size_t k = 0; k < l.size(); ++k)
@@ -810,30 +869,39 @@ MeshJudgement judge_rule_on_mesh(const c10::OperatorHandle& op, const OpSample& 
       j.own_local_computation = true;
       return j;
     }
-    if (!std::isfinite(q->chosen.cost)) {
+    const ops::OutputSharding& chosen = q->relabelled ? *q->relabelled : q->chosen;
+    if (!std::isfinite(chosen.cost)) {
       ++j.unsupported;
       continue;
     }
-    const auto& ins = q->chosen.inputs;
-    const auto& outs = q->chosen.outputs;
-    bool strided = false, any_partial = false;
+    const auto& ins = chosen.inputs;
+    const auto& outs = chosen.outputs;
+    bool strided_and_partial = false, partial = false, strided = false;
     for (const auto* side : {&ins, &outs})
-      for (const auto& ps : *side)
-        for (const auto& p : ps) {
-          strided = strided || is_strided_shard(p);
-          any_partial = any_partial || std::holds_alternative<Partial>(p);
-        }
-    if (strided || ins.size() != prep.whole.size() || outs.size() != prep.truth.size()) {
+      for (const auto& ps : *side) {
+        strided_and_partial = strided_and_partial || (any_strided(ps) && any_partial(ps));
+        partial = partial || any_partial(ps);
+        strided = strided || any_strided(ps);
+      }
+    for (const auto& ps : layout) strided = strided || any_strided(ps);
+    if (strided_and_partial || ins.size() != prep.whole.size() || outs.size() != prep.truth.size()) {
       ++j.unjudged;
       continue;
     }
     const std::string strategy = layout_string(ins) + " -> " + layout_string(outs);
     std::string why;
     try {
-      for (int shift = 0; shift < (any_partial ? 2 : 1) && why.empty(); ++shift) {
+      for (int shift = 0; shift < (partial ? 2 : 1) && why.empty(); ++shift) {
         std::vector<std::vector<at::Tensor>> pieces;
-        for (size_t k = 0; k < prep.whole.size(); ++k)
-          pieces.push_back(split_on_mesh(prep.whole[k], ins[k], options.mesh_shape, shift, static_cast<int>(k)));
+        for (size_t k = 0; k < prep.whole.size(); ++k) {
+          if (!any_strided(ins[k])) {
+            pieces.push_back(split_on_mesh(prep.whole[k], ins[k], options.mesh_shape, shift, static_cast<int>(k)));
+            continue;
+          }
+          pieces.emplace_back();
+          for (int64_t r = 0; r < ranks; ++r)
+            pieces.back().push_back(box_of(prep.whole[k], ins[k], options.mesh_shape, coord_of(r, options.mesh_shape)).clone());
+        }
         std::vector<std::vector<at::Tensor>> per_output(prep.truth.size());
         for (int64_t r = 0; r < ranks; ++r) {
           std::vector<at::Tensor> mine;
@@ -849,11 +917,7 @@ MeshJudgement judge_rule_on_mesh(const c10::OperatorHandle& op, const OpSample& 
           const double rtol = rtol_opt.value_or(dr);
           double atol = atol_opt.value_or(da);
           for (int64_t r = 0; r < ranks && why.empty(); ++r) {
-            std::vector<int64_t> coord(mesh_dims);  // row-major, as split_on_mesh orders the ranks
-            for (size_t m = mesh_dims, rest = static_cast<size_t>(r); m-- > 0;) {
-              coord[m] = static_cast<int64_t>(rest % static_cast<size_t>(options.mesh_shape[m]));
-              rest /= static_cast<size_t>(options.mesh_shape[m]);
-            }
+            const std::vector<int64_t> coord = coord_of(r, options.mesh_shape);
             const auto expected = compute_local_shape_and_global_offset(g.sizes(), options.mesh_shape, outs[o], coord).first;
             if (per_output[o][static_cast<size_t>(r)].sizes() != c10::IntArrayRef(expected))
               why = "output " + std::to_string(o) + " on rank " + std::to_string(r) + " has shape " +
@@ -861,7 +925,14 @@ MeshJudgement judge_rule_on_mesh(const c10::OperatorHandle& op, const OpSample& 
                     c10::str(c10::IntArrayRef(expected));
           }
           if (!why.empty()) break;
-          if (any_partial && inexact(g)) atol += rtol * static_cast<double>(ranks) * max_abs(per_output[o]);
+          if (any_strided(outs[o])) {  // each rank's piece is its box of the result
+            for (int64_t r = 0; r < ranks && why.empty(); ++r)
+              if (!close(per_output[o][static_cast<size_t>(r)].to(g.scalar_type()),
+                         box_of(g, outs[o], options.mesh_shape, coord_of(r, options.mesh_shape)), rtol, atol))
+                why = "output " + std::to_string(o) + " on rank " + std::to_string(r) + " has other values than its box";
+            continue;
+          }
+          if (partial && inexact(g)) atol += rtol * static_cast<double>(ranks) * max_abs(per_output[o]);
           const std::optional<at::Tensor> joined = join_on_mesh(per_output[o], outs[o], options.mesh_shape, rtol, atol);
           if (!joined || !close(joined->to(g.scalar_type()), g, rtol, atol))
             why = "output " + std::to_string(o) + (joined ? " has other values" : "'s pieces do not fit together");
@@ -871,6 +942,7 @@ MeshJudgement judge_rule_on_mesh(const c10::OperatorHandle& op, const OpSample& 
       why = "the op raises on the pieces: " + message_of(e).substr(0, 160);
     }
     ++j.checked;
+    j.strided += strided;
     if (!why.empty()) j.wrong.push_back(layout_string(layout) + " chooses " + strategy + ": " + why);
   }
   return j;

@@ -151,13 +151,21 @@ struct MeshCheckOptions {
   size_t combinations = 48;
   uint64_t seed = 0;
   bool partial = true;
+  // Also strided layouts (FSDP over tensor parallel: NOTE: [Strided shards]), besides the
+  // drawn ones: on the last two mesh dims (StridedShard(d, sf = the last mesh dim's size),
+  // Shard(d)), the earlier ones Replicate; each tensor so laid out with the others
+  // replicated, and every tensor of the first tensor's shape so laid out at once. What a DTensor
+  // call chooses for them is propagate()'s, relabelling included (NOTE: [Ops on strided
+  // shards]).
+  bool strided = true;
 };
 struct MeshJudgement {
   std::string skipped;  // why the sample was not examined (as discover_strategies says)
   bool has_rule = false, own_local_computation = false;
   size_t checked = 0;      // layouts whose chosen strategy was run and checked
+  size_t strided = 0;      // of those, layouts with strided shards
   size_t unsupported = 0;  // layouts the rule has no strategy for (a DTensor call raises)
-  size_t unjudged = 0;     // chosen strategies with strided shards (not simulated)
+  size_t unjudged = 0;     // chosen strategies with a tensor both strided and Partial (not simulated)
   // Chosen strategies whose pieces do not give the result: "([S(0), R], [R, R]) -> ([S(0), R])"
   // (per tensor, its placement on each mesh dim), with why.
   std::vector<std::string> wrong;

@@ -199,17 +199,38 @@ bool has_strided(const DTensorSpec& s) {
 
 // NOTE: [Ops on strided shards]
 // Rules know Shard, not StridedShard (NOTE: [Strided shards] in placement.h). A strided layout
-// differs from the plain one (same placements, split_factor 1) only in WHICH box each rank
-// holds, so an op whose local computation does not depend on that may run on it unchanged:
-// when every DTensor input is either the strided tensor's layout (same placements and shape)
-// or fully replicated, the op is propagated as if the strided inputs were plain, and the
-// result is kept if it redistributes nothing, is not random, has no local kernel or argument
-// rewrite (those read offsets or local sizes of the plain layout), and gives every output
-// either the plain layout with the input's shape (relabelled strided) or no Shard at all
-// (Replicate / Partial: the boxes still partition the tensor). Optimizer steps, pointwise ops,
-// *_like and full reductions thus keep the layout with no communication, and in-place ops on
-// a strided DTensor work. Anything else propagates with the strided specs as they are, so the
-// inputs are redistributed to what the rule asks for.
+// differs from the plain one (same placements, split_factor 1) in WHICH box each rank holds --
+// and, on an uneven split over a mesh that is not square, in the boxes' shapes (which ranks
+// hold none) -- so an op whose local computation does not depend on that may run on it
+// unchanged: when every DTensor input is either the strided tensor's layout (same placements
+// and shape) or fully replicated, the op is propagated as if the strided inputs were plain,
+// and the result is kept if it redistributes nothing, is not random, has no local kernel or
+// argument rewrite (those read offsets or local sizes of the plain layout), and gives every
+// output either the plain layout with the input's shape (relabelled strided) or, where the
+// boxes' shapes are the plain layout's, no Shard at all (Replicate / Partial: the boxes still
+// partition the tensor). Optimizer steps, pointwise ops, *_like and full reductions thus keep
+// the layout with no communication, and in-place ops on a strided DTensor work. Anything else
+// propagates with the strided specs as they are, so the inputs are redistributed to what the
+// rule asks for.
+//
+// Whether every rank's box under `strided` has the shape it has under `plain`. Not on uneven
+// splits over a mesh that is not square: 8 rows on a (3, 2) mesh are 3, 3, 2 rows split in two
+// under (Shard(0), Shard(0)), but 4, 4 split in three -- one rank holding none -- under
+// (StridedShard(0, 2), Shard(0)), and a rule reducing to Partial(max) where no plain shard is
+// empty would have a rank take the max of nothing.
+bool same_local_shapes(const DTensorSpec& strided, const std::vector<Placement>& plain) {
+  const std::vector<int64_t> mesh_shape = strided.mesh.shape();
+  std::vector<int64_t> coord(mesh_shape.size(), 0);
+  for (;;) {
+    if (compute_local_shape_and_global_offset(strided.tensor_meta.shape, mesh_shape, strided.placements, coord).first !=
+        compute_local_shape_and_global_offset(strided.tensor_meta.shape, mesh_shape, plain, coord).first)
+      return false;
+    size_t m = mesh_shape.size();
+    while (m > 0 && ++coord[m - 1] == mesh_shape[m - 1]) coord[--m] = 0;
+    if (m == 0) return true;
+  }
+}
+
 std::optional<OutputSharding> propagate_relabelled(OpCall& call,
                                                    const std::function<std::vector<TensorMeta>()>& infer_meta) {
   const DTensorSpec* strided = nullptr;
@@ -223,6 +244,7 @@ std::optional<OutputSharding> propagate_relabelled(OpCall& call,
   std::vector<Placement> plain = strided->placements;
   for (auto& p : plain)
     if (auto* sh = std::get_if<Shard>(&p)) sh->split_factor = 1;
+  const bool same_shapes = same_local_shapes(*strided, plain);
   auto relabel = [&](const DTensorSpec& s) {
     return s.placements == strided->placements ? DTensorSpec(s.mesh, plain, s.tensor_meta) : s;
   };
@@ -246,7 +268,7 @@ std::optional<OutputSharding> propagate_relabelled(OpCall& call,
   for (size_t k = 0; k < r.outputs.size(); ++k) {
     const bool keeps = r.outputs[k] == plain && r.output_meta[k].shape == strided->tensor_meta.shape;
     const bool unsharded = std::none_of(r.outputs[k].begin(), r.outputs[k].end(), [](const Placement& p) { return is_shard(p); });
-    if (!keeps && !unsharded) return std::nullopt;
+    if (!keeps && (!unsharded || !same_shapes)) return std::nullopt;
     if (keeps) r.outputs[k] = strided->placements;
   }
   for (size_t j = 0; j < call.inputs.size(); ++j) r.inputs[j] = call.inputs[j]->placements;
@@ -461,6 +483,12 @@ std::optional<StrategyQuery> query_strategies(OpCall& call,
   }
   q.chosen = cheapest_strategy(call, *entry, q.options, outs);
   q.chosen.output_meta = call.output_meta;
+  try {
+    q.relabelled = propagate_relabelled(call, infer_meta);
+  } catch (const c10::Error&) {
+    // No valid strategy for the relabelled call (an in-place op whose written tensor could not
+    // keep its layout): propagate() raises, as `chosen` would have it for such a call.
+  }
   q.has_kernel = static_cast<bool>(entry->options.kernel);
   q.has_rewrite = static_cast<bool>(entry->rewrite);
   q.random = entry->options.random;

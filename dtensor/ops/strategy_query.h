@@ -25,6 +25,9 @@ struct StrategyQuery {
   std::vector<bool> runnable;
   // What propagate() chooses (the cheapest valid strategy), computed afresh.
   OutputSharding chosen;
+  // For a call with strided inputs, what propagate() runs instead when it may relabel them as
+  // plain shards (NOTE: [Ops on strided shards]); nullopt otherwise.
+  std::optional<OutputSharding> relabelled;
   // The rule runs the local computation its own way (RuleOptions::kernel, a LocalArgRewrite):
   // the op on the local pieces is not what it runs.
   bool has_kernel = false;
@@ -32,8 +35,8 @@ struct StrategyQuery {
   bool random = false;
 };
 
-// Not cached, and without propagate's relabelling of strided shards (NOTE: [Ops on strided
-// shards]). nullopt when the op has no rule. `infer_meta` fills call.output_meta first. Throws
+// `chosen` is not cached, and is without propagate's relabelling of strided shards, which
+// `relabelled` gives. nullopt when the op has no rule. `infer_meta` fills call.output_meta first. Throws
 // what the rule throws; `chosen.cost` is infinity when no option is valid.
 std::optional<StrategyQuery> query_strategies(OpCall& call,
                                               const std::function<std::vector<TensorMeta>()>& infer_meta);

@@ -159,6 +159,12 @@ void register_probes() {
                                          {{Shard{0}}, {Shard{0}}},
                                          {{Partial{}}, {Partial{}}}};
     });
+    // Keeps any shard of its one input: wrong for flip along the sharded dim.
+    ops::register_rule("dtensor_test::keeps_shards", [](const ops::OpCall& c) {
+      std::vector<ops::DimOption> opts{{{Replicate{}}, {Replicate{}}}};
+      for (int64_t d = 0; d < c.inputs[0]->ndim(); ++d) opts.push_back({{Shard{d}}, {Shard{d}}});
+      return opts;
+    });
     ops::register_rule("dtensor_test::replicated_add", [](const ops::OpCall&) {
       return std::vector<ops::DimOption>{{{Replicate{}}, {Replicate{}, Replicate{}}}};
     });
@@ -276,7 +282,8 @@ TEST(StrategyDiscovery, ChoicesOnMeshesOfSeveralDimsAreRunAndChecked) {
   MeshCheckOptions o;  // 2x2: 49 layouts of one tensor, every one visited
   o.combinations = 64;
   const MeshJudgement probe = judge_rule_on_mesh(relu, x, o, "dtensor_test::linear_relu");
-  EXPECT_EQ(probe.checked, 49u);
+  EXPECT_EQ(probe.checked, 49u + 2);  // and the two strided layouts
+  EXPECT_EQ(probe.strided, 2u);
   ASSERT_FALSE(probe.wrong.empty());
   for (const auto& w : probe.wrong) EXPECT_NE(w.find("P(sum)"), std::string::npos) << w;
   EXPECT_NE(std::find_if(probe.wrong.begin(), probe.wrong.end(),
@@ -289,6 +296,44 @@ TEST(StrategyDiscovery, ChoicesOnMeshesOfSeveralDimsAreRunAndChecked) {
   EXPECT_TRUE(own.wrong.empty()) << own.wrong[0];
   EXPECT_EQ(judge_rule_on_mesh(op("aten::add_", "Tensor"), OpSample("x", {g.tensor({4}), g.tensor({4})}), o).skipped,
             "the op writes an argument (in-place or out=)");
+}
+
+// Strided layouts (FSDP over tensor parallel): what a DTensor call runs for them -- relabelled
+// as plain shards or not (NOTE: [Ops on strided shards]) -- is run on the box each rank holds
+// and checked; a rule keeping a shard that flip reverses is caught on them too.
+TEST(StrategyDiscovery, StridedLayoutsAreRunOnTheBoxEachRankHolds) {
+  register_probes();
+  SampleGen g(12);
+  MeshCheckOptions o;  // 2x2, the strided layouts only
+  o.combinations = 0;
+  const MeshJudgement add = judge_rule_on_mesh(op("aten::add", "Tensor"), OpSample("ab", {g.tensor({8, 4}), g.tensor({8, 4})}), o);
+  EXPECT_EQ(add.checked, 6u);  // each tensor on each dim, and both on each dim
+  EXPECT_EQ(add.strided, 6u);
+  EXPECT_TRUE(add.wrong.empty()) << add.wrong[0];
+  const MeshJudgement sum = judge_rule_on_mesh(op("aten::sum", ""), OpSample("all", {g.tensor({7, 4})}), o);
+  EXPECT_EQ(sum.strided, 2u);
+  EXPECT_TRUE(sum.wrong.empty()) << sum.wrong[0];
+  const auto flip = op("aten::flip", "");
+  const OpSample rows("rows", {g.tensor({8, 4}), c10::IValue(std::vector<int64_t>{0})});
+  const MeshJudgement own = judge_rule_on_mesh(flip, rows, o);
+  EXPECT_EQ(own.strided, 2u);
+  EXPECT_TRUE(own.wrong.empty()) << own.wrong[0];
+  const MeshJudgement probe = judge_rule_on_mesh(flip, rows, o, "dtensor_test::keeps_shards");
+  ASSERT_EQ(probe.wrong.size(), 1u);
+  EXPECT_EQ(probe.wrong[0],
+            "([_S(0, 2), S(0)]) chooses ([_S(0, 2), S(0)]) -> ([_S(0, 2), S(0)]): output 0 on rank 0 has other values "
+            "than its box");
+  // 8 rows on a (3, 2) mesh: (StridedShard(0, 2), Shard(0)) leaves a rank without rows, which
+  // the plain layout does not, so the max is not kept Partial for it (before: it was, and amax
+  // raised on the empty box).
+  o.mesh_shape = {3, 2};
+  const MeshJudgement amax = judge_rule_on_mesh(op("aten::amax", ""), OpSample("dim0", {g.tensor({8, 4}), c10::IValue(std::vector<int64_t>{0})}), o);
+  EXPECT_EQ(amax.strided, 2u);
+  EXPECT_TRUE(amax.wrong.empty()) << amax.wrong[0];
+  o.mesh_shape = {2, 3, 2};
+  const MeshJudgement three = judge_rule_on_mesh(op("aten::mul", "Tensor"), OpSample("ab", {g.tensor({5, 6}), g.tensor({6})}), o);
+  EXPECT_EQ(three.strided, 3u);  // [R, _S(d, 2), S(d)]: the first on dims 0 and 1, the second on dim 0
+  EXPECT_TRUE(three.wrong.empty()) << three.wrong[0];
 }
 
 // The rules of these ops offer nothing that is not valid.

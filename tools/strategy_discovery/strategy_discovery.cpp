@@ -9,8 +9,8 @@
 //   strategy_discovery --mesh 2x2x2 [--combinations 48] [--ops ...] [--timeout 120] [--fail-on-wrong]
 //
 // --mesh: instead, the rules' choices on a mesh of several dims (judge_rule_on_mesh: layouts
-// drawn from every mesh dim's candidates, the chosen strategy run on simulated pieces); a
-// chosen strategy whose pieces do not give the result is wrong.
+// drawn from every mesh dim's candidates, and strided ones, the chosen strategy run on
+// simulated pieces); a chosen strategy whose pieces do not give the result is wrong.
 // --json FILE: the findings for tools/opcov's report (NOTE: [Discovery in the op-coverage
 // report] in tools/opcov/discovery.h): per op, its counts, wrong strategies, the most saving
 // missing ones, and what the rule chooses for every input combination.
@@ -141,9 +141,10 @@ void write_report(int fd, const json& r) {
 }
 
 // --mesh: the child's work. Writes {"op", "samples", "skipped", "checked", "unsupported",
-// "unjudged", "wrong"} to `fd`.
+// "unjudged", "strided", "wrong"} to `fd`.
 void examine_on_mesh(const OpInfo& info, const c10::OperatorHandle& op, const Options& o, long first_sample, int fd) {
-  json r = {{"op", info.op}, {"samples", 0}, {"skipped", 0}, {"checked", 0}, {"unsupported", 0}, {"unjudged", 0}};
+  json r = {{"op", info.op}, {"samples", 0}, {"skipped", 0}, {"checked", 0}, {"unsupported", 0}, {"unjudged", 0},
+            {"strided", 0}};
   json wrong = json::array(), errors = json::array();
   long n = first_sample - 1;
   for (const auto& sample : info.make_samples()) {
@@ -162,6 +163,7 @@ void examine_on_mesh(const OpInfo& info, const c10::OperatorHandle& op, const Op
       r["checked"] = r["checked"].get<long>() + static_cast<long>(j.checked);
       r["unsupported"] = r["unsupported"].get<long>() + static_cast<long>(j.unsupported);
       r["unjudged"] = r["unjudged"].get<long>() + static_cast<long>(j.unjudged);
+      r["strided"] = r["strided"].get<long>() + static_cast<long>(j.strided);
       for (const auto& w : j.wrong) {
         std::printf("wrong    %s [%s] %s\n", info.op.c_str(), sample.variant.c_str(), w.c_str());
         wrong.push_back({{"variant", sample.variant}, {"strategy", w}});
@@ -318,7 +320,7 @@ int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   const auto& db = dtensor::testing::op_db();
   long ops = 0, samples = 0, skipped = 0, combinations = 0, valid = 0, judged = 0, wrong = 0, missing = 0,
-       errors = 0, dumped = 0, wrong_ops = 0, missing_ops = 0, checked = 0, unsupported = 0, unjudged = 0;
+       errors = 0, dumped = 0, wrong_ops = 0, missing_ops = 0, checked = 0, unsupported = 0, unjudged = 0, strided = 0;
   json per_op = json::array(), crashed = json::array(), files = json::array();
   for (const OpInfo& info : db.ops()) {
     if (info.family == "random") continue;
@@ -369,6 +371,7 @@ int main(int argc, char** argv) {
       checked += r["checked"].get<long>();
       unsupported += r["unsupported"].get<long>();
       unjudged += r["unjudged"].get<long>();
+      strided += r["strided"].get<long>();
       const long w = static_cast<long>(r["wrong"].size());
       wrong += w;
       wrong_ops += w > 0;
@@ -392,11 +395,11 @@ int main(int argc, char** argv) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!o.mesh.empty()) {
     std::printf(
-        "\n%ld ops, %ld samples on a mesh of %s: %ld skipped; %ld layouts whose chosen strategy was run and checked, "
-        "%ld without a strategy, %ld not simulated (strided shards); wrong choices %ld (%ld ops); %ld errors, %zu ops "
-        "crashed; %.1f s\n",
-        ops, samples, c10::str(c10::IntArrayRef(o.mesh)).c_str(), skipped, checked, unsupported, unjudged, wrong,
-        wrong_ops, errors, crashed.size(), seconds);
+        "\n%ld ops, %ld samples on a mesh of %s: %ld skipped; %ld layouts whose chosen strategy was run and checked "
+        "(%ld of them strided), %ld without a strategy, %ld not simulated (a tensor both strided and Partial); wrong "
+        "choices %ld (%ld ops); %ld errors, %zu ops crashed; %.1f s\n",
+        ops, samples, c10::str(c10::IntArrayRef(o.mesh)).c_str(), skipped, checked, strided, unsupported, unjudged,
+        wrong, wrong_ops, errors, crashed.size(), seconds);
     return o.fail_on_wrong && wrong > 0 ? 1 : 0;
   }
   std::printf(
