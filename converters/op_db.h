@@ -87,6 +87,12 @@ struct OpSample {
     backward = false;
     return *this;
   }
+  // Checked on 1-D meshes only, `why` saying where the 2-D layouts are checked instead (a
+  // backward op: as its forward op's backward; the op suite skips it on a 2-D mesh saying so).
+  OpSample& only_1d(std::string why) {
+    only_1d_because = std::move(why);
+    return *this;
+  }
   // A random op: the driver seeds every generator the op may draw from with `seed` before the
   // plain call and before each DTensor call, so that both start from the same state and the
   // values are compared exactly (NOTE: [Seeded random samples] in op_check.h). A Generator
@@ -108,6 +114,8 @@ struct OpSample {
   bool compare_values = true;
   // seeded(): the seed of every generator (std::nullopt: not a random op).
   std::optional<uint64_t> rng_seed;
+  // only_1d(): why the sample is not run on 2-D meshes (empty: it is).
+  std::string only_1d_because;
 };
 
 using SampleFn = std::function<std::vector<OpSample>(SampleGen&)>;

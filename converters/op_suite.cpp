@@ -176,6 +176,13 @@ std::vector<CaseRecord> run_op_suite(const DeviceMesh& mesh, const std::string& 
       samples = info.make_samples();
     }
     for (const OpSample& s : samples) {
+      if (mesh_kind != "1d" && !s.only_1d_because.empty()) {
+        DirectionResult skipped;
+        skipped.reason = "checked on 1-D meshes only: " + s.only_1d_because;
+        out.push_back(record_of(info, s, mesh_kind, "fwd", skipped, OpCheckResult{}));
+        out.push_back(record_of(info, s, mesh_kind, "bwd", skipped, OpCheckResult{}));
+        continue;
+      }
       OpCheckOptions o = options;
       o.identity_is_trivial = info.generated;  // NOTE: [Trivial cases]
       OpCheckResult r = check_sample(mesh, info, s, o);

@@ -29,7 +29,7 @@ void add(OpDb& db, const std::string& op, SampleFn fn) {
 // one only: on a 2-D mesh the pairwise covering design of three 5-dim tensors runs thousands of
 // combinations per sample (the op suite's time), and the backward ops are also checked as their
 // forward ops' backward, uneven shapes included. Their samples are forward only (no double
-// backward).
+// backward), and on 1-D meshes only (backward_op_samples).
 struct Input {
   const char* variant;
   at::Tensor x;
@@ -47,6 +47,13 @@ std::vector<Input> inputs(SampleGen& g, int64_t k, bool backward_op = false) {
 }
 
 Ints rep(int64_t k, int64_t v) { return Ints(static_cast<size_t>(k), v); }
+
+// A backward op's own samples: forward only, and on 1-D meshes only. On a 2-D mesh its forward
+// op's gradient check calls it on the same layouts, and its own three 4- or 5-dim tensors would
+// take the pairwise covering design's ~260 combinations per sample there.
+void backward_op_samples(Samples& s) {
+  for (auto& sample : s) sample.no_backward().only_1d("a backward op, checked on 2-D meshes as its forward op's gradient");
+}
 
 void add_pooling(OpDb& db, int64_t k) {
   const std::string d = std::to_string(k) + "d";
@@ -67,7 +74,7 @@ void add_pooling(OpDb& db, int64_t k) {
       s.push_back(OpSample(in.variant, {g.tensor(std::get<0>(fwd).sizes().vec(), in.x.scalar_type()), in.x, rep(k, 2),
                                         rep(k, 2), rep(k, 0), rep(k, 1), false, std::get<1>(fwd)}));
     }
-    for (auto& sample : s) sample.no_backward();
+    backward_op_samples(s);
     return s;
   });
   // adaptive_max_pool{k}d(self, output_size) and its backward(grad_output, self, indices).
@@ -83,7 +90,7 @@ void add_pooling(OpDb& db, int64_t k) {
       s.push_back(OpSample(in.variant, {g.tensor(std::get<0>(fwd).sizes().vec(), in.x.scalar_type()), in.x,
                                         std::get<1>(fwd)}));
     }
-    for (auto& sample : s) sample.no_backward();
+    backward_op_samples(s);
     return s;
   });
   // fractional_max_pool{k}d(self, kernel_size, output_size, random_samples (N, C, k) in [0, 1))
@@ -105,7 +112,7 @@ void add_pooling(OpDb& db, int64_t k) {
       s.push_back(OpSample(in.variant, {g.tensor(std::get<0>(fwd).sizes().vec(), in.x.scalar_type()), in.x, rep(k, 2),
                                         rep(k, 3), std::get<1>(fwd)}));
     }
-    for (auto& sample : s) sample.no_backward();
+    backward_op_samples(s);
     return s;
   });
   // max_unpool2d(self, indices, output_size); max_unpool3d(..., stride, padding): the values and
@@ -141,7 +148,7 @@ void add_pooling(OpDb& db, int64_t k) {
       s.push_back(OpSample(in.variant, {g.tensor(out.sizes().vec(), in.x.scalar_type()), in.x, rep(k, 2), rep(k, 2),
                                         rep(k, 0), false, true, c10::IValue()}));
     }
-    for (auto& sample : s) sample.no_backward();
+    backward_op_samples(s);
     return s;
   });
   // _adaptive_avg_pool{k}d(self, output_size) and its backward(grad_output, self)
@@ -157,7 +164,7 @@ void add_pooling(OpDb& db, int64_t k) {
       for (int64_t i = 0; i < k; ++i) out[out.size() - 1 - static_cast<size_t>(i)] = 4;
       s.push_back(OpSample(in.variant, {g.tensor(out, in.x.scalar_type()), in.x}));
     }
-    for (auto& sample : s) sample.no_backward();
+    backward_op_samples(s);
     return s;
   });
 }
@@ -185,7 +192,7 @@ void add_upsampling(OpDb& db, const std::string& name, int64_t k, bool align_cor
       if (align_corners) sample.args.push_back(false);
       s.push_back(std::move(sample));
     }
-    for (auto& sample : s) sample.no_backward();
+    backward_op_samples(s);
     return s;
   });
 }
@@ -248,9 +255,9 @@ void add_pool_samples(OpDb& db) {
         Ints out{in.x.size(0), in.x.size(1)};
         for (int64_t i = 0; i < k; ++i) out.push_back(3);
         s.push_back(OpSample(in.variant, {g.tensor(out, in.x.scalar_type()), in.x, gr, 0, 0, false,
-                                          c10::List<bool>({true, true})})
-                        .no_backward());
+                                          c10::List<bool>({true, true})}));
       }
+      backward_op_samples(s);
       return s;
     });
   }
