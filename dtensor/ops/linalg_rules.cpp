@@ -222,15 +222,20 @@ std::vector<c10::IValue> is_same_size_kernel(const c10::OperatorHandle&, std::ve
 // OpCall::inputs; `singles` the positions of plain DTensor arguments (a Tensor `other`).
 struct ForeachArgs {
   std::vector<std::vector<size_t>> lists;
+  // Single tensor operands (other, weight: broadcast over each element). Not the `scalars` of
+  // _foreach_addcmul/addcdiv.Tensor (libtorch 2.x), one value per element: element i reads
+  // scalars[i] whole, so it stays replicated while the elements keep their shards.
   std::vector<size_t> singles;
 };
 
 ForeachArgs foreach_args(const OpCall& c) {
   ForeachArgs f;
   size_t pos = 0;
-  for (const auto& a : c.args) {
+  for (size_t i = 0; i < c.args.size(); ++i) {
+    const auto& a = c.args[i];
     if (a.kind == ArgInfo::Kind::kDTensor) {
-      f.singles.push_back(pos++);
+      if (c.schema->arguments()[i].name() != "scalars") f.singles.push_back(pos);
+      ++pos;
     } else if (a.kind == ArgInfo::Kind::kDTensorList) {
       std::vector<size_t> l;
       for (size_t k = 0; k < a.list.size(); ++k) l.push_back(pos++);
