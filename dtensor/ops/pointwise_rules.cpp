@@ -229,7 +229,7 @@ void register_monotone_ops() {
   // a + alpha * b and a - alpha * b: linear in all operands together (the all-tensor check in
   // pointwise_options leaves out a plain tensor "other"), the order in b by the sign of alpha
   // (argument 2). With a Scalar b they add a constant: not linear, but monotone. rsub is
-  // b - alpha * a.
+  // b - alpha * a, linear in both together as sub.
   for (const char* n : {"aten::add.Tensor", "aten::add_.Tensor", "aten::add.out"})
     register_rule(n, [](const OpCall& c) {
       return pointwise_options(c, Linear::kAllOperands, Monotone{{inc, by_sign(arg_number(c, 2, 1))}, {}, true});
@@ -243,7 +243,8 @@ void register_monotone_ops() {
     register_rule(n, [](const OpCall& c) { return pointwise_options(c, Linear::kNone, Monotone{{inc}, {}, true}); });
   for (const char* n : {"aten::rsub", "aten::rsub_"})
     register_rule(n, [](const OpCall& c) {
-      return pointwise_options(c, Linear::kNone, Monotone{{flipped(by_sign(arg_number(c, 2, 1))), inc}, {}, true});
+      return pointwise_options(c, Linear::kAllOperands,
+                               Monotone{{flipped(by_sign(arg_number(c, 2, 1))), inc}, {}, true});
     });
 }
 
