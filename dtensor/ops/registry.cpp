@@ -244,7 +244,6 @@ std::optional<OutputSharding> propagate_relabelled(OpCall& call,
   std::vector<Placement> plain = strided->placements;
   for (auto& p : plain)
     if (auto* sh = std::get_if<Shard>(&p)) sh->split_factor = 1;
-  const bool same_shapes = same_local_shapes(*strided, plain);
   auto relabel = [&](const DTensorSpec& s) {
     return s.placements == strided->placements ? DTensorSpec(s.mesh, plain, s.tensor_meta) : s;
   };
@@ -268,7 +267,8 @@ std::optional<OutputSharding> propagate_relabelled(OpCall& call,
   for (size_t k = 0; k < r.outputs.size(); ++k) {
     const bool keeps = r.outputs[k] == plain && r.output_meta[k].shape == strided->tensor_meta.shape;
     const bool unsharded = std::none_of(r.outputs[k].begin(), r.outputs[k].end(), [](const Placement& p) { return is_shard(p); });
-    if (!keeps && (!unsharded || !same_shapes)) return std::nullopt;
+    // Asked only of an output that does not keep the layout: a walk over the whole mesh.
+    if (!keeps && (!unsharded || !same_local_shapes(*strided, plain))) return std::nullopt;
     if (keeps) r.outputs[k] = strided->placements;
   }
   for (size_t j = 0; j < call.inputs.size(); ++j) r.inputs[j] = call.inputs[j]->placements;

@@ -36,8 +36,8 @@ struct StrategyQuery {
 };
 
 // `chosen` is not cached, and is without propagate's relabelling of strided shards, which
-// `relabelled` gives. nullopt when the op has no rule. `infer_meta` fills call.output_meta first. Throws
-// what the rule throws; `chosen.cost` is infinity when no option is valid.
+// `relabelled` gives. nullopt when the op has no rule. `infer_meta` fills call.output_meta
+// first. Throws what the rule throws; `chosen.cost` is infinity when no option is valid.
 std::optional<StrategyQuery> query_strategies(OpCall& call,
                                               const std::function<std::vector<TensorMeta>()>& infer_meta);
 

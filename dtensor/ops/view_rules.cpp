@@ -383,9 +383,9 @@ const bool registered = [] {
   // by the ratio of the element sizes, every other dim keeps its shards.
   for (const char* n : {"aten::view.dtype", "aten::view_copy.dtype"})
     register_rule(n, [](const OpCall& c) {
-    std::vector<int64_t> map = identity_map(in_ndim(c));
-    if (!map.empty()) map.back() = -1;
-    return mapped_options(map, detail::PartialKind::kNone);  // reinterpreted bits do not add up
+      std::vector<int64_t> map = identity_map(in_ndim(c));
+      if (!map.empty()) map.back() = -1;
+      return mapped_options(map, detail::PartialKind::kNone);  // reinterpreted bits do not add up
     });
   register_rule("aten::_reshape_alias", view_options, rewrite_reshape_alias, exact_view);
 
