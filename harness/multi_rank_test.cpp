@@ -306,6 +306,7 @@ struct ThreadedRun {
 void run_rank_thread(int r, const std::string& test_id, const std::shared_ptr<comm::ThreadWorld>& world,
                      const std::shared_ptr<ThreadedRun>& shared, const std::shared_ptr<internal::RankSink>& sink) {
   t_thread_rank = r;
+  internal::set_rank_intra_op_threads(world->size());
   auto g = std::make_shared<comm::ThreadGroup>(world, r);
   comm::set_thread_default_group(g);
   internal::set_body_done_hook([shared, r] {

@@ -212,6 +212,7 @@ void send_result(int ctl, const json& message) {
   write_line(ctl, {{"hello", req.rank}, {"pid", ::getpid()}});
   set_body_done_hook([ctl] { write_line(ctl, {{"body_done", true}}); });  // for the timeout report
   std::string group_error;
+  set_rank_intra_op_threads(req.world_size);  // NOTE: [Intra-op threads of a rank]
   const comm::GroupPtr group = create_rank_group(req, &group_error);
   auto sink = std::make_shared<RankSink>();
   RankCapture capture(sink);

@@ -86,6 +86,11 @@ class RankCapture : public ::testing::ScopedFakeTestPartResultReporter {
 void set_current_rank(int rank);  // thread-local
 int current_rank();
 
+// Sizes ATen's intra-op thread pool for a rank that shares this host's cores with
+// `ranks_on_this_host - 1` others (NOTE: [Intra-op threads of a rank]). Call it on the
+// rank's own thread: OpenMP keeps the count per thread. Does nothing when OMP_NUM_THREADS is set.
+void set_rank_intra_op_threads(int ranks_on_this_host);
+
 // Runs the registered body `test_id` as `rank` of `group` with (with_comms semantics) a barrier
 // after a body that ran to completion (unless `barrier_after` is false: a pool worker runs it
 // only when the orchestrator asks, NOTE: [Closing barrier on demand] in launcher.cpp).

@@ -5,11 +5,14 @@
 #include "suites/testing/child_process.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <string>
@@ -141,6 +144,33 @@ DTENSOR_TEST_F(ThreadRanks, EveryThreadHasItsRankAndGroup) {
   std::iota(expected.begin(), expected.end(), 0);
   EXPECT_EQ(comm::all_gather_object(group(), rank()), expected);
 }
+
+// Each rank's intra-op pool holds its share of the cores the ranks run on (torchrun's
+// habit), or OMP_NUM_THREADS's count when that is set; measured on an intra-op parallel op,
+// not only read back from at::get_num_threads().
+void check_intra_op_share(const testing::MultiRankTest& t, int ranks) {
+  int expected = 0;
+  if (const char* omp = std::getenv("OMP_NUM_THREADS")) {
+    expected = std::atoi(omp);
+  } else {
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    ASSERT_EQ(::sched_getaffinity(0, sizeof(cpus), &cpus), 0);
+    expected = std::max(1, CPU_COUNT(&cpus) / ranks);
+  }
+  EXPECT_EQ(at::get_num_threads(), expected) << "rank " << t.rank() << " of " << ranks;
+  // The threads a parallel loop really uses on this rank.
+  std::mutex mu;
+  std::set<int> used;
+  at::parallel_for(0, 1 << 16, 1, [&](int64_t, int64_t) {
+    std::lock_guard<std::mutex> lk(mu);
+    used.insert(at::get_thread_num());
+  });
+  EXPECT_LE(static_cast<int>(used.size()), expected) << "rank " << t.rank();
+}
+
+DTENSOR_TEST_F(ThreadRanks, EachRankHasItsShareOfTheCores) { check_intra_op_share(*this, ranks()); }
+DTENSOR_TEST_F(FourRanks, EachRankHasItsShareOfTheCores) { check_intra_op_share(*this, ranks()); }
 
 DTENSOR_TEST_F(FourRanks, RunSubtestsCoversTheProduct) {
   std::vector<std::string> seen;
