@@ -169,8 +169,11 @@ void check_intra_op_share(const testing::MultiRankTest& t, int ranks) {
   EXPECT_LE(static_cast<int>(used.size()), expected) << "rank " << t.rank();
 }
 
-DTENSOR_TEST_F(ThreadRanks, EachRankHasItsShareOfTheCores) { check_intra_op_share(*this, ranks()); }
-DTENSOR_TEST_F(FourRanks, EachRankHasItsShareOfTheCores) { check_intra_op_share(*this, ranks()); }
+// Fixtures of their own: HarnessReports.ShardingSplitsTestsNotRanks counts FourRanks' tests.
+class IntraOpPool : public testing::MultiProcessTest {};
+class IntraOpPoolThreads : public testing::MultiThreadedTest {};
+DTENSOR_TEST_F(IntraOpPool, EachRankHasItsShareOfTheCores) { check_intra_op_share(*this, ranks()); }
+DTENSOR_TEST_F(IntraOpPoolThreads, EachRankHasItsShareOfTheCores) { check_intra_op_share(*this, ranks()); }
 
 DTENSOR_TEST_F(FourRanks, RunSubtestsCoversTheProduct) {
   std::vector<std::string> seen;
