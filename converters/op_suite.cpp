@@ -1,5 +1,6 @@
 // converters/op_suite.cpp: see op_suite.h.
 #include "converters/op_suite.h"
+#include "converters/source_dir_internal.h"
 
 #include "dtensor/comm/group.h"
 #include "dtensor/comm/object_collectives.h"
@@ -12,10 +13,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
-
-#ifndef DTENSOR_SOURCE_DIR
-#define DTENSOR_SOURCE_DIR "."
-#endif
 
 namespace dtensor {
 namespace testing {
@@ -291,7 +288,7 @@ void apply_expected_failures(std::vector<CaseRecord>& records, const ExpectedFai
 
 std::string default_expected_failures_path() {
   if (const char* p = std::getenv("DTENSOR_OPS_EXPECTED_FAILURES")) return p;
-  return std::string(DTENSOR_SOURCE_DIR) + "/suites/ops/expected_failures.txt";
+  return std::string(internal::source_dir()) + "/suites/ops/expected_failures.txt";
 }
 
 }  // namespace testing

@@ -19,6 +19,7 @@
 #include "harness/harness.h"
 #include "models/models.h"
 #include "suites/parallel/parallel_testing.h"
+#include "suites/testing/build_paths.h"
 #include "suites/testing/checkpoint_errors.h"
 #include "suites/testing/child_process.h"
 #include "suites/testing/errors.h"
@@ -43,6 +44,7 @@
 namespace dtensor {
 namespace {
 
+namespace paths = testing::build_paths;
 namespace fs = std::filesystem;
 using checkpoint::LoadOptions;
 using checkpoint::StateDict;
@@ -61,22 +63,22 @@ std::string torch_python() {
 // version (PyTorch's side takes seconds): "<cache>/<hash>/{ckpt, expected.json}". Returns the
 // directory, or throws with the script's output.
 std::string pytorch_checkpoint(const std::string& python) {
-  std::ifstream in(DTENSOR_DCP_INTEROP_SCRIPT);
+  std::ifstream in(paths::dcp_interop_script());
   std::stringstream script;
   script << in.rdbuf();
   std::ostringstream key;
   key << std::hex << std::hash<std::string>()(script.str() + "\n" + python);
-  const fs::path dir = fs::path(DTENSOR_DCP_INTEROP_CACHE) / key.str();
+  const fs::path dir = fs::path(paths::dcp_interop_cache()) / key.str();
   if (fs::exists(dir / "expected.json")) return dir.string();
   fs::create_directories(dir.parent_path());
   // Made under a private name, then renamed: a concurrent test program that made it first wins.
   const fs::path partial = dir.string() + ".partial-" + std::to_string(::getpid());
   fs::remove_all(partial);
-  auto run = testing::run_program(python, {DTENSOR_DCP_INTEROP_SCRIPT, "save", partial.string(), "4"},
+  auto run = testing::run_program(python, {paths::dcp_interop_script(), "save", partial.string(), "4"},
                                   {{"PYTHONWARNINGS", "ignore"}}, std::chrono::seconds(300));
   if (run.exit_code != 0) {
     fs::remove_all(partial);
-    TORCH_CHECK(false, "PyTorch's side (", python, " ", DTENSOR_DCP_INTEROP_SCRIPT, ") exited with ", run.exit_code,
+    TORCH_CHECK(false, "PyTorch's side (", python, " ", paths::dcp_interop_script(), ") exited with ", run.exit_code,
                 ":\n", run.output);
   }
   std::error_code ec;
@@ -221,7 +223,7 @@ DTENSOR_TEST_BOTH(DcpInteropGloo, DcpInteropThreads, AWrongDestinationFailsEvery
 std::string pytorch_side(testing::MultiRankTest& t, const std::string& python, const std::vector<std::string>& args) {
   std::string report;
   if (t.rank() == 0) {
-    std::vector<std::string> argv{DTENSOR_DCP_INTEROP_SCRIPT};
+    std::vector<std::string> argv{paths::dcp_interop_script()};
     argv.insert(argv.end(), args.begin(), args.end());
     auto run = testing::run_program(python, argv, {{"PYTHONWARNINGS", "ignore"}}, std::chrono::seconds(300));
     report = "exit " + std::to_string(run.exit_code) + "\n" + run.output;
@@ -326,7 +328,7 @@ TEST(DcpTool, ConvertsPyTorchsCheckpointToOursAndBack) {
   const std::string ours = (fs::path(tmp.path()) / "ours").string();
   const std::string back = (fs::path(tmp.path()) / "back").string();
   auto tool = [](std::vector<std::string> args) {
-    auto run = testing::run_program(DTENSOR_DCP_TOOL_PATH, args);
+    auto run = testing::run_program(paths::dcp_tool(), args);
     EXPECT_EQ(run.exit_code, 0) << run.output;
     return run.output;
   };
@@ -343,7 +345,7 @@ TEST(DcpTool, ConvertsPyTorchsCheckpointToOursAndBack) {
     checkpoint::load(sd, d, o);
     expect_loaded(sd, expected, d);
   }
-  auto run = testing::run_program(python, {DTENSOR_DCP_INTEROP_SCRIPT, "load", back,
+  auto run = testing::run_program(python, {paths::dcp_interop_script(), "load", back,
                                            (fs::path(dir) / "expected.json").string(), "2"},
                                   {{"PYTHONWARNINGS", "ignore"}}, std::chrono::seconds(300));
   EXPECT_EQ(run.exit_code, 0) << run.output;

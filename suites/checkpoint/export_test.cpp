@@ -10,6 +10,7 @@
 #include "dtensor/sharded/sharded.h"
 #include "dtensor/tensor/dtensor.h"
 #include "harness/harness.h"
+#include "suites/testing/build_paths.h"
 #include "suites/testing/checkpoint_errors.h"
 #include "suites/testing/child_process.h"
 #include "suites/testing/errors.h"
@@ -28,6 +29,7 @@
 namespace dtensor {
 namespace {
 
+namespace paths = testing::build_paths;
 namespace dcp = checkpoint;
 namespace fs = std::filesystem;
 using testing::contains;
@@ -197,7 +199,7 @@ DTENSOR_TEST_F(CheckpointExport, TorchSaveAndSafetensorsFiles) {
     }
 
     // tools/dcp.
-    auto ls = testing::run_program(DTENSOR_DCP_TOOL_PATH, {"list", ckpt});
+    auto ls = testing::run_program(paths::dcp_tool(), {"list", ckpt});
     EXPECT_EQ(ls.exit_code, 0) << ls.output;
     EXPECT_PRED2(contains, ls.output, "format version 1, save 1, written by " + std::to_string(ranks()) + " ranks");
     // w's chunks: its non-empty boxes, 7 rows over ranks / 2 times 5 columns over 2.
@@ -207,17 +209,17 @@ DTENSOR_TEST_F(CheckpointExport, TorchSaveAndSafetensorsFiles) {
     EXPECT_PRED2(contains, ls.output, "w                                        tensor   float32    [7, 5]                   " +
                                           chunks + "140");
     EXPECT_PRED2(contains, ls.output, "step                                     object");
-    auto conv = testing::run_program(DTENSOR_DCP_TOOL_PATH, {"convert", ckpt, "--to", "torch", base + "/tool.pt"});
+    auto conv = testing::run_program(paths::dcp_tool(), {"convert", ckpt, "--to", "torch", base + "/tool.pt"});
     EXPECT_EQ(conv.exit_code, 0) << conv.output;
     EXPECT_EQ(testing::read_file(base + "/tool.pt"), bytes);
     fs::create_directories(base + "/tool_split");
-    conv = testing::run_program(DTENSOR_DCP_TOOL_PATH, {"convert", ckpt, "--to", "safetensors",
+    conv = testing::run_program(paths::dcp_tool(), {"convert", ckpt, "--to", "safetensors",
                                                         base + "/tool_split/model.safetensors", "--max-shard-bytes", "64"});
     EXPECT_EQ(conv.exit_code, 0) << conv.output;
     for (const auto& name : names) {
       EXPECT_EQ(testing::read_file(base + "/tool_split/" + name), testing::read_file(base + "/split/" + name)) << name;
     }
-    auto bad = testing::run_program(DTENSOR_DCP_TOOL_PATH, {"list", base + "/nothing"});
+    auto bad = testing::run_program(paths::dcp_tool(), {"list", base + "/nothing"});
     EXPECT_EQ(bad.exit_code, 1);
     EXPECT_PRED2(contains, bad.output, "dcp: no checkpoint in '" + base + "/nothing'");
   }

@@ -6,6 +6,7 @@
 #include "dtensor/mesh/device_mesh.h"
 #include "harness/harness.h"
 #include "harness/internal/launcher.h"
+#include "suites/testing/build_paths.h"
 #include "suites/testing/child_process.h"
 
 #include <ATen/ATen.h>
@@ -29,6 +30,8 @@
 
 namespace dtensor {
 namespace {
+
+namespace paths = testing::build_paths;
 
 // ---- the misbehaving tests -------------------------------------------------------------------
 class Faults : public testing::MultiProcessTest {
@@ -381,18 +384,18 @@ TEST(HarnessReports, ARankExitingRightAfterItsResultIsNeverMissed) {
 // line_info_faults.cpp, compiled -O2 -g). Before: filed at the DTENSOR_TEST_F line, or (the
 // hang) at no user frame at all (the inlined std::future frames hid the user's function).
 int marked_line(const std::string& marker) {
-  std::istringstream src(testing::read_file(DTENSOR_LINE_INFO_FAULTS_SOURCE));
+  std::istringstream src(testing::read_file(paths::line_info_faults_source()));
   int n = 0;
   for (std::string line; std::getline(src, line);) {
     ++n;
     if (line.find("// LINE:" + marker) != std::string::npos) return n;
   }
-  ADD_FAILURE() << "no marker " << marker << " in " << DTENSOR_LINE_INFO_FAULTS_SOURCE;
+  ADD_FAILURE() << "no marker " << marker << " in " << paths::line_info_faults_source();
   return -1;
 }
 
 testing::ChildRun run_line_info_fault(const std::string& test) {
-  return testing::run_program(DTENSOR_LINE_INFO_FAULTS, {"--gtest_filter=" + test, "--gtest_also_run_disabled_tests"},
+  return testing::run_program(paths::line_info_faults(), {"--gtest_filter=" + test, "--gtest_also_run_disabled_tests"},
                               {{"DTENSOR_WORLD_SIZE", ""}, {"DTENSOR_LAUNCH_MODE", ""}});
 }
 

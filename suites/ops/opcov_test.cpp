@@ -1,6 +1,7 @@
 // suites/ops/opcov_test.cpp: tools/opcov: the status of every dispatcher op, the three
 // renderings, and the program itself run as a user runs it.
 #include "dtensor/ops/registry.h"
+#include "suites/testing/build_paths.h"
 #include "suites/testing/child_process.h"
 #include "suites/testing/errors.h"
 #include "tools/opcov/coverage.h"
@@ -21,6 +22,8 @@
 
 namespace dtensor {
 namespace {
+
+namespace paths = testing::build_paths;
 
 using testing::CaseRecord;
 using testing::contains;
@@ -500,7 +503,7 @@ TEST(OpCoverage, BadDiscoveryAndPytorchFilesAreNamed) {
 // The two tools as the main job runs them: discovery's findings on one op go into the report.
 TEST(OpcovProgram, PutsDiscoverysFindingsInTheReport) {
   testing::TempDir out;
-  auto discovery = testing::run_program(DTENSOR_STRATEGY_DISCOVERY_PATH,
+  auto discovery = testing::run_program(paths::strategy_discovery(),
                                         {"--ops", "aten::mm,aten::relu", "--json", out.path() + "/discovery.json",
                                          "--dump-samples", out.path() + "/samples"});
   ASSERT_EQ(discovery.exit_code, 0) << discovery.output;
@@ -515,16 +518,16 @@ TEST(OpcovProgram, PutsDiscoverysFindingsInTheReport) {
   const auto index = nlohmann::json::parse(testing::read_file(out.path() + "/samples/index.json"));
   EXPECT_EQ(index.at("ranks"), 2);
   EXPECT_GT(index.at("dumped").get<int>(), 0);
-  auto run = testing::run_program(DTENSOR_OPCOV_PATH, {"--ops", "^aten::mm$", "--meshes", "1d", "--out", out.path(),
+  auto run = testing::run_program(paths::opcov(), {"--ops", "^aten::mm$", "--meshes", "1d", "--out", out.path(),
                                                        "--discovery", out.path() + "/discovery.json", "--quiet"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   const auto j = nlohmann::json::parse(testing::read_file(out.path() + "/coverage.json")).at("strategy_discovery");
   EXPECT_EQ(j.at("combinations"), d.at("combinations"));
   EXPECT_PRED2(contains, testing::read_file(out.path() + "/report.html"), "<section id=\"discovery\">");
-  run = testing::run_program(DTENSOR_OPCOV_PATH, {"--pytorch-strategies", out.path() + "/p.jsonl"});
+  run = testing::run_program(paths::opcov(), {"--pytorch-strategies", out.path() + "/p.jsonl"});
   EXPECT_EQ(run.exit_code, 2);
   EXPECT_PRED2(contains, run.output, "--pytorch-strategies needs --discovery");
-  discovery = testing::run_program(DTENSOR_STRATEGY_DISCOVERY_PATH, {"--json", "/nonexistent/dir/d.json"});
+  discovery = testing::run_program(paths::strategy_discovery(), {"--json", "/nonexistent/dir/d.json"});
   EXPECT_EQ(discovery.exit_code, 2);
   EXPECT_PRED2(contains, discovery.output, "--json /nonexistent/dir/d.json: cannot write that file");
 }
@@ -538,11 +541,11 @@ TEST(OpcovProgram, PutsPytorchsDTensorBesideOurs) {
                                                                   : DTENSOR_TORCH_PYTHON;
   if (python.empty()) GTEST_SKIP() << "no Python with today's torch (ci/test configures the wheel's)";
   testing::TempDir out;
-  auto discovery = testing::run_program(DTENSOR_STRATEGY_DISCOVERY_PATH,
+  auto discovery = testing::run_program(paths::strategy_discovery(),
                                         {"--ops", "aten::mm,aten::relu,aten::sum.dim_IntList", "--json",
                                          out.path() + "/discovery.json", "--dump-samples", out.path() + "/samples"});
   ASSERT_EQ(discovery.exit_code, 0) << discovery.output;
-  auto theirs = testing::run_program(python, {DTENSOR_PYTORCH_STRATEGIES_SCRIPT, out.path() + "/samples", "--out",
+  auto theirs = testing::run_program(python, {paths::pytorch_strategies_script(), out.path() + "/samples", "--out",
                                               out.path() + "/pytorch.jsonl"},
                                      {}, std::chrono::seconds(300));
   ASSERT_EQ(theirs.exit_code, 0) << theirs.output;
@@ -563,7 +566,7 @@ TEST(OpcovProgram, PutsPytorchsDTensorBesideOurs) {
     EXPECT_EQ(l.at("redistributions"), 0) << l.dump();
   }
   EXPECT_TRUE(seen);
-  auto run = testing::run_program(DTENSOR_OPCOV_PATH, {"--ops", "^aten::mm$", "--meshes", "1d", "--out", out.path(),
+  auto run = testing::run_program(paths::opcov(), {"--ops", "^aten::mm$", "--meshes", "1d", "--out", out.path(),
                                                        "--discovery", out.path() + "/discovery.json",
                                                        "--pytorch-strategies", out.path() + "/pytorch.jsonl", "--quiet"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
@@ -575,7 +578,7 @@ TEST(OpcovProgram, PutsPytorchsDTensorBesideOurs) {
 // The program, as the README runs it (small selection to stay fast).
 TEST(OpcovProgram, WritesTheThreeFilesWithStatuses) {
   testing::TempDir out;
-  auto run = testing::run_program(DTENSOR_OPCOV_PATH, {"--ops", "^aten::(mul\\.Tensor|glu)$", "--meshes", "1d",
+  auto run = testing::run_program(paths::opcov(), {"--ops", "^aten::(mul\\.Tensor|glu)$", "--meshes", "1d",
                                                        "--out", out.path(), "--quiet"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(out.entries(), (std::vector<std::string>{"coverage.json", "report.html", "summary.md"}));
@@ -592,7 +595,7 @@ TEST(OpcovProgram, WritesTheThreeFilesWithStatuses) {
 // records, not to the terminal (NOTE: [Warnings go into the records]).
 TEST(OpcovProgram, LibtorchWarningsGoIntoTheRecordsNotToTheTerminal) {
   testing::TempDir out;
-  auto run = testing::run_program(DTENSOR_OPCOV_PATH, {"--ops", "^aten::(_aminmax|chain_matmul)$", "--meshes", "1d",
+  auto run = testing::run_program(paths::opcov(), {"--ops", "^aten::(_aminmax|chain_matmul)$", "--meshes", "1d",
                                                        "--out", out.path(), "--quiet"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(run.output.find("Warning"), std::string::npos) << run.output;
@@ -606,13 +609,13 @@ TEST(OpcovProgram, LibtorchWarningsGoIntoTheRecordsNotToTheTerminal) {
 }
 
 TEST(OpcovProgram, BadArgumentsAreNamed) {
-  auto run = testing::run_program(DTENSOR_OPCOV_PATH, {"--ops", "("});
+  auto run = testing::run_program(paths::opcov(), {"--ops", "("});
   EXPECT_EQ(run.exit_code, 2);
   EXPECT_PRED2(contains, run.output, "--ops '(' is not a valid regular expression");
-  run = testing::run_program(DTENSOR_OPCOV_PATH, {"--meshes", "3d"});
+  run = testing::run_program(paths::opcov(), {"--meshes", "3d"});
   EXPECT_EQ(run.exit_code, 2);
   EXPECT_PRED2(contains, run.output, "--meshes takes 1d and/or 2d, got '3d'");
-  run = testing::run_program(DTENSOR_OPCOV_PATH, {"--results", "/nonexistent/dir"});
+  run = testing::run_program(paths::opcov(), {"--results", "/nonexistent/dir"});
   EXPECT_EQ(run.exit_code, 2);
   EXPECT_PRED2(contains, run.output, "--results /nonexistent/dir is not a directory");
 }

@@ -4,6 +4,7 @@
 #include "tools/opcov/text_internal.h"
 
 #include "converters/op_db.h"
+#include "converters/source_dir_internal.h"
 #include "dtensor/ops/registry.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -15,10 +16,6 @@
 #include <iomanip>
 #include <set>
 #include <sstream>
-
-#ifndef DTENSOR_SOURCE_DIR
-#define DTENSOR_SOURCE_DIR "."
-#endif
 
 namespace dtensor {
 namespace opcov {
@@ -83,7 +80,7 @@ const Exclusion* Exclusions::match(const std::string& op) const {
 
 std::string default_exclusions_path() {
   if (const char* p = std::getenv("DTENSOR_OPCOV_EXCLUSIONS")) return p;
-  return std::string(DTENSOR_SOURCE_DIR) + "/suites/ops/coverage_exclusions.txt";
+  return std::string(testing::internal::source_dir()) + "/suites/ops/coverage_exclusions.txt";
 }
 
 // NOTE: [PyTorch's DTensor op test beside ours]
@@ -98,7 +95,7 @@ std::vector<PytorchOpInfo> parse_pytorch_dtensor_ops(const std::string& text, co
 }
 
 std::string default_pytorch_dtensor_ops_path() {
-  return std::string(DTENSOR_SOURCE_DIR) + "/suites/ops/pytorch_dtensor_ops.txt";
+  return std::string(testing::internal::source_dir()) + "/suites/ops/pytorch_dtensor_ops.txt";
 }
 
 // NOTE: [Overloads PyTorch's DTensor registers]
@@ -123,11 +120,11 @@ PytorchRegistered parse_pytorch_registered_ops(const std::string& text, const st
 }
 
 std::string default_pytorch_registered_ops_path() {
-  return std::string(DTENSOR_SOURCE_DIR) + "/suites/ops/pytorch_registered_ops.txt";
+  return std::string(testing::internal::source_dir()) + "/suites/ops/pytorch_registered_ops.txt";
 }
 
 std::string default_pytorch_registered_exceptions_path() {
-  return std::string(DTENSOR_SOURCE_DIR) + "/suites/ops/pytorch_registered_exceptions.txt";
+  return std::string(testing::internal::source_dir()) + "/suites/ops/pytorch_registered_exceptions.txt";
 }
 
 RegisteredComparison compare_with_registered(const PytorchRegistered& pytorch, const std::vector<OpRow>& rows,
