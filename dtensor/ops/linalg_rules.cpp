@@ -35,7 +35,8 @@
 // _foreach_* ops apply a pointwise op to each tensor of their lists: element i of every list
 // keeps the shard of the first list's element i when the lists' elements have equal shapes
 // (the rule offers, per mesh dim, the layout the inputs already have, so no element moves);
-// Partial elements are reduced first. _foreach_norm: per-element Partial(sum) for ord 0 and 1,
+// a Partial element goes through where the op's pointwise form lets it (NOTE: [Partial elements
+// of list ops]) and is reduced first otherwise. _foreach_norm: per-element Partial(sum) for ord 0 and 1,
 // Partial(max) for ord inf when no shard of the element is empty (the inf norm of an empty
 // shard raises in linalg_vector_norm, and a local rewrite would cost _foreach_norm.Scalar_out
 // its rule), replicated otherwise.
@@ -49,6 +50,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <set>
 
 namespace dtensor {
 namespace ops {
@@ -257,6 +260,114 @@ Placement foreach_element_placement(const OpCall& c, const ForeachArgs& f, size_
   return Shard{std::get<Shard>(p).dim};  // a strided shard is redistributed to a plain one
 }
 
+// NOTE: [Partial elements of list ops]
+// Element i of a _foreach op's result is the pointwise op on the lists' elements i, so a Partial
+// element goes through as it would through that op:
+// - Partial(sum) and Partial(avg) through the linear ones: neg, clone, mul and div by a Scalar
+//   (one per element for a ScalarList) or by a replicated 0-dim tensor, mul and div.List by a
+//   replicated element, add and sub.List of two Partials of one kind (alpha scales linearly);
+// - Partial(avg) also through adding a replicated value (add and sub of a Scalar, a 0-dim tensor
+//   or a replicated element): avg_r (a_r + c) = avg_r a_r + c;
+// - Partial(max) and Partial(min) through the ops monotone on their whole domain (NOTE:
+//   [Partial(max) and Partial(min) through monotone ops]): the increasing unary ones (exp,
+//   floor, tanh, sign, ...), add and sub of a replicated value, maximum, minimum, clamp_min and
+//   clamp_max of a replicated value, and, for two Partial(max) (min) elements, maximum and
+//   clamp_min (minimum and clamp_max); neg, erfc, and mul or div by a negative Scalar turn a
+//   max into a min and back;
+// - addcmul and addcdiv (self + value * t1 * t2, or t1 / t2): a Partial(sum) or (avg) self with
+//   a factor of the same kind (the numerator of addcdiv) and the other replicated; a self of any
+//   of these kinds but sum with both factors replicated (a replicated value added);
+// - zero_ leaves zeros, which every kind of Partial holds.
+// A replicated element with a Partial one of the other list goes through add, sub, mul,
+// maximum, minimum, clamp_min and clamp_max.List as above (add and sub by the sign of alpha).
+// In place an element keeps its placement, so an op that would turn its kind is no option there.
+// Everything else (abs, log, sqrt, pow, lerp, addcmul, ...) reduces the element first.
+struct ForeachElement {
+  std::vector<Placement> inputs;  // element i of each list
+  Placement output;
+};
+
+// Element i's value of the Scalar (`overload` Scalar) or Scalar[] (ScalarList) argument at
+// `arg`; NaN when it is neither (a Tensor `other`).
+double foreach_scalar(const OpCall& c, const std::string& overload, size_t arg, size_t i) {
+  if (overload == "Scalar") return scalar_arg(c, arg, std::nan(""));
+  if (overload != "ScalarList" || arg >= c.args.size() || !c.args[arg].value.isList()) return std::nan("");
+  const auto list = c.args[arg].value.toListRef();
+  if (i >= list.size()) return std::nan("");
+  const c10::IValue& v = list[i];
+  if (v.isDouble()) return v.toDouble();
+  if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isBool()) return v.toBool() ? 1 : 0;
+  return std::nan("");
+}
+
+// `have`: element i's placement on one mesh dim in each list; the first is a Partial, or it is
+// replicated and the second is.
+std::optional<ForeachElement> foreach_partial_element(const OpCall& c, const ForeachArgs& f, size_t i,
+                                                      const std::vector<Placement>& have, bool in_place) {
+  using comm::ReduceOp;
+  static const std::set<std::string> increasing = {"atan", "ceil", "erf", "exp", "expm1", "floor", "round",
+                                                   "sigmoid", "sign", "sinh", "tanh", "trunc"};
+  std::string base = c.schema->name().substr(std::string("aten::_foreach_").size());
+  if (!base.empty() && base.back() == '_') base.pop_back();
+  const std::string& overload = c.schema->overload_name();
+  const bool first_partial = is_partial(have[0]);
+  if (!first_partial && !(have.size() == 2 && is_replicate(have[0]) && is_partial(have[1]))) return std::nullopt;
+  const ReduceOp k = std::get<Partial>(first_partial ? have[0] : have[1]).reduce_op;
+  const bool linear = k == ReduceOp::SUM || k == ReduceOp::AVG;
+  const bool ordered = k == ReduceOp::MAX || k == ReduceOp::MIN;
+  const ReduceOp turned = k == ReduceOp::MAX ? ReduceOp::MIN : ReduceOp::MAX;
+  std::optional<ReduceOp> out;
+  if (!first_partial) {
+    // A replicated element with a Partial one of the second list (out of place only: in place
+    // the replicated element is written and stays replicated).
+    if (in_place || overload != "List") return std::nullopt;
+    if (base == "add" || base == "sub") {
+      const double alpha = scalar_arg(c, 2, 1) * (base == "sub" ? -1 : 1);  // r + alpha * p
+      if (k == ReduceOp::AVG) out = k;
+      else if (ordered && !std::isnan(alpha)) out = alpha >= 0 ? k : turned;
+    } else if (base == "mul") {
+      if (linear) out = k;
+    } else if (base == "maximum" || base == "minimum" || base == "clamp_min" || base == "clamp_max") {
+      if (ordered) out = k;
+    }
+  } else if (f.lists.size() == 1) {
+    const double s = foreach_scalar(c, overload, 1, i);
+    if (base == "clone" || base == "zero") out = k;
+    else if (base == "neg") out = ordered ? turned : k;
+    else if (increasing.count(base) && ordered) out = k;
+    else if (base == "erfc" && ordered) out = turned;
+    else if ((base == "mul" || base == "div") && linear && !(base == "div" && s == 0)) out = k;
+    else if ((base == "mul" || base == "div") && ordered && !std::isnan(s) && (base == "mul" || s != 0))
+      out = s >= 0 ? k : turned;
+    else if ((base == "add" || base == "sub") && (k == ReduceOp::AVG || ordered)) out = k;
+    else if ((base == "maximum" || base == "minimum" || base == "clamp_min" || base == "clamp_max") && ordered)
+      out = k;
+  } else if (f.lists.size() == 2 && overload == "List") {
+    const bool other_replicated = is_replicate(have[1]);
+    const bool same_partial = is_partial(have[1]) && std::get<Partial>(have[1]).reduce_op == k;
+    if (base == "add" || base == "sub") {
+      if ((same_partial && linear) || (other_replicated && (k == ReduceOp::AVG || ordered))) out = k;
+    } else if (base == "mul" || base == "div") {
+      if (other_replicated && linear) out = k;
+    } else if (base == "maximum" || base == "clamp_min") {
+      if ((same_partial && k == ReduceOp::MAX) || (other_replicated && ordered)) out = k;
+    } else if (base == "minimum" || base == "clamp_max") {
+      if ((same_partial && k == ReduceOp::MIN) || (other_replicated && ordered)) out = k;
+    }
+  }
+  if (first_partial && f.lists.size() == 3 && (base == "addcmul" || base == "addcdiv")) {
+    // self + value * t1 * t2 (t1 / t2): linear in self and one factor together (the numerator
+    // of addcdiv), and self plus a replicated value otherwise.
+    auto same = [&](const Placement& p) { return is_partial(p) && std::get<Partial>(p).reduce_op == k; };
+    const bool r1 = is_replicate(have[1]), r2 = is_replicate(have[2]);
+    if (linear && ((same(have[1]) && r2) || (base == "addcmul" && r1 && same(have[2])))) out = k;
+    else if ((k == ReduceOp::AVG || ordered) && r1 && r2) out = k;
+  }
+  if (!out || (in_place && *out != k)) return std::nullopt;
+  return ForeachElement{have, Partial(*out)};
+}
+
 // `norm_partial`: _foreach_norm (per-element reduction to a 0-dim tensor).
 // In place (_foreach_add_, ...: NOTE: [In-place list ops]) there are no outputs: element i of
 // the first list is written and keeps its placement.
@@ -279,7 +390,21 @@ std::vector<DimOption> foreach_options(const OpCall& c, bool norm) {
     DimOption k{all(n_out, R), all(n_in, R)};
     bool any = false;
     for (size_t i = 0; i < n_elements; ++i) {
-      Placement p = foreach_element_placement(c, f, i, c.inputs[f.lists[0][i]]->placements[static_cast<size_t>(m)]);
+      const Placement& first = c.inputs[f.lists[0][i]]->placements[static_cast<size_t>(m)];
+      std::vector<Placement> have;  // element i's placement in each list
+      for (const auto& l : f.lists)
+        have.push_back(i < l.size() ? c.inputs[l[i]]->placements[static_cast<size_t>(m)] : R);
+      const bool second_partial = have.size() > 1 && is_replicate(first) && is_partial(have[1]);
+      if ((is_partial(first) || second_partial) && !norm) {  // NOTE: [Partial elements of list ops]
+        if (auto e = foreach_partial_element(c, f, i, have, in_place)) {
+          any = true;
+          for (size_t j = 0; j < f.lists.size(); ++j)
+            if (i < f.lists[j].size()) k.inputs[f.lists[j][i]] = e->inputs[j];
+          if (!in_place) k.outputs[i] = e->output;
+        }
+        continue;
+      }
+      Placement p = foreach_element_placement(c, f, i, first);
       if (norm && is_shard(p) && !is_partial(reduced)) p = R;
       // The inf norm of an empty shard raises in libtorch 2.x: only splits without one.
       if (inf_norm && is_shard(p) &&

@@ -476,6 +476,72 @@ DTENSOR_TEST_F(LinalgRules, ForeachKeepsEachElementsLayout) {
   EXPECT_EQ(get_spec(norms[2]).placements, std::vector<Placement>{Replicate{}});
 }
 
+// NOTE: [Partial elements of list ops] (linalg_rules.cpp): a Partial element goes through the
+// _foreach ops whose pointwise form keeps it, and is reduced first by the others.
+DTENSOR_TEST_F(LinalgRules, ForeachPartialElementsGoThroughLinearAndMonotoneOps) {
+  auto mesh = build_device_mesh();
+  const int64_t n = mesh.size();
+  const at::Tensor g = values({8, 4}, 1), h = values({6}, 2);
+  // Rank k holds a share of a sum; for max and min, the full value shifted by -k and +k.
+  auto psum = [&](const at::Tensor& t) { return from_local(t / n, mesh, {Partial{}}); };
+  auto pmax = [&](const at::Tensor& t) { return from_local(t - rank(), mesh, {Partial(comm::ReduceOp::MAX)}); };
+  auto pmin = [&](const at::Tensor& t) { return from_local(t + rank(), mesh, {Partial(comm::ReduceOp::MIN)}); };
+  auto rep = [&](const at::Tensor& t) { return distribute_tensor(t, mesh, {Replicate{}}); };
+  using Tensors = std::vector<at::Tensor>;  // a list argument, never the 0-dim `other` of .Tensor
+  const std::vector<Placement> sum{Partial{}}, max{Partial(comm::ReduceOp::MAX)}, min{Partial(comm::ReduceOp::MIN)};
+  struct Case {
+    const char* what;
+    std::vector<at::Tensor> got, want;
+    std::vector<std::vector<Placement>> placements;  // of each element
+  };
+  const std::vector<Case> cases = {
+      {"mul by scalars", at::_foreach_mul({psum(g), pmax(h)}, at::ArrayRef<at::Scalar>{3, -2}),
+       {g * 3, h * -2}, {sum, min}},
+      {"neg", at::_foreach_neg({psum(g), pmax(h)}), {-g, -h}, {sum, min}},
+      {"exp", at::_foreach_exp({pmax(g)}), {at::exp(g)}, {max}},
+      {"erfc", at::_foreach_erfc({pmin(h)}), {at::erfc(h)}, {max}},
+      {"add of two sums", at::_foreach_add({psum(g), psum(h)}, {psum(g * 2), psum(h)}, 0.5),
+       {g * 2, h * 1.5}, {sum, sum}},
+      {"sub of a replicated element", at::_foreach_sub({pmax(g), pmin(h)}, {rep(g * 0.5), rep(h * 2)}),
+       {g * 0.5, -h}, {max, min}},
+      {"mul by a replicated element", at::_foreach_mul({psum(g)}, Tensors{rep(g)}), {g * g}, {sum}},
+      {"maximum of two maxima", at::_foreach_maximum({pmax(g)}, Tensors{pmax(g * 2)}), {at::maximum(g, g * 2)}, {max}},
+      {"minimum with a replicated element", at::_foreach_minimum({pmin(g)}, Tensors{rep(at::full_like(g, 0.25))}),
+       {at::clamp_max(g, 0.25)}, {min}},
+      {"add a scalar to a maximum", at::_foreach_add({pmax(g)}, 1.5), {g + 1.5}, {max}},
+      {"replicated minus a maximum", at::_foreach_sub({rep(g)}, Tensors{pmax(g * 2)}), {g - g * 2}, {min}},
+      {"addcmul of two sums", at::_foreach_addcmul({psum(g)}, {psum(g * 2)}, {rep(g)}, 0.5), {g + g * g}, {sum}},
+  };
+  for (const auto& c : cases) {
+    ASSERT_EQ(c.got.size(), c.want.size()) << c.what;
+    for (size_t i = 0; i < c.got.size(); ++i) {
+      EXPECT_EQ(get_spec(c.got[i]).placements, c.placements[i]) << c.what << ", element " << i;
+      EXPECT_TRUE(at::allclose(full_tensor(c.got[i]), c.want[i])) << c.what << ", element " << i;
+    }
+  }
+  // Not linear, or not monotone on the whole domain: the element is reduced first.
+  const auto sq = at::_foreach_sqrt({pmax(g.abs() + n)});
+  EXPECT_NE(get_spec(sq[0]).placements, max);
+  EXPECT_TRUE(at::allclose(full_tensor(sq[0]), at::sqrt(g.abs() + n)));
+  const auto shifted = at::_foreach_add({psum(g)}, 1.0);
+  EXPECT_NE(get_spec(shifted[0]).placements, sum);
+  EXPECT_TRUE(at::allclose(full_tensor(shifted[0]), g + 1));
+  // In place an element keeps its placement: an op that keeps its kind runs where it is (before,
+  // any Partial element made the call fail); one that would turn it is refused, naming the op.
+  std::vector<at::Tensor> self{psum(g), pmax(h)};
+  at::_foreach_mul_(self, at::ArrayRef<at::Scalar>{2, 3});
+  EXPECT_EQ(get_spec(self[0]).placements, sum);
+  EXPECT_EQ(get_spec(self[1]).placements, max);
+  EXPECT_TRUE(at::allclose(full_tensor(self[0]), g * 2));
+  EXPECT_TRUE(at::allclose(full_tensor(self[1]), h * 3));
+  EXPECT_PRED2(contains, error_of([&] { at::_foreach_mul_(self, at::ArrayRef<at::Scalar>{1, -1}); }),
+               "aten::_foreach_mul_.ScalarList");
+  std::vector<at::Tensor> zeroed{pmin(g)};
+  at::_foreach_zero_(zeroed);
+  EXPECT_EQ(get_spec(zeroed[0]).placements, min);
+  EXPECT_EQ(full_tensor(zeroed[0]).abs().sum().item<double>(), 0.0);
+}
+
 // NOTE: [Out= overloads with several outputs] (dispatch.cpp): each out= DTensor keeps its
 // placements, receives the output of its position and is returned; a composite one (svd.U)
 // reaches the rule of the op it decomposes into; an out= tensor of another shape is resized and
