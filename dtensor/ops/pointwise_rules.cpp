@@ -5,8 +5,11 @@
 // it is linear in that input: f(a1 + a2) = f(a1) + f(a2). add/sub are linear in all operands
 // together (every operand Partial); mul is linear in any ONE operand (the others replicated);
 // div, neg, clone, the *_backward ops are linear in their first operand, and so is
-// masked_fill with the value 0 (the norm and std backward formulas use it in place). Adding a
-// scalar, relu, exp, comparisons... are not: a Partial input is reduced first.
+// masked_fill with the value 0 (the norm and std backward formulas use it in place). Some are
+// linear in their first operand and one other together: addcmul, self + value * t1 * t2, in
+// self with t1 or with t2 (the other replicated); addcdiv, self + value * t1 / t2, in self with
+// t1; lerp, (1 - w) self + w end, in self with end. Adding a scalar, relu, exp, comparisons...
+// are not: a Partial input is reduced first.
 //
 // NOTE: [Partial(max) and Partial(min) through monotone ops]
 // A Partial(max) tensor is the elementwise max of the ranks' values, a Partial(min) one their
@@ -105,7 +108,10 @@ std::vector<DimOption> monotone_options(const OpCall& c, const Monotone& m, cons
 
 // Options shared by every pointwise op: Replicate, and Shard(d) for each output dim with
 // every input sharded on the dim that lines up with it (Replicate where it broadcasts).
-std::vector<DimOption> pointwise_options(const OpCall& c, Linear lin, const Monotone& mono = {}) {
+// `with_first`: the inputs that may be Partial together with the first one, each alone (NOTE:
+// [Partial and linearity]: addcmul, addcdiv, lerp).
+std::vector<DimOption> pointwise_options(const OpCall& c, Linear lin, const Monotone& mono = {},
+                                         const std::vector<size_t>& with_first = {}) {
   const size_t n_in = c.inputs.size();
   const size_t n_out = std::max<size_t>(c.output_meta.size(), 1);
   const std::vector<int64_t> out_shape =
@@ -123,12 +129,14 @@ std::vector<DimOption> pointwise_options(const OpCall& c, Linear lin, const Mono
   // Partial options (NOTE: [Partial and linearity]).
   const std::vector<size_t> outs = out_inputs(c);
   bool all_tensor_args_are_dtensors = true;
+  bool every_tensor_is_a_dtensor = true;  // inputs sit at their schema positions
   for (size_t i = 0; i < c.args.size(); ++i) {
     const auto& a = c.args[i];
     const auto kind = c.schema->arguments()[i].type()->kind();
     if (a.kind == ArgInfo::Kind::kOther && (kind == c10::TypeKind::TensorType || kind == c10::TypeKind::NumberType) &&
         c.schema->arguments()[i].name() != "alpha")
       all_tensor_args_are_dtensors = false;
+    if (a.kind == ArgInfo::Kind::kOther && kind == c10::TypeKind::TensorType) every_tensor_is_a_dtensor = false;
   }
   for (auto op : {comm::ReduceOp::SUM, comm::ReduceOp::AVG}) {
     Partial p(op);
@@ -152,6 +160,13 @@ std::vector<DimOption> pointwise_options(const OpCall& c, Linear lin, const Mono
         opts.push_back(std::move(o));
         break;
       }
+    }
+    for (size_t j : with_first) {
+      if (!every_tensor_is_a_dtensor || j >= n_in) continue;
+      DimOption o{std::vector<Placement>(n_out, p), std::vector<Placement>(n_in, Replicate{})};
+      o.inputs[0] = p;
+      o.inputs[j] = p;
+      opts.push_back(std::move(o));
     }
   }
   for (auto& o : monotone_options(c, mono, outs, n_out)) opts.push_back(std::move(o));
@@ -246,6 +261,20 @@ void register_monotone_ops() {
       return pointwise_options(c, Linear::kAllOperands,
                                Monotone{{flipped(by_sign(arg_number(c, 2, 1))), inc}, {}, true});
     });
+  // NOTE: [Partial and linearity]: addcmul and addcdiv are linear in self with a factor (the
+  // numerator of addcdiv), and add a replicated value to self when both factors are replicated.
+  // lerp's (1 - w) self + w end is linear in self and end together; a Partial(max) does not go
+  // through it (the weight may exceed 1).
+  for (const auto& n : with_variants({"addcmul"}))
+    register_rule(n, [](const OpCall& c) {
+      return pointwise_options(c, Linear::kNone, Monotone{{inc}, {}, true}, {1, 2});
+    });
+  for (const auto& n : with_variants({"addcdiv"}))
+    register_rule(n, [](const OpCall& c) {
+      return pointwise_options(c, Linear::kNone, Monotone{{inc}, {}, true}, {1});
+    });
+  for (const auto& n : with_variants({"lerp"}))
+    register_rule(n, [](const OpCall& c) { return pointwise_options(c, Linear::kNone, Monotone{}, {1}); });
 }
 
 const bool registered = [] {
@@ -255,9 +284,9 @@ const bool registered = [] {
                      "isneginf", "isposinf", "signbit", "nan_to_num", "pow", "atan2", "eq", "ne", "lt", "le", "gt",
                      "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
                      "bitwise_left_shift", "bitwise_right_shift", "__lshift__", "__rshift__", "fmod", "remainder",
-                     "addcmul", "addcdiv", "masked_fill", "copysign", "hypot", "floor_divide", "fill", "erfinv",
+                     "masked_fill", "copysign", "hypot", "floor_divide", "fill", "erfinv",
                      "digamma", "lgamma", "polygamma", "mvlgamma", "sinc", "logit", "softplus", "mish", "hardswish",
-                     "hardshrink", "softshrink", "lerp", "acosh", "atanh", "angle", "i0", "special_i0e",
+                     "hardshrink", "softshrink", "acosh", "atanh", "angle", "i0", "special_i0e",
                      "special_i1", "special_i1e", "special_ndtri", "special_entr", "special_xlog1py", "xlogy",
                      "nextafter", "heaviside", "igamma", "igammac", "gcd", "lcm", "log_sigmoid_forward", "rrelu",
                      "rrelu_with_noise", "threshold",

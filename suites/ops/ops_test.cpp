@@ -499,6 +499,42 @@ DTENSOR_TEST_F(PointwiseRules, MonotoneOpsKeepPartialMaxAndMin) {
   EXPECT_TRUE(at::allclose(full_tensor(picked), at::where(g > 0, g, at::full({8, 4}, mesh.size() * 1.f))));
 }
 
+// NOTE: [Partial and linearity]: addcmul, addcdiv and lerp are linear in self and one other
+// operand together; addcmul and addcdiv add a replicated value to self when both factors are.
+DTENSOR_TEST_F(PointwiseRules, OpsLinearInTwoOperandsTogetherKeepPartialSums) {
+  auto mesh = build_device_mesh();
+  const int64_t n = mesh.size();
+  const at::Tensor a = at::arange(32, at::kFloat).view({8, 4}) / 8 - 2, b = at::linspace(-1, 1, 32).view({8, 4});
+  const at::Tensor r = at::linspace(0.5, 2, 4);
+  auto psum = [&](const at::Tensor& t) { return from_local(t / n, mesh, {Partial{}}); };
+  const at::Tensor rep = distribute_tensor(r, mesh, {Replicate{}});
+  const at::Tensor max_a = from_local(a - rank(), mesh, {Partial(comm::ReduceOp::MAX)});
+  struct Case {
+    const char* what;
+    at::Tensor got;
+    at::Tensor want;
+    const char* placements;
+  };
+  const std::vector<Case> cases = {
+      {"addcmul(P, P, R)", at::addcmul(psum(a), psum(b), rep, 0.5), at::addcmul(a, b, r, 0.5), "(Partial(sum),)"},
+      {"addcmul(P, R, P)", at::addcmul(psum(a), rep, psum(b), -2), at::addcmul(a, r, b, -2), "(Partial(sum),)"},
+      {"addcdiv(P, P, R)", at::addcdiv(psum(a), psum(b), rep, 3), at::addcdiv(a, b, r, 3), "(Partial(sum),)"},
+      {"lerp(P, P, 0.3)", at::lerp(psum(a), psum(b), 0.3), at::lerp(a, b, 0.3), "(Partial(sum),)"},
+      {"lerp(P, P, R)", at::lerp(psum(a), psum(b), rep), at::lerp(a, b, r), "(Partial(sum),)"},
+      {"addcmul(P(max), R, R)", at::addcmul(max_a, rep, rep, -1), at::addcmul(a, r, r, -1), "(Partial(max),)"},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(placements_of(c.got), c.placements) << c.what;
+    EXPECT_TRUE(at::allclose(full_tensor(c.got), c.want)) << c.what;
+  }
+  // A Partial denominator is not linear: it is reduced (a replicated numerator may then be taken
+  // as a share of a Partial(sum), which costs nothing); a Partial self with replicated factors
+  // likewise takes a factor as a share. Either way the value is the single-device one.
+  EXPECT_TRUE(at::allclose(full_tensor(at::addcdiv(psum(a), rep, psum(b.abs() + 1))), at::addcdiv(a, r, b.abs() + 1)));
+  EXPECT_TRUE(at::allclose(full_tensor(at::addcmul(psum(a), rep, rep)), at::addcmul(a, r, r)));
+  EXPECT_TRUE(at::allclose(full_tensor(at::lerp(psum(a), rep, 0.25)), at::lerp(a, r.expand({8, 4}), 0.25)));
+}
+
 // NOTE: [Composite ops run whole]: max/min.dim's gradient on DTensors.
 DTENSOR_TEST_F(ReductionRules, MaxDimBackwardRunsWholeOnDTensors) {
   auto mesh = build_device_mesh();
