@@ -445,6 +445,21 @@ DTENSOR_TEST_F(ReductionRules, ScansReplicateTheScanDimAndKeepTheOthers) {
 // values, against the single-device ops.
 class PointwiseRules : public testing::DTensorOpTestBase {};
 
+// An op's result on DTensors: its placements, and its value against the single-device op's.
+struct PlacementCase {
+  const char* what;
+  at::Tensor got;
+  at::Tensor want;
+  const char* placements;
+};
+
+void expect_cases(const std::vector<PlacementCase>& cases) {
+  for (const auto& c : cases) {
+    EXPECT_EQ(placements_of(c.got), c.placements) << c.what;
+    EXPECT_TRUE(at::allclose(full_tensor(c.got), c.want)) << c.what;
+  }
+}
+
 DTENSOR_TEST_F(PointwiseRules, MonotoneOpsKeepPartialMaxAndMin) {
   auto mesh = build_device_mesh();
   const at::Tensor g = at::arange(32, at::kFloat).view({8, 4}) / 8 - 2;
@@ -453,13 +468,7 @@ DTENSOR_TEST_F(PointwiseRules, MonotoneOpsKeepPartialMaxAndMin) {
   const at::Tensor max_p = from_local(g - rank(), mesh, {Partial(comm::ReduceOp::MAX)});
   const at::Tensor min_p = from_local(g + rank(), mesh, {Partial(comm::ReduceOp::MIN)});
   const at::Tensor rep = distribute_tensor(r, mesh, {Replicate{}});
-  struct Case {
-    const char* what;
-    at::Tensor got;
-    at::Tensor want;
-    const char* placements;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<PlacementCase> cases = {
       {"exp", at::exp(max_p), at::exp(g), "(Partial(max),)"},
       {"floor", at::floor(min_p), at::floor(g), "(Partial(min),)"},
       {"clamp", at::clamp(max_p, -1, 1), at::clamp(g, -1, 1), "(Partial(max),)"},
@@ -478,10 +487,7 @@ DTENSOR_TEST_F(PointwiseRules, MonotoneOpsKeepPartialMaxAndMin) {
       {"where", at::where(rep > 0, max_p, rep), at::where(r > 0, g, r), "(Partial(max),)"},
       {"to double", max_p.to(at::kDouble), g.to(at::kDouble), "(Partial(max),)"},
   };
-  for (const auto& c : cases) {
-    EXPECT_EQ(placements_of(c.got), c.placements) << c.what;
-    EXPECT_TRUE(at::allclose(full_tensor(c.got), c.want)) << c.what;
-  }
+  expect_cases(cases);
   // Not monotone on the whole domain (another rank's value may lie outside it), or not at all:
   // the input is reduced first.
   const at::Tensor positive = from_local(g + 3 - rank(), mesh, {Partial(comm::ReduceOp::MAX)});
@@ -509,13 +515,7 @@ DTENSOR_TEST_F(PointwiseRules, OpsLinearInTwoOperandsTogetherKeepPartialSums) {
   auto psum = [&](const at::Tensor& t) { return from_local(t / n, mesh, {Partial{}}); };
   const at::Tensor rep = distribute_tensor(r, mesh, {Replicate{}});
   const at::Tensor max_a = from_local(a - rank(), mesh, {Partial(comm::ReduceOp::MAX)});
-  struct Case {
-    const char* what;
-    at::Tensor got;
-    at::Tensor want;
-    const char* placements;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<PlacementCase> cases = {
       {"addcmul(P, P, R)", at::addcmul(psum(a), psum(b), rep, 0.5), at::addcmul(a, b, r, 0.5), "(Partial(sum),)"},
       {"addcmul(P, R, P)", at::addcmul(psum(a), rep, psum(b), -2), at::addcmul(a, r, b, -2), "(Partial(sum),)"},
       {"addcdiv(P, P, R)", at::addcdiv(psum(a), psum(b), rep, 3), at::addcdiv(a, b, r, 3), "(Partial(sum),)"},
@@ -523,10 +523,7 @@ DTENSOR_TEST_F(PointwiseRules, OpsLinearInTwoOperandsTogetherKeepPartialSums) {
       {"lerp(P, P, R)", at::lerp(psum(a), psum(b), rep), at::lerp(a, b, r), "(Partial(sum),)"},
       {"addcmul(P(max), R, R)", at::addcmul(max_a, rep, rep, -1), at::addcmul(a, r, r, -1), "(Partial(max),)"},
   };
-  for (const auto& c : cases) {
-    EXPECT_EQ(placements_of(c.got), c.placements) << c.what;
-    EXPECT_TRUE(at::allclose(full_tensor(c.got), c.want)) << c.what;
-  }
+  expect_cases(cases);
   // A Partial denominator is not linear: it is reduced (a replicated numerator may then be taken
   // as a share of a Partial(sum), which costs nothing); a Partial self with replicated factors
   // likewise takes a factor as a share. Either way the value is the single-device one.
