@@ -67,13 +67,17 @@ const Placement R = Replicate{};
 std::vector<Placement> all(size_t n, const Placement& p) { return std::vector<Placement>(n, p); }
 const std::vector<int64_t>& shape_of(const OpCall& c, size_t input) { return c.inputs[input]->tensor_meta.shape; }
 
-double scalar_arg(const OpCall& c, size_t i, double fallback) {
-  if (i >= c.args.size() || c.args[i].kind != ArgInfo::Kind::kOther) return fallback;
-  const auto& v = c.args[i].value;
+// A Scalar as a number, or `fallback` when `v` is none.
+double number_of(const c10::IValue& v, double fallback) {
   if (v.isDouble()) return v.toDouble();
   if (v.isInt()) return static_cast<double>(v.toInt());
   if (v.isBool()) return v.toBool() ? 1 : 0;
   return fallback;
+}
+
+double scalar_arg(const OpCall& c, size_t i, double fallback) {
+  if (i >= c.args.size() || c.args[i].kind != ArgInfo::Kind::kOther) return fallback;
+  return number_of(c.args[i].value, fallback);
 }
 
 // ---- batches of matrices -------------------------------------------------------------------
@@ -294,11 +298,7 @@ double foreach_scalar(const OpCall& c, const std::string& overload, size_t arg, 
   if (overload != "ScalarList" || arg >= c.args.size() || !c.args[arg].value.isList()) return std::nan("");
   const auto list = c.args[arg].value.toListRef();
   if (i >= list.size()) return std::nan("");
-  const c10::IValue& v = list[i];
-  if (v.isDouble()) return v.toDouble();
-  if (v.isInt()) return static_cast<double>(v.toInt());
-  if (v.isBool()) return v.toBool() ? 1 : 0;
-  return std::nan("");
+  return number_of(list[i], std::nan(""));
 }
 
 // `have`: element i's placement on one mesh dim in each list; the first is a Partial, or it is
