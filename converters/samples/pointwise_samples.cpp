@@ -249,6 +249,30 @@ void add_pointwise_samples(OpDb& db) {
     db.add(op, "pointwise", [](SampleGen& g) {
       return Samples{OpSample("even", {g.tensor({8, 4}), g.tensor({8, 4}, at::kFloat, -1.0, 0.0), g.tensor({4}, at::kFloat, 0.0, 1.0)})};
     });
+  // The out= overloads of composites PyTorch's DTensor registers: they decompose above DTensor
+  // into out= overloads with rules (clamp.out, pow.*_out, div.out).
+  db.add("aten::clip.out", "pointwise", [](SampleGen& g) {
+    return Samples{OpSample("even", {g.tensor({8, 4}), -0.5, 0.5}).kw("out", g.tensor({8, 4}))};
+  });
+  db.add("aten::clip.Tensor_out", "pointwise", [](SampleGen& g) {
+    return Samples{OpSample("even", {g.tensor({8, 4}), g.tensor({8, 4}, at::kFloat, -1.0, 0.0), g.tensor({4}, at::kFloat, 0.0, 1.0)})
+                       .kw("out", g.tensor({8, 4}))};
+  });
+  db.add("aten::float_power.Tensor_Tensor_out", "pointwise", [](SampleGen& g) {
+    return Samples{OpSample("even", {g.positive({8, 4}), g.tensor({8, 4})}).kw("out", g.tensor({8, 4}, at::kDouble))};
+  });
+  db.add("aten::float_power.Tensor_Scalar_out", "pointwise", [](SampleGen& g) {
+    return Samples{OpSample("even", {g.positive({8, 4}), 2.5}).kw("out", g.tensor({8, 4}, at::kDouble))};
+  });
+  db.add("aten::float_power.Scalar_out", "pointwise", [](SampleGen& g) {
+    return Samples{OpSample("even", {1.5, g.tensor({8, 4})}).kw("out", g.tensor({8, 4}, at::kDouble))};
+  });
+  db.add("aten::square.out", "pointwise", [](SampleGen& g) {
+    return Samples{OpSample("even", {g.tensor({8, 4})}).kw("out", g.tensor({8, 4}))};
+  });
+  db.add("aten::true_divide.out", "pointwise", [](SampleGen& g) {
+    return Samples{OpSample("even", {g.tensor({8, 4}), g.positive({4})}).kw("out", g.tensor({8, 4}))};
+  });
   db.add("aten::float_power_.Scalar", "pointwise",
          [](SampleGen& g) { return Samples{OpSample("f64", {g.positive({8, 4}, at::kDouble), 2.5})}; });
   db.add("aten::float_power_.Tensor", "pointwise", [](SampleGen& g) {

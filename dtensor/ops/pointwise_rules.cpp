@@ -348,10 +348,8 @@ const bool registered = [] {
                opts.end());
     return opts;
   });
-  // fill_ with a Scalar and zero_ keep whatever placement their input has, Partial included:
-  // every rank's local tensor holds the value (PyTorch registers aten.fill_.Scalar and
-  // aten.zero_ with the single-input strategy, so a Partial(sum) tensor filled with v has the
-  // value v * ranks once reduced, and a Partial(max) one v).
+  // fill_ with a Scalar and zero_ keep whatever placement their input has, Partial included
+  // (NOTE: [Filling a Partial tensor]).
   const Rule keep_placement = [](const OpCall& c) {
     std::vector<DimOption> opts;
     opts.push_back({{Replicate{}}, {Replicate{}}});
@@ -361,7 +359,25 @@ const bool registered = [] {
       opts.push_back({{Partial(op)}, {Partial(op)}});
     return opts;
   };
-  register_rule("aten::fill_.Scalar", keep_placement);
+  // NOTE: [Filling a Partial tensor]
+  // A Partial tensor filled with v must stand for v once reduced. For avg, min and max every
+  // rank holding v does; for sum only one rank of each reduced group may hold v, the others 0
+  // (the rank at coordinate 0 of every Partial(sum) mesh dim holds v). PyTorch's DTensor
+  // registers aten.fill_.Scalar with the single-input strategy and leaves v on every rank, so
+  // a Partial(sum) tensor filled with v reduces to v * ranks there; here it reduces to v, as on
+  // one device. zero_ needs nothing: 0 on every rank is 0 for every kind.
+  const LocalArgRewrite fill_one_rank_of_a_sum = [](std::vector<c10::IValue>& args, const OpCall& call,
+                                                     const std::vector<std::vector<Placement>>& outputs) {
+    const auto& coordinate = call.mesh->get_coordinate();
+    if (!coordinate) return;
+    for (size_t m = 0; m < outputs[0].size(); ++m)
+      if (is_partial(outputs[0][m]) && std::get<Partial>(outputs[0][m]).reduce_op == comm::ReduceOp::SUM &&
+          (*coordinate)[m] != 0) {
+        args[1] = c10::Scalar(0);  // (self, value)
+        return;
+      }
+  };
+  register_rule("aten::fill_.Scalar", keep_placement, fill_one_rank_of_a_sum);
   for (const char* n : {"aten::zero_", "aten::zero"}) register_rule(n, keep_placement);
   // A cast is linear between floating dtypes; rounding to an integer dtype is not.
   // ... and rounding from one real floating dtype to another keeps the order.

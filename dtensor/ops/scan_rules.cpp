@@ -6,10 +6,14 @@
 // dim would need the totals of the shards before it, so the scan dim is replicated first.
 // Every other dim keeps its shards. cumsum is linear: Partial(sum) and Partial(avg) inputs
 // stay Partial (NOTE: [Partial and linearity]); cumprod and logcumsumexp are not.
-// An in-place scan keeps the placements of the tensor it writes, so cumsum_ on a tensor
-// sharded along the scan dim raises (redistribute it first); flip likewise replicates the
-// flipped dims (a flipped shard belongs to the mirrored rank).
+// cumsum and cumprod may also keep a shard of the scan dim: each rank scans its piece and
+// combines it with the totals of the pieces before it (NOTE: [Scans of a sharded scan dim]).
+// flip replicates the flipped dims (a flipped shard belongs to the mirrored rank).
 #include "dtensor/ops/registry.h"
+
+#include "dtensor/mesh/device_mesh.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
 
 namespace dtensor {
 namespace ops {
@@ -32,12 +36,61 @@ std::vector<DimOption> keep_other_dims(const OpCall& c, const std::vector<bool>&
   return o;
 }
 
-Rule scan(bool linear) {
-  return [linear](const OpCall& c) {
+// `sharded_scan`: the scan dim may be sharded too (cumsum, cumprod: scan_kernel).
+Rule scan(bool linear, bool sharded_scan = false) {
+  return [linear, sharded_scan](const OpCall& c) {
     const int64_t nd = c.inputs[0]->ndim();
     std::vector<bool> whole(static_cast<size_t>(nd), false);
-    if (nd > 0) whole[normalize_shard_dim(arg_int(c, 1, 0), nd)] = true;
+    if (nd > 0 && !sharded_scan) whole[normalize_shard_dim(arg_int(c, 1, 0), nd)] = true;
     return keep_other_dims(c, whole, linear);
+  };
+}
+
+// NOTE: [Scans of a sharded scan dim]
+// With the scan dim sharded, a rank's piece starts at some offset of it. Its local scan is the
+// global one but for the elements before that offset: for cumsum the sum of the pieces before
+// it (added), for cumprod their product (multiplied). Each rank's total is the last slice of
+// its local scan (the identity for an empty piece). Mesh dims that split the scan dim are
+// taken innermost first (shard_order: the last to split it, strided shards included): an
+// all_gather of the totals over that mesh dim's group (group rank = coordinate, the order of
+// the pieces in the box they split) gives the totals of the pieces before this one in the box,
+// and the box's own total, which is the total gathered at the next mesh dim out. That moves a
+// slice per rank and mesh dim where replicating the scan dim moves the whole tensor (PyTorch's
+// DTensor replicates it); a scan in place keeps the shard of the tensor it writes. Partial(sum)
+// inputs of cumsum stay Partial: the totals are Partial like the pieces, and the sum is linear.
+LocalKernel scan_kernel(bool sum) {
+  return [sum](const c10::OperatorHandle& op, std::vector<c10::IValue>& args, const OpCall& call,
+               const OutputSharding& s) -> std::vector<c10::IValue> {
+    const int64_t nd = call.inputs[0]->ndim();
+    op.callBoxed(&args);  // the local scan; args[0] is its result (self in place, out= for .out)
+    if (nd == 0) return std::move(args);
+    const int64_t dim = normalize_shard_dim(arg_int(call, 1, 0), nd);
+    const std::vector<int64_t> splits = shard_order(call.mesh->shape(), s.outputs[0], nd)[static_cast<size_t>(dim)];
+    if (splits.empty()) return std::move(args);
+    at::Tensor result = args[0].toTensor();
+    const int64_t n = result.size(dim);
+    std::vector<int64_t> slice_shape = result.sizes().vec();
+    slice_shape[static_cast<size_t>(dim)] = 1;
+    at::Tensor total = n > 0 ? result.narrow(dim, n - 1, 1).contiguous()
+                             : (sum ? at::zeros(slice_shape, result.options()) : at::ones(slice_shape, result.options()));
+    at::Tensor carry = sum ? at::zeros_like(total) : at::ones_like(total);
+    const std::vector<int64_t>& coordinate = *call.mesh->get_coordinate();
+    for (auto m = splits.rbegin(); m != splits.rend(); ++m) {
+      auto group = call.mesh->get_group(*m);
+      at::Tensor totals = at::empty({group->size(), total.numel()}, total.options());
+      group->all_gather_into(totals, total.reshape({1, -1}));
+      const at::Tensor earlier = totals.narrow(0, 0, coordinate[static_cast<size_t>(*m)]);
+      if (sum) {
+        carry = carry + earlier.sum(0).reshape(slice_shape);
+        total = totals.sum(0).reshape(slice_shape);
+      } else {
+        carry = carry * earlier.prod(0).reshape(slice_shape);
+        total = totals.prod(0).reshape(slice_shape);
+      }
+    }
+    if (sum) result.add_(carry);
+    else result.mul_(carry);
+    return std::move(args);
   };
 }
 
@@ -64,10 +117,18 @@ Rule along_dim() {
 const bool registered = [] {
   // Overloads that exist in libtorch 1.13 and 2.x alike (checked through the dispatcher).
   for (const char* n : {"aten::sort", "aten::sort.stable", "aten::topk"}) register_rule(n, along_dim());
-  for (const char* n : {"aten::cumsum", "aten::cumsum_"}) register_rule(n, scan(/*linear=*/true));
+  // cumsum / cumprod: functional, in place and out= (a rule with a kernel does not serve the
+  // out= overload by itself: NOTE: [Rules of functional ops serve their out= overloads]).
+  for (const bool sum : {true, false}) {
+    RuleOptions options;
+    options.kernel = scan_kernel(sum);
+    for (const char* overload : {"", "_", ".out"}) {
+      const std::string name = std::string(sum ? "aten::cumsum" : "aten::cumprod") + overload;
+      register_rule(name, scan(/*linear=*/sum, /*sharded_scan=*/true), nullptr, options);
+    }
+  }
   // cummax / cummin give (values, indices): both keep the other dims' shards.
-  for (const char* n : {"aten::cumprod", "aten::cumprod_", "aten::logcumsumexp", "aten::_logcumsumexp", "aten::cummax",
-                        "aten::cummin"})
+  for (const char* n : {"aten::logcumsumexp", "aten::_logcumsumexp", "aten::cummax", "aten::cummin"})
     register_rule(n, scan(/*linear=*/false));
   // cummaxmin_backward(grad, input, indices, dim), the gradient of cummax / cummin, scatters grad
   // back along `dim` into a tensor it makes; it reaches us whole (NOTE: [Composite ops run whole]

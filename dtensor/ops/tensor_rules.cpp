@@ -135,15 +135,41 @@ const bool registered = [] {
       o.push_back({{Partial(op)}, {Partial(op), Partial(op)}});
     return o;
   });
-  // triu/tril (causal masks): position-dependent in the last two dims, so only the leading
-  // dims may be sharded; linear, so Partial stays Partial.
+  // triu/tril (causal masks): every dim keeps its shards, the last two by shifting the
+  // diagonal (NOTE: [Triangles of a shard]); linear, so Partial stays Partial.
   auto triangle = [](const OpCall& c) {
     std::vector<DimOption> o{{{Replicate{}}, {Replicate{}}}};
-    for (int64_t d = 0; d + 2 < c.inputs[0]->ndim(); ++d) o.push_back({{Shard{d}}, {Shard{d}}});
+    for (int64_t d = 0; d < c.inputs[0]->ndim(); ++d) o.push_back({{Shard{d}}, {Shard{d}}});
     for (auto op : {comm::ReduceOp::SUM, comm::ReduceOp::AVG}) o.push_back({{Partial(op)}, {Partial(op)}});
     return o;
   };
-  for (const char* n : {"aten::triu", "aten::tril", "aten::triu_", "aten::tril_"}) register_rule(n, triangle);
+  // NOTE: [Triangles of a shard]
+  // triu(x, k) keeps element (i, j) of the last two dims when j - i >= k (tril: <= k). A rank
+  // holding rows from r0 and columns from c0 holds global (r0 + i', c0 + j'), so it keeps local
+  // (i', j') when j' - i' >= k + r0 - c0: the local call takes that diagonal. Uneven and empty
+  // shards need nothing more; a causal mask sharded by rows (sequence parallel) or columns
+  // stays sharded with no communication (PyTorch's DTensor replicates those dims).
+  const LocalArgRewrite shift_diagonal = [](std::vector<c10::IValue>& args, const OpCall& call,
+                                           const std::vector<std::vector<Placement>>& outputs) {
+    const std::vector<int64_t>& shape = call.inputs[0]->tensor_meta.shape;
+    const int64_t nd = static_cast<int64_t>(shape.size());
+    if (nd < 2) return;
+    const auto offset = compute_local_shape_and_global_offset(shape, *call.mesh, outputs[0]).second;
+    const int64_t shift = offset[nd - 2] - offset[nd - 1];
+    if (shift == 0) return;
+    args[1] = args[1].toInt() + shift;  // (self, diagonal, [out])
+  };
+  // A strided shard's rows are not one range: it keeps the last two dims whole.
+  RuleOptions plain_offsets;
+  plain_offsets.valid = [](const OpCall& c, const FullPlacements&, const FullPlacements& outputs) {
+    const int64_t nd = c.inputs[0]->ndim();
+    for (const Placement& p : outputs[0])
+      if (is_strided_shard(p) && (is_shard(p, nd - 1) || is_shard(p, nd - 2))) return false;
+    return true;
+  };
+  // The out= overloads too: a functional rule with a rewrite does not serve them.
+  for (const char* n : {"aten::triu", "aten::tril", "aten::triu_", "aten::tril_", "aten::triu.out", "aten::tril.out"})
+    register_rule(n, triangle, shift_diagonal, plain_offsets);
   // Plain results must agree on every rank: compute them from replicated inputs.
   auto replicated_scalar = [](const OpCall& c) {
     return std::vector<DimOption>{{{}, std::vector<Placement>(c.inputs.size(), Replicate{})}};

@@ -26,6 +26,7 @@
 #include "dtensor/ops/rule_helpers.h"
 
 #include <ATen/TensorUtils.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <c10/util/strides.h>
 
@@ -180,8 +181,10 @@ std::vector<int64_t> squeeze_map(const OpCall& c) {
   return map;
 }
 
-// squeeze() runs on the local shard and drops every dim that is 1 THERE (NOTE: [Views of
-// uneven shards]): no dim that survives globally may have a shard of exactly 1 element.
+// squeeze.dims (libtorch 2.x) runs on the local shard and drops every named dim that is 1
+// THERE (NOTE: [Views of uneven shards]): no dim that survives globally may have a shard of
+// exactly 1 element. (squeeze() squeezes the global size-1 dims one by one: NOTE: [squeeze()
+// of a shard of one element].)
 bool no_size1_shard(const OpCall& c, const FullPlacements& ins, const FullPlacements&) {
   const auto& in = in_shape(c);
   const std::vector<int64_t> mesh_shape = c.mesh->shape();
@@ -330,16 +333,43 @@ const bool registered = [] {
   // squeeze.dim names its dim: only that one goes, so any shard of the others survives.
   auto squeeze_rule = [](const OpCall& c) { return mapped_options(squeeze_map(c)); };
   // The functional and the in-place overload, with the check of what the local squeeze drops.
-  auto register_squeeze = [&](const char* name, const char* inplace_name, decltype(RuleOptions::valid) valid) {
+  auto register_squeeze = [&](const char* name, const char* inplace_name, decltype(RuleOptions::valid) valid,
+                              LocalKernel kernel) {
     RuleOptions functional;
     functional.valid = std::move(valid);
+    functional.kernel = std::move(kernel);
     RuleOptions in_place = functional;
     in_place.inplace_view = true;
     register_rule(name, squeeze_rule, nullptr, functional);
     register_rule(inplace_name, squeeze_rule, nullptr, in_place);
   };
-  register_squeeze("aten::squeeze", "aten::squeeze_", no_size1_shard);
-  register_squeeze("aten::squeeze.dim", "aten::squeeze_.dim", named_dim_not_size1);
+  // NOTE: [squeeze() of a shard of one element]
+  // squeeze() on a local shard would drop every dim that is 1 THERE, and a shard of a longer dim
+  // may hold one element (a dim of 4 on 4 ranks; 5 on 4 ranks: 2, 2, 1, 0). Each rank squeezes
+  // instead the dims that are 1 globally, one by one (the last first), so any shard is fine,
+  // in place too (before, a tensor with such a shard could not be squeezed in place at all).
+  // The bare name also serves libtorch 2.x's squeeze.dims, which names its dims: there the op
+  // itself runs, with the check of what it drops.
+  const LocalKernel squeeze_global_size1_dims = [](const c10::OperatorHandle& op, std::vector<c10::IValue>& args,
+                                                   const OpCall& call, const OutputSharding&) -> std::vector<c10::IValue> {
+    if (call.args.size() > 1) {
+      op.callBoxed(&args);
+      return std::move(args);
+    }
+    at::Tensor t = args[0].toTensor();
+    const auto& in = in_shape(call);
+    const bool in_place = call.written_input >= 0;
+    for (int64_t d = static_cast<int64_t>(in.size()) - 1; d >= 0; --d)
+      if (in[static_cast<size_t>(d)] == 1) t = in_place ? t.squeeze_(d) : t.squeeze(d);
+    return {t};
+  };
+  register_squeeze(
+      "aten::squeeze", "aten::squeeze_",
+      [](const OpCall& c, const FullPlacements& ins, const FullPlacements& outs) {
+        return c.args.size() == 1 || no_size1_shard(c, ins, outs);
+      },
+      squeeze_global_size1_dims);
+  register_squeeze("aten::squeeze.dim", "aten::squeeze_.dim", named_dim_not_size1, nullptr);
 
   for (const char* n : {"aten::expand", "aten::expand_copy"})
     register_rule(

@@ -132,21 +132,32 @@ DTENSOR_TEST_F(Parity, OneElementPlainTensorsAreReplicatedImplicitly) {
   EXPECT_PRED2(contains, error_of([&] { (void)(x * at::ones({4})); }), "mixed with DTensors");
 }
 
-// ---- 16. fill_ and zero_ on a Partial tensor keep it Partial ---------------------------------
+// ---- 16. fill_ and zero_ on a Partial tensor keep it Partial, with the single-device value ----
+// (NOTE: [Filling a Partial tensor]: PyTorch leaves v on every rank, which a Partial(sum)
+// reduces to v * ranks.)
 
 DTENSOR_TEST_F(Parity, FillOnPartialKeepsPartial) {
   auto mesh = init_device_mesh(device_type(), {ranks()});
-  for (auto op : {comm::ReduceOp::SUM, comm::ReduceOp::MAX}) {
+  for (auto op : {comm::ReduceOp::SUM, comm::ReduceOp::AVG, comm::ReduceOp::MAX, comm::ReduceOp::MIN}) {
     SCOPED_TRACE(comm::to_string(op));
     at::Tensor p = from_local(at::full({3, 2}, rank() + 1.0f), mesh, {Partial(op)});
     p.fill_(3);
     EXPECT_EQ(get_spec(p).placements, std::vector<Placement>{Partial(op)});
-    // Every rank's local tensor holds the value (aten.fill_.Scalar's single-input strategy).
-    EXPECT_TRUE(at::equal(local_tensor(p), at::full({3, 2}, 3.0f)));
-    EXPECT_TRUE(at::equal(full_tensor(p), at::full({3, 2}, op == comm::ReduceOp::SUM ? 3.0f * ranks() : 3.0f)));
+    EXPECT_TRUE(at::equal(full_tensor(p), at::full({3, 2}, 3.0f)));
     p.zero_();
     EXPECT_EQ(get_spec(p).placements, std::vector<Placement>{Partial(op)});
     EXPECT_TRUE(at::equal(full_tensor(p), at::zeros({3, 2})));
+  }
+  // On a 2-D mesh a Partial(sum) on either mesh dim, or both, reduces to the value.
+  if (ranks() % 2 != 0) return;
+  auto mesh2 = init_device_mesh(device_type(), {2, ranks() / 2});
+  for (auto ps : {std::vector<Placement>{Partial{}, Shard{0}}, std::vector<Placement>{Shard{1}, Partial{}},
+                  std::vector<Placement>{Partial{}, Partial(comm::ReduceOp::MAX)}, std::vector<Placement>{Partial{}, Partial{}}}) {
+    at::Tensor p = from_local(at::full({4, 2}, rank() + 1.0f), mesh2, ps);
+    p.fill_(2.5);
+    EXPECT_EQ(get_spec(p).placements, ps);
+    const at::Tensor whole = full_tensor(p);
+    EXPECT_TRUE(at::equal(whole, at::full_like(whole, 2.5f))) << whole;
   }
 }
 

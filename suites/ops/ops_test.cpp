@@ -15,6 +15,7 @@
 #include "dtensor/tensor/dtensor_impl.h"
 #include "harness/dtensor_test_base.h"
 #include "harness/harness.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/errors.h"
 
 #include <ATen/ATen.h>
@@ -424,21 +425,31 @@ DTENSOR_TEST_F(ReductionRules, PartialInputsStayPartialOnlyThroughMatchingReduct
   EXPECT_TRUE(at::equal(full_tensor(at::amax(max_partial, {1})), at::amax(g, {1})));
 }
 
-DTENSOR_TEST_F(ReductionRules, ScansReplicateTheScanDimAndKeepTheOthers) {
+DTENSOR_TEST_F(ReductionRules, ScansKeepShardsOfTheScanDimWithOneGatherOfTotals) {
   auto mesh = build_device_mesh();
-  at::Tensor g = at::arange(32, at::kFloat).view({8, 4}) / 10;
+  at::Tensor g = at::arange(1, 33, at::kDouble).view({8, 4}) / 10;
   at::Tensor cols = distribute_tensor(g, mesh, {Shard{1}});
   at::Tensor rows = distribute_tensor(g, mesh, {Shard{0}});
   EXPECT_EQ(placements_of(at::cumsum(cols, 0)), "(Shard(dim=1),)");
-  EXPECT_EQ(placements_of(at::cumprod(rows, 0)), "(Replicate(),)");
   EXPECT_EQ(placements_of(at::flip(rows, {1})), "(Shard(dim=0),)");
-  EXPECT_TRUE(at::allclose(full_tensor(at::cumprod(rows, 0)), at::cumprod(g, 0)));
-  // In place, the written tensor keeps its placements: along its sharded dim it is refused.
-  EXPECT_PRED2(contains, error_of([&] { rows.cumsum_(0); }),
-               "no valid sharding for aten::cumsum_ with inputs (Shard(dim=0),)[8, 4] (an in-place op keeps the "
-               "placements of the tensor it writes");
+  // NOTE: [Scans of a sharded scan dim]: the scan dim keeps its shard; one all_gather of each
+  // rank's last row carries the earlier pieces' totals.
+  testing::CommCounter counting;
+  at::Tensor prod = at::cumprod(rows, 0);
+  EXPECT_EQ(counting.collectives(), 1);
+  EXPECT_EQ(placements_of(prod), "(Shard(dim=0),)");
+  EXPECT_TRUE(at::allclose(full_tensor(prod), at::cumprod(g, 0)));
+  // Uneven pieces, empty ones included (3 rows on 4 ranks: 1, 1, 1, 0), and integer inputs.
+  at::Tensor few = g.narrow(0, 0, 3);
+  EXPECT_TRUE(at::allclose(full_tensor(at::cumsum(distribute_tensor(few, mesh, {Shard{0}}), 0)), at::cumsum(few, 0)));
+  at::Tensor ints = at::arange(-12, 12, at::kLong).view({6, 4});
+  EXPECT_TRUE(at::equal(full_tensor(at::cumsum(distribute_tensor(ints, mesh, {Shard{0}}), 0)), at::cumsum(ints, 0)));
+  // In place, the written tensor keeps its shard of the scan dim.
+  rows.cumsum_(0);
+  EXPECT_EQ(placements_of(rows), "(Shard(dim=0),)");
+  EXPECT_TRUE(at::allclose(full_tensor(rows), at::cumsum(g, 0)));
   rows.cumsum_(1);
-  EXPECT_TRUE(at::allclose(full_tensor(rows), at::cumsum(g, 1)));
+  EXPECT_TRUE(at::allclose(full_tensor(rows), at::cumsum(at::cumsum(g, 0), 1)));
 }
 
 // NOTE: [Partial(max) and Partial(min) through monotone ops]: the placements kept, and the

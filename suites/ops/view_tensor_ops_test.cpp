@@ -8,6 +8,7 @@
 #include "dtensor/tensor/dtensor.h"
 #include "dtensor/tensor/dtensor_impl.h"
 #include "harness/dtensor_test_base.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/errors.h"
 
 #include <ATen/ATen.h>
@@ -114,12 +115,20 @@ DTENSOR_TEST_F(ViewRules, SqueezeNeverDropsADimWithAOneElementShard) {
   auto mesh = build_device_mesh();
   at::Tensor g = at::arange(8, at::kFloat).view({2, 1, 4});  // dim 0 on 4 ranks: 1,1,0,0 rows
   at::Tensor x = distribute_tensor(g, mesh, {Shard{0}});
+  // NOTE: [squeeze() of a shard of one element]: each rank squeezes the dims that are 1
+  // globally, so the shards of dim 0 stay, without communication.
+  testing::CommCounter counting;
   at::Tensor y = x.squeeze();
+  EXPECT_EQ(counting.collectives(), 0);
   EXPECT_EQ(y.sizes(), c10::IntArrayRef({2, 4}));
-  EXPECT_EQ(placements_of(y), std::vector<Placement>{Replicate{}});
+  EXPECT_EQ(placements_of(y), std::vector<Placement>{Shard{0}});
+  EXPECT_EQ(to_local(y).dim(), 2);
   EXPECT_TRUE(at::equal(full_tensor(y), g.squeeze()));
-  EXPECT_PRED2(contains, error_of([&] { x.squeeze_(); }),
-               "an in-place op keeps the placements of the tensor it writes");
+  at::Tensor x2 = x.clone();
+  x2.squeeze_();
+  EXPECT_EQ(x2.sizes(), c10::IntArrayRef({2, 4}));
+  EXPECT_EQ(placements_of(x2), std::vector<Placement>{Shard{0}});
+  EXPECT_TRUE(at::equal(full_tensor(x2), g.squeeze()));
   x.squeeze_(1);  // names its dim: the shards of dim 0 stay
   EXPECT_EQ(x.sizes(), c10::IntArrayRef({2, 4}));
   EXPECT_EQ(placements_of(x), std::vector<Placement>{Shard{0}});
@@ -227,6 +236,26 @@ DTENSOR_TEST_F(ViewRules, AsStridedReadsOnlyTheDTensorsOwnElements) {
 // ---- tensor ops ----------------------------------------------------------------------------------
 
 class TensorRules : public testing::DTensorOpTestBase {};
+
+// NOTE: [Triangles of a shard]: a causal mask keeps the shards of its last two dims, with no
+// communication, uneven and empty pieces included.
+DTENSOR_TEST_F(TensorRules, TrilAndTriuKeepShardsOfTheirLastTwoDims) {
+  auto mesh = build_device_mesh();
+  const at::Tensor g = at::arange(1, 1 + 5 * 7, at::kFloat).view({5, 7});
+  for (int64_t d : {0, 1})
+    for (int64_t k : {-2, 0, 1, 5}) {
+      SCOPED_TRACE(c10::str("Shard(", d, ") diagonal ", k));
+      at::Tensor x = distribute_tensor(g, mesh, {Shard{d}});
+      testing::CommCounter counting;
+      at::Tensor lower = at::tril(x, k), upper = at::triu(x, k);
+      EXPECT_EQ(counting.collectives(), 0);
+      EXPECT_EQ(get_spec(lower).placements, std::vector<Placement>{Shard{d}});
+      EXPECT_TRUE(at::equal(full_tensor(lower), at::tril(g, k)));
+      EXPECT_TRUE(at::equal(full_tensor(upper), at::triu(g, k)));
+      x.triu_(k);
+      EXPECT_TRUE(at::equal(full_tensor(x), at::triu(g, k)));
+    }
+}
 
 using Indices = c10::List<c10::optional<at::Tensor>>;
 
