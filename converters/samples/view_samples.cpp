@@ -6,6 +6,7 @@
 #include "converters/samples/samples.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <limits>
 
@@ -57,6 +58,13 @@ void add_view_samples(OpDb& db) {
                    OpSample("size1_shards", {g.tensor({2, 1, 4})}),
                    OpSample("uneven_f64", {g.tensor({5, 1, 6}, at::kDouble)})};
   });
+  // libtorch 2.x: squeeze.dims names several dims (a named dim that is not 1 stays).
+  if (c10::Dispatcher::singleton().findSchema({"aten::squeeze", "dims"}).has_value())
+    add_both(db, "aten::squeeze.dims", "aten::squeeze_.dims", [](SampleGen& g) {
+      return Samples{OpSample("two", {g.tensor({1, 8, 1}), IL{0, 2}}), OpSample("one_of_two", {g.tensor({8, 1, 4}), IL{0, 1}}),
+                     OpSample("size1_shards", {g.tensor({2, 1, 4}), IL{-2}}),
+                     OpSample("uneven_f64", {g.tensor({5, 1, 6}, at::kDouble), IL{1, 2}})};
+    });
   add_both(db, "aten::squeeze.dim", "aten::squeeze_.dim", [](SampleGen& g) {
     return Samples{OpSample("col", {g.tensor({8, 1}), 1}), OpSample("noop", {g.tensor({8, 4}), 0}),
                    OpSample("mid_f64", {g.tensor({5, 1, 6}, at::kDouble), 1}),

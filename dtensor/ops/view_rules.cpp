@@ -181,34 +181,6 @@ std::vector<int64_t> squeeze_map(const OpCall& c) {
   return map;
 }
 
-// squeeze.dims (libtorch 2.x) runs on the local shard and drops every named dim that is 1
-// THERE (NOTE: [Views of uneven shards]): no dim that survives globally may have a shard of
-// exactly 1 element. (squeeze() squeezes the global size-1 dims one by one: NOTE: [squeeze()
-// of a shard of one element].)
-bool no_size1_shard(const OpCall& c, const FullPlacements& ins, const FullPlacements&) {
-  const auto& in = in_shape(c);
-  const std::vector<int64_t> mesh_shape = c.mesh->shape();
-  return detail::for_every_coordinate(*c.mesh, [&](const std::vector<int64_t>& coord) {
-    const auto local = compute_local_shape(in, mesh_shape, ins[0], coord);
-    for (size_t d = 0; d < in.size(); ++d)
-      if (in[d] != 1 && local[d] == 1) return false;
-    return true;
-  });
-}
-
-// squeeze(d) runs on the local shard too: where d is not 1 globally (a no-op), a shard of d
-// holding exactly one element would be dropped there ([8, 4] on 8 ranks: local [1, 4] -> [4]).
-bool named_dim_not_size1(const OpCall& c, const FullPlacements& ins, const FullPlacements&) {
-  const auto& in = in_shape(c);
-  if (in.empty()) return true;
-  const auto dim = static_cast<size_t>(normalize_shard_dim(arg_int(c, 1, 0), static_cast<int64_t>(in.size())));
-  if (in[dim] == 1) return true;
-  const std::vector<int64_t> mesh_shape = c.mesh->shape();
-  return detail::for_every_coordinate(*c.mesh, [&](const std::vector<int64_t>& coord) {
-    return compute_local_shape(in, mesh_shape, ins[0], coord)[dim] != 1;
-  });
-}
-
 // ---- diagonal -----------------------------------------------------------------------------------
 
 // diagonal(offset, dim1, dim2): the other dims in order, then the diagonal.
@@ -332,12 +304,10 @@ const bool registered = [] {
 
   // squeeze.dim names its dim: only that one goes, so any shard of the others survives.
   auto squeeze_rule = [](const OpCall& c) { return mapped_options(squeeze_map(c)); };
-  // The functional and the in-place overload, with the check of what the local squeeze drops.
-  auto register_squeeze = [&](const char* name, const char* inplace_name, decltype(RuleOptions::valid) valid,
-                              LocalKernel kernel) {
+  // The functional and the in-place overload: each rank squeezes the global size-1 dims.
+  auto register_squeeze = [&](const char* name, const char* inplace_name, const LocalKernel& kernel) {
     RuleOptions functional;
-    functional.valid = std::move(valid);
-    functional.kernel = std::move(kernel);
+    functional.kernel = kernel;
     RuleOptions in_place = functional;
     in_place.inplace_view = true;
     register_rule(name, squeeze_rule, nullptr, functional);
@@ -348,28 +318,32 @@ const bool registered = [] {
   // may hold one element (a dim of 4 on 4 ranks; 5 on 4 ranks: 2, 2, 1, 0). Each rank squeezes
   // instead the dims that are 1 globally, one by one (the last first), so any shard is fine,
   // in place too (before, a tensor with such a shard could not be squeezed in place at all).
-  // The bare name also serves libtorch 2.x's squeeze.dims, which names its dims: there the op
-  // itself runs, with the check of what it drops.
-  const LocalKernel squeeze_global_size1_dims = [](const c10::OperatorHandle& op, std::vector<c10::IValue>& args,
+  // squeeze(d) and libtorch 2.x's squeeze.dims (which the bare name serves) name their dims:
+  // there the named dims that are 1 globally go (a named dim that is not 1 is a no-op, also
+  // where a rank's shard of it holds one element: [8, 4] on 8 ranks).
+  const LocalKernel squeeze_global_size1_dims = [](const c10::OperatorHandle&, std::vector<c10::IValue>& args,
                                                    const OpCall& call, const OutputSharding&) -> std::vector<c10::IValue> {
-    if (call.args.size() > 1) {
-      op.callBoxed(&args);
-      return std::move(args);
-    }
-    at::Tensor t = args[0].toTensor();
     const auto& in = in_shape(call);
+    const auto nd = static_cast<int64_t>(in.size());
+    std::vector<bool> drop(in.size(), false);
+    if (call.args.size() == 1) {
+      for (size_t d = 0; d < in.size(); ++d) drop[d] = in[d] == 1;
+    } else if (nd > 0) {
+      const std::vector<int64_t> named = call.args[1].value.isInt() ? std::vector<int64_t>{arg_int(call, 1, 0)}
+                                                                     : arg_int_list(call, 1);
+      for (int64_t d : named) {
+        const auto k = static_cast<size_t>(normalize_shard_dim(d, nd));
+        drop[k] = in[k] == 1;
+      }
+    }
     const bool in_place = call.written_input >= 0;
-    for (int64_t d = static_cast<int64_t>(in.size()) - 1; d >= 0; --d)
-      if (in[static_cast<size_t>(d)] == 1) t = in_place ? t.squeeze_(d) : t.squeeze(d);
+    at::Tensor t = in_place ? args[0].toTensor() : args[0].toTensor().alias();  // a view, as squeeze's
+    for (int64_t d = nd - 1; d >= 0; --d)
+      if (drop[static_cast<size_t>(d)]) t = in_place ? t.squeeze_(d) : t.squeeze(d);
     return {t};
   };
-  register_squeeze(
-      "aten::squeeze", "aten::squeeze_",
-      [](const OpCall& c, const FullPlacements& ins, const FullPlacements& outs) {
-        return c.args.size() == 1 || no_size1_shard(c, ins, outs);
-      },
-      squeeze_global_size1_dims);
-  register_squeeze("aten::squeeze.dim", "aten::squeeze_.dim", named_dim_not_size1, nullptr);
+  register_squeeze("aten::squeeze", "aten::squeeze_", squeeze_global_size1_dims);
+  register_squeeze("aten::squeeze.dim", "aten::squeeze_.dim", squeeze_global_size1_dims);
 
   for (const char* n : {"aten::expand", "aten::expand_copy"})
     register_rule(
