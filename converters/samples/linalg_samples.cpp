@@ -398,7 +398,7 @@ void add_foreach_samples(OpDb& db) {
     if (!foreach_args(schema, name, probe_gen, 1, probe)) continue;
     db.add(op_key(schema), "foreach", [schema, name](SampleGen& g) {
       Samples out;
-      const bool norm = name == "aten::_foreach_norm";
+      const bool norm = name == "aten::_foreach_norm" || name == "aten::_foreach_powsum";
       const std::vector<std::pair<std::string, double>> variants =
           norm ? std::vector<std::pair<std::string, double>>{{"ord2", 2}, {"ord1", 1},
                                                              {"ord_inf", std::numeric_limits<double>::infinity()}}

@@ -299,6 +299,16 @@ void add_norms(OpDb& db) {
                    OpSample("p1_uneven_f64", {g.tensor({5, 6}, at::kDouble), 1.0}),
                    OpSample("p2_dtype_f64", {g.tensor({8, 4}), 2.0, IL{1}}).kw("dtype", at::kDouble)};
   });
+  // libtorch 2.15: sum of |x|^p over dims (vector norms' inner part).
+  if (c10::Dispatcher::singleton().findSchema({"aten::linalg__powsum", ""}).has_value())
+    add(db, "aten::linalg__powsum", [](SampleGen& g) {
+      return Samples{OpSample("p2", {g.tensor({8, 4})}),
+                     OpSample("p3_dim1", {g.tensor({8, 4}), 3.0, IL{1}}),
+                     OpSample("p0_dim0_keepdim", {g.tensor({8, 4}), 0.0, IL{0}, true}),
+                     OpSample("pinf_uneven_f64", {g.tensor({5, 6}, at::kDouble), kInf, IL{0}}),
+                     OpSample("pneginf_dim1", {g.tensor({8, 4}), -kInf, IL{1}}),
+                     OpSample("p1_dims_3d", {g.tensor({2, 4, 6}), 1.0, IL{-1, 0}})};
+    });
   add(db, "aten::logsumexp", [](SampleGen& g) {
     return Samples{OpSample("dim1", {g.tensor({8, 4}), IL{1}}), OpSample("dim0_keepdim", {g.tensor({8, 4}), IL{0}, true}),
                    OpSample("dims_3d", {g.tensor({2, 4, 6}), IL{0, -1}}),

@@ -37,9 +37,11 @@
 // (the rule offers, per mesh dim, the layout the inputs already have, so no element moves);
 // a Partial element goes through where the op's pointwise form lets it (NOTE: [Partial elements
 // of list ops]) and is reduced first otherwise. _foreach_norm: per-element Partial(sum) for ord 0 and 1,
-// Partial(max) for ord inf when no shard of the element is empty (the inf norm of an empty
-// shard raises in linalg_vector_norm, and a local rewrite would cost _foreach_norm.Scalar_out
-// its rule), replicated otherwise.
+// Partial(max) for ord inf (min for -inf) when no shard of the element is empty (the inf norm
+// of an empty shard raises in linalg_vector_norm, and a local rewrite would cost
+// _foreach_norm.Scalar_out its rule), replicated otherwise. libtorch 2.x's _foreach_max gives
+// Partial(max) on the same condition, and _foreach_powsum (the sum of |x|^p, for every p:
+// |x|^inf is inf, 1 or 0) Partial(sum).
 #include "dtensor/ops/rule_helpers.h"
 
 #include <ATen/ATen.h>
@@ -60,25 +62,14 @@ namespace {
 using comm::ReduceOp;
 using detail::add_partial_options;
 using detail::mapped_options;
+using detail::number_of;
 using detail::PartialKind;
+using detail::scalar_arg;
 
 const Placement R = Replicate{};
 
 std::vector<Placement> all(size_t n, const Placement& p) { return std::vector<Placement>(n, p); }
 const std::vector<int64_t>& shape_of(const OpCall& c, size_t input) { return c.inputs[input]->tensor_meta.shape; }
-
-// A Scalar as a number, or `fallback` when `v` is none.
-double number_of(const c10::IValue& v, double fallback) {
-  if (v.isDouble()) return v.toDouble();
-  if (v.isInt()) return static_cast<double>(v.toInt());
-  if (v.isBool()) return v.toBool() ? 1 : 0;
-  return fallback;
-}
-
-double scalar_arg(const OpCall& c, size_t i, double fallback) {
-  if (i >= c.args.size() || c.args[i].kind != ArgInfo::Kind::kOther) return fallback;
-  return number_of(c.args[i].value, fallback);
-}
 
 // ---- batches of matrices -------------------------------------------------------------------
 
@@ -368,10 +359,15 @@ std::optional<ForeachElement> foreach_partial_element(const OpCall& c, const For
   return ForeachElement{have, Partial(*out)};
 }
 
-// `norm_partial`: _foreach_norm (per-element reduction to a 0-dim tensor).
+// The _foreach_* ops that reduce each element to a 0-dim tensor: _foreach_norm, and libtorch
+// 2.x's _foreach_max and _foreach_powsum (sum of |x|^p).
+enum class ForeachReduction { kNone, kNorm, kMax, kPowsum };
+
+// `reduction`: each element reduced to a 0-dim tensor (a shard gives a Partial, or is gathered).
 // In place (_foreach_add_, ...: NOTE: [In-place list ops]) there are no outputs: element i of
 // the first list is written and keeps its placement.
-std::vector<DimOption> foreach_options(const OpCall& c, bool norm) {
+std::vector<DimOption> foreach_options(const OpCall& c, ForeachReduction reduction) {
+  const bool norm = reduction != ForeachReduction::kNone;
   const ForeachArgs f = foreach_args(c);
   const size_t n_in = c.inputs.size(), n_out = c.output_meta.size();
   const bool in_place = n_out == 0 && !c.written_list_inputs.empty();
@@ -379,12 +375,17 @@ std::vector<DimOption> foreach_options(const OpCall& c, bool norm) {
   if (f.lists.empty() || (f.lists[0].size() != n_out && !in_place)) return o;
   const size_t n_elements = f.lists[0].size();
   Placement reduced = R;
-  bool inf_norm = false;
-  if (norm) {
+  bool inf_norm = false;  // an extremum: no shard of the element may be empty
+  if (reduction == ForeachReduction::kMax) {
+    reduced = Partial(ReduceOp::MAX);
+    inf_norm = true;
+  } else if (reduction == ForeachReduction::kPowsum) {
+    reduced = Partial(ReduceOp::SUM);  // sum of |x|^p for every p (|x|^inf is inf, 1 or 0)
+  } else if (norm) {
     const double p = scalar_arg(c, 1, 2);
-    inf_norm = std::isinf(p) && p > 0;
+    inf_norm = std::isinf(p);
     if (p == 0 || p == 1) reduced = Partial(ReduceOp::SUM);
-    else if (inf_norm) reduced = Partial(ReduceOp::MAX);
+    else if (inf_norm) reduced = Partial(p > 0 ? ReduceOp::MAX : ReduceOp::MIN);
   }
   for (int64_t m = 0; m < c.mesh->ndim(); ++m) {
     DimOption k{all(n_out, R), all(n_in, R)};
@@ -406,7 +407,8 @@ std::vector<DimOption> foreach_options(const OpCall& c, bool norm) {
       }
       Placement p = foreach_element_placement(c, f, i, first);
       if (norm && is_shard(p) && !is_partial(reduced)) p = R;
-      // The inf norm of an empty shard raises in libtorch 2.x: only splits without one.
+      // The inf norm (and max, min) of an empty shard raises in libtorch 2.x: only splits
+      // without one.
       if (inf_norm && is_shard(p) &&
           !detail::shards_never_empty(shape_of(c, f.lists[0][i])[static_cast<size_t>(std::get<Shard>(p).dim)], *c.mesh))
         p = R;
@@ -467,16 +469,21 @@ const char* const kForeachOps[] = {
     // with scalars or other lists
     "_foreach_add", "_foreach_sub", "_foreach_mul", "_foreach_div", "_foreach_maximum", "_foreach_minimum",
     "_foreach_clamp_min", "_foreach_clamp_max", "_foreach_addcmul", "_foreach_addcdiv", "_foreach_lerp",
-    "_foreach_pow", "_foreach_norm"};
+    "_foreach_pow", "_foreach_norm", "_foreach_max", "_foreach_powsum"};
 
 const bool foreach_registered = [] {
   for (const char* n : kForeachOps) {
-    const bool norm = std::string(n) == "_foreach_norm";
-    register_rule(std::string("aten::") + n, [norm](const OpCall& c) { return foreach_options(c, norm); });
+    const std::string name = n;
+    const ForeachReduction reduction = name == "_foreach_norm"   ? ForeachReduction::kNorm
+                                       : name == "_foreach_max"  ? ForeachReduction::kMax
+                                       : name == "_foreach_powsum" ? ForeachReduction::kPowsum
+                                                                   : ForeachReduction::kNone;
+    register_rule("aten::" + name, [reduction](const OpCall& c) { return foreach_options(c, reduction); });
     // The in-place variant (_foreach_add_, ...; absent names are never called).
-    if (!norm) register_rule(std::string("aten::") + n + "_", [](const OpCall& c) { return foreach_options(c, false); });
+    if (reduction == ForeachReduction::kNone)
+      register_rule("aten::" + name + "_", [](const OpCall& c) { return foreach_options(c, ForeachReduction::kNone); });
   }
-  register_rule("aten::_foreach_zero_", [](const OpCall& c) { return foreach_options(c, false); });
+  register_rule("aten::_foreach_zero_", [](const OpCall& c) { return foreach_options(c, ForeachReduction::kNone); });
   return true;
 }();
 

@@ -87,6 +87,18 @@ std::vector<DimOption> add_product_options(const OpCall& c, const std::string& e
     o.inputs.insert(o.inputs.end(), mo.inputs.begin(), mo.inputs.end());
     out.push_back(std::move(o));
   }
+  // NOTE: [A Partial self plus a replicated product]
+  // beta * self + alpha * (mat1 @ mat2) with both factors replicated adds the same value on
+  // every rank to beta * self: a Partial(avg) self stays Partial(avg) (for any beta), and a
+  // Partial(max) or (min) one keeps its kind for beta >= 0 and swaps it for beta < 0 (beta is
+  // argument 3 of addmm, baddbmm, addbmm and addmv). Partial(sum) would add the product once per
+  // rank: only a Partial(sum) product goes with it (the contraction options above).
+  const double beta = detail::scalar_arg(c, 3, 1);
+  for (auto op : {comm::ReduceOp::AVG, comm::ReduceOp::MAX, comm::ReduceOp::MIN}) {
+    comm::ReduceOp kept = op;
+    if (beta < 0 && op != comm::ReduceOp::AVG) kept = op == comm::ReduceOp::MAX ? comm::ReduceOp::MIN : comm::ReduceOp::MAX;
+    out.push_back({{Partial(kept)}, {Partial(op), R, R}});  // (self, mat1, mat2); out= is fitted later
+  }
   return out;
 }
 

@@ -259,6 +259,11 @@ const bool registered = [] {
   for (const char* n : {"aten::norm.ScalarOpt_dim", "aten::norm.ScalarOpt_dim_dtype", "aten::norm.out",
                         "aten::norm.dtype_out", "aten::linalg_vector_norm", "aten::linalg_vector_norm.out"})
     register_rule(n, norm(2), inf_norm_of_empty_shards(2));
+  // linalg__powsum (libtorch 2.15): the sum of |x|^p over the dims, for every p (|x|^inf is
+  // inf, 1 or 0: no max), the inner part of vector norms: per-shard sums add up.
+  register_rule("aten::linalg__powsum", [](const OpCall& c) {
+    return reduction_options(c, reduced_dims(c, 2), sum_of_shards(/*partial_through=*/false));
+  });
   register_rule("aten::value_selecting_reduction_backward", value_selecting_backward_options, rewrite_sizes_arg);
   return true;
 }();

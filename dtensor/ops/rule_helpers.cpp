@@ -67,6 +67,18 @@ bool whole_slice(int64_t size, const c10::IValue& start, const c10::IValue& end,
   return s <= 0 && e >= size;
 }
 
+double number_of(const c10::IValue& v, double fallback) {
+  if (v.isDouble()) return v.toDouble();
+  if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isBool()) return v.toBool() ? 1 : 0;
+  return fallback;
+}
+
+double scalar_arg(const OpCall& c, size_t i, double fallback) {
+  if (i >= c.args.size() || c.args[i].kind != ArgInfo::Kind::kOther) return fallback;
+  return number_of(c.args[i].value, fallback);
+}
+
 bool shards_never_empty(int64_t n, const DeviceMesh& mesh) {
   const int64_t m = mesh.ndim();
   for (int64_t subset = 1; subset < (int64_t{1} << m); ++subset) {

@@ -48,6 +48,11 @@ std::vector<int64_t> sharded_dims(const std::vector<Placement>& placements, int6
 // subset of mesh dims, in mesh order (each one splitting the pieces of the one before).
 bool shards_never_empty(int64_t n, const DeviceMesh& mesh);
 
+// A Scalar as a number, or `fallback` when `v` is none.
+double number_of(const c10::IValue& v, double fallback);
+// Argument `i` of the call as a number (a Scalar, int, float or bool), or `fallback`.
+double scalar_arg(const OpCall& c, size_t i, double fallback);
+
 // slice(dim, start, end, step) of a dim of `size` covers all of it.
 bool whole_slice(int64_t size, const c10::IValue& start, const c10::IValue& end, int64_t step);
 

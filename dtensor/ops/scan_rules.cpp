@@ -3,12 +3,12 @@
 // use (the gradient of a scan is the reversed scan of the reversed gradient).
 //
 // A scan's element i depends on every element before it along the scan dim: a shard of that
-// dim would need the totals of the shards before it, so the scan dim is replicated first.
-// Every other dim keeps its shards. cumsum is linear: Partial(sum) and Partial(avg) inputs
-// stay Partial (NOTE: [Partial and linearity]); cumprod and logcumsumexp are not.
-// cumsum and cumprod may also keep a shard of the scan dim: each rank scans its piece and
-// combines it with the totals of the pieces before it (NOTE: [Scans of a sharded scan dim]).
-// flip replicates the flipped dims (a flipped shard belongs to the mirrored rank).
+// dim needs the totals of the shards before it. cumsum and cumprod keep it, each rank
+// combining its piece's scan with those totals (NOTE: [Scans of a sharded scan dim]); the
+// other scans replicate the scan dim first. Every other dim keeps its shards. cumsum is
+// linear: Partial(sum) and Partial(avg) inputs stay Partial (NOTE: [Partial and
+// linearity]); cumprod and logcumsumexp are not. flip replicates the flipped dims (a flipped
+// shard belongs to the mirrored rank).
 #include "dtensor/ops/registry.h"
 
 #include "dtensor/mesh/device_mesh.h"

@@ -8,6 +8,7 @@
 #include <c10/util/strides.h>
 
 #include <algorithm>
+#include <optional>
 
 namespace dtensor {
 namespace ops {
@@ -38,6 +39,26 @@ std::vector<DimOption> join_options(const OpCall& c, int64_t in_ndim, int64_t jo
   };
   std::vector<DimOption> o{{{Replicate{}}, each(Replicate{})}};
   for (comm::ReduceOp op : detail::partial_reduce_ops(PartialKind::kMoves)) o.push_back({{Partial(op)}, each(Partial(op))});
+  // Partial(avg), (max) or (min) pieces joined with replicated ones: the mean (max, min) over
+  // ranks of a join is the join of the means, a replicated piece being its own (a Partial(sum)
+  // would count it once per rank). Offered as the inputs are laid out, per mesh dim (not to
+  // cat.out, whose out= tensor is among the inputs).
+  for (int64_t m = 0; c.written_input < 0 && m < c.mesh->ndim(); ++m) {
+    std::optional<comm::ReduceOp> kind;
+    bool mixed = true;
+    for (const DTensorSpec* in : c.inputs) {
+      const Placement& p = in->placements[static_cast<size_t>(m)];
+      if (is_replicate(p)) continue;
+      const auto* partial = std::get_if<Partial>(&p);
+      if (!partial || partial->reduce_op == comm::ReduceOp::SUM || (kind && *kind != partial->reduce_op)) mixed = false;
+      else kind = partial->reduce_op;
+    }
+    if (!mixed || !kind) continue;
+    std::vector<Placement> in;
+    for (const DTensorSpec* spec : c.inputs) in.push_back(spec->placements[static_cast<size_t>(m)]);
+    if (std::all_of(in.begin(), in.end(), [](const Placement& p) { return is_partial(p); })) continue;  // above
+    o.push_back({{Partial(*kind)}, std::move(in)});
+  }
   for (int64_t d = 0; d < in_ndim; ++d) {
     if (!stack && d == join_dim) continue;  // cat: the joined dim is replicated
     const int64_t out_d = stack && d >= join_dim ? d + 1 : d;

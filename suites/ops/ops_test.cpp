@@ -350,7 +350,8 @@ DTENSOR_TEST_F(ReductionRules, ReducingAShardedDimGivesThePartialOfTheReduction)
   };
   const Case cases[] = {
       {"sum", at::sum(x, {0}), at::sum(g, {0}), "(Partial(sum),)"},
-      {"mean", at::mean(x, {0}), at::mean(g, {0}), "(Partial(avg),)"},
+      // A mean of uneven shards (8 rows on 3 ranks) is not the mean of the means: gathered.
+      {"mean", at::mean(x, {0}), at::mean(g, {0}), 8 % mesh.size() == 0 ? "(Partial(avg),)" : "(Replicate(),)"},
       {"amax", at::amax(x, {0}), at::amax(g, {0}), "(Partial(max),)"},
       {"amin", at::amin(x, {0}, true), at::amin(g, {0}, true), "(Partial(min),)"},
       {"max", at::max(x), at::max(g), "(Partial(max),)"},

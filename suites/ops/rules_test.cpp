@@ -10,6 +10,7 @@
 #include "dtensor/tensor/dtensor.h"
 #include "harness/dtensor_test_base.h"
 #include "harness/harness.h"
+#include "suites/testing/comm_counter.h"
 #include "suites/testing/errors.h"
 
 #include <ATen/ATen.h>
@@ -51,6 +52,39 @@ DTENSOR_TEST_F(MatrixRules, ProductsKeepPartialAvg) {
   at::Tensor addmm = at::addmm(pbias, pa, rb, 0.5, 2);
   EXPECT_EQ(get_spec(addmm).placements, std::vector<Placement>{avg});
   EXPECT_TRUE(at::allclose(full_tensor(addmm), at::addmm(bias, a, b, 0.5, 2)));
+}
+
+// NOTE: [A Partial self plus a replicated product]: Partial(avg) through any beta, Partial(max)
+// and (min) kept for beta >= 0 and swapped for beta < 0, with no communication; pieces that
+// differ by rank (rank k holds the value shifted by -k for max, +k for min) catch a wrong kind.
+DTENSOR_TEST_F(MatrixRules, APartialSelfPlusAReplicatedProductStaysPartial) {
+  auto mesh = build_device_mesh();
+  const at::Tensor a = values({8, 4}, 1), b = values({4, 6}, 2), self = values({8, 6}, 3);
+  const at::Tensor ra = distribute_tensor(a, mesh, {Replicate{}}), rb = distribute_tensor(b, mesh, {Replicate{}});
+  const Partial avg(comm::ReduceOp::AVG), max(comm::ReduceOp::MAX), min(comm::ReduceOp::MIN);
+  const at::Tensor pmax = from_local(self - rank(), mesh, {max}), pmin = from_local(self + rank(), mesh, {min});
+  const at::Tensor pavg = detail::redistribute_to_any(distribute_tensor(self, mesh, {Replicate{}}), {avg});
+  struct Case {
+    const char* what;
+    at::Tensor got, want;
+    Placement placement;
+  };
+  testing::CommCounter counting;
+  const std::vector<Case> cases = {
+      {"max, beta 0.5", at::addmm(pmax, ra, rb, 0.5, 2), at::addmm(self, a, b, 0.5, 2), max},
+      {"max, beta -1", at::addmm(pmax, ra, rb, -1), at::addmm(self, a, b, -1), min},
+      {"min, beta 1", at::addmm(pmin, ra, rb), at::addmm(self, a, b), min},
+      {"avg, beta -2", at::addmm(pavg, ra, rb, -2, 3), at::addmm(self, a, b, -2, 3), avg},
+  };
+  EXPECT_EQ(counting.collectives(), 0);
+  for (const auto& c : cases) {
+    EXPECT_EQ(get_spec(c.got).placements, std::vector<Placement>{c.placement}) << c.what;
+    EXPECT_TRUE(at::allclose(full_tensor(c.got), c.want)) << c.what;
+  }
+  // A Partial(sum) self would add the product once per rank: it is reduced (or the product made
+  // Partial) instead, and the value is still right.
+  const at::Tensor psum = from_local(self / mesh.size(), mesh, {Partial{}});
+  EXPECT_TRUE(at::allclose(full_tensor(at::addmm(psum, ra, rb)), at::addmm(self, a, b)));
 }
 
 // Row-sharded times column-sharded operands of a contraction give Partial(sum); the batch of
@@ -540,6 +574,38 @@ DTENSOR_TEST_F(LinalgRules, ForeachPartialElementsGoThroughLinearAndMonotoneOps)
   at::_foreach_zero_(zeroed);
   EXPECT_EQ(get_spec(zeroed[0]).placements, min);
   EXPECT_EQ(full_tensor(zeroed[0]).abs().sum().item<double>(), 0.0);
+}
+
+// libtorch 2.x's list max and sums of powers (clip_grad_norm_'s parts in PyTorch 2.15): each
+// shard's result combines by max or sum, so the results are Partial with no communication.
+DTENSOR_TEST_F(LinalgRules, ListMaxAndPowerSumsOfShardsArePartial) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  const auto max_op = dispatcher.findSchema({"aten::_foreach_max", ""});
+  const auto powsum_op = dispatcher.findSchema({"aten::_foreach_powsum", "Scalar"});
+  const auto linalg_op = dispatcher.findSchema({"aten::linalg__powsum", ""});
+  if (!max_op || !powsum_op || !linalg_op) GTEST_SKIP() << "this libtorch has no _foreach_max, _foreach_powsum, linalg__powsum";
+  auto mesh = build_device_mesh();
+  const at::Tensor a = values({8, 4}, 1), b = values({6, 8}, 2);
+  const std::vector<at::Tensor> dts{distribute_tensor(a, mesh, {Shard{0}}), distribute_tensor(b, mesh, {Shard{1}})};
+  auto call = [](const c10::OperatorHandle& op, std::vector<c10::IValue> stack) {
+    op.callBoxed(&stack);
+    return stack.at(0);
+  };
+  testing::CommCounter counting;
+  const std::vector<at::Tensor> maxes = call(*max_op, {c10::IValue(dts)}).toTensorVector();
+  const std::vector<at::Tensor> sums = call(*powsum_op, {c10::IValue(dts), 3.0, c10::IValue()}).toTensorVector();
+  const at::Tensor rows = call(*linalg_op, {dts[0], 2.0, std::vector<int64_t>{0}, false, c10::IValue()}).toTensor();
+  EXPECT_EQ(counting.collectives(), 0);
+  const std::vector<Placement> pmax{Partial(comm::ReduceOp::MAX)}, psum{Partial{}};
+  for (size_t i = 0; i < 2; ++i) {
+    const at::Tensor& whole = i == 0 ? a : b;
+    EXPECT_EQ(get_spec(maxes[i]).placements, pmax) << i;
+    EXPECT_EQ(get_spec(sums[i]).placements, psum) << i;
+    EXPECT_TRUE(at::allclose(full_tensor(maxes[i]), whole.max())) << i;
+    EXPECT_TRUE(at::allclose(full_tensor(sums[i]), whole.abs().pow(3).sum())) << i;
+  }
+  EXPECT_EQ(get_spec(rows).placements, psum);
+  EXPECT_TRUE(at::allclose(full_tensor(rows), a.pow(2).sum(0)));
 }
 
 // NOTE: [Out= overloads with several outputs] (dispatch.cpp): each out= DTensor keeps its

@@ -86,6 +86,7 @@ DTENSOR_TEST_F(ViewRules, SqueezeDimKeepsTheOtherSizeOneDim) {
 DTENSOR_TEST_F(ViewRules, ANoOpSqueezeDimKeepsAOneRowShard) {
   auto mesh = build_device_mesh();
   const int64_t n = mesh.size(0);
+  if (n == 1) GTEST_SKIP() << "one rank: the dim of one row per rank is 1 globally, and squeeze(0) drops it";
   at::Tensor g = at::arange(n * 4, at::kFloat).view({n, 4});
   at::Tensor y = distribute_tensor(g, mesh, {Shard{0}}).squeeze(0);
   EXPECT_EQ(y.sizes(), g.sizes());
@@ -236,6 +237,27 @@ DTENSOR_TEST_F(ViewRules, AsStridedReadsOnlyTheDTensorsOwnElements) {
 // ---- tensor ops ----------------------------------------------------------------------------------
 
 class TensorRules : public testing::DTensorOpTestBase {};
+
+// Partial(avg), (max) and (min) pieces joined with replicated ones stay Partial, with no
+// communication (a replicated piece is its own mean, max and min over the ranks).
+DTENSOR_TEST_F(TensorRules, JoiningPartialMaximaAndMinimaWithReplicatedPieces) {
+  auto mesh = build_device_mesh();
+  const at::Tensor x = (at::arange(12, at::kDouble) * 0.37).sin().view({3, 4}), y = at::arange(8, at::kDouble).view({2, 4}) / 7;
+  const at::Tensor ry = distribute_tensor(y, mesh, {Replicate{}});
+  const Partial max(comm::ReduceOp::MAX), min(comm::ReduceOp::MIN);
+  testing::CommCounter counting;
+  const at::Tensor joined = at::cat({from_local(x - rank(), mesh, {max}), ry}, 0);
+  const at::Tensor stacked = at::stack({ry.narrow(0, 0, 1).expand({3, 4}).contiguous(), from_local(x + rank(), mesh, {min})}, 1);
+  EXPECT_EQ(counting.collectives(), 0);
+  EXPECT_EQ(get_spec(joined).placements, std::vector<Placement>{max});
+  EXPECT_EQ(get_spec(stacked).placements, std::vector<Placement>{min});
+  EXPECT_TRUE(at::allclose(full_tensor(joined), at::cat({x, y}, 0)));
+  EXPECT_TRUE(at::allclose(full_tensor(stacked), at::stack({y.narrow(0, 0, 1).expand({3, 4}), x}, 1)));
+  // A Partial(sum) piece makes the replicated one a Partial(sum) first (a local split), or is
+  // reduced: the value is the join either way.
+  const at::Tensor sum_joined = at::cat({from_local(x / mesh.size(), mesh, {Partial{}}), ry}, 0);
+  EXPECT_TRUE(at::allclose(full_tensor(sum_joined), at::cat({x, y}, 0)));
+}
 
 // NOTE: [Triangles of a shard]: a causal mask keeps the shards of its last two dims, with no
 // communication, uneven and empty pieces included.
